@@ -1,0 +1,233 @@
+"""Tidy results: one CSV per experiment, written atomically, resumable, with run metadata.
+
+`ResultStore` keeps ``<report_dir>/results.csv`` with one row per measured configuration
+(a *cell*), identified by its key columns. Every write reads the file, upserts the new
+rows by key and replaces the file atomically (a temporary file in the same directory,
+then ``os.replace``) while holding an ``fcntl`` lock, so an interrupted grid loses no
+finished cell and Hydra multirun jobs writing at the same time do not clobber each other.
+
+Key values are compared in their CSV form: an int key ``2`` is written ``2`` and reads back
+as ``2``, a float ``0.5`` as ``0.5``, ``None`` as an empty cell. `ResultStore.key_of`
+gives the canonical key tuple of a row, the same form `finished_keys` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import math
+import numbers
+import os
+import platform
+import re
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+__all__ = ["ResultStore", "run_metadata"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Regenerating reports modifies committed files under reports/; that must not mark the
+# code that produced them as dirty.
+_DIRTY_IGNORES = (":(exclude)reports",)
+_INT_TEXT = re.compile(r"[+-]?\d+")
+
+
+def _git(repo: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_sha(repo: str | Path = REPO_ROOT) -> str:
+    """Short SHA of `repo`'s HEAD, ``+dirty`` if tracked files changed; ``unknown`` without git."""
+    sha = _git(Path(repo), "rev-parse", "--short", "HEAD")
+    if not sha:
+        return "unknown"
+    # Untracked files are ignored: new report folders appear on every run.
+    status = _git(
+        Path(repo), "status", "--porcelain", "--untracked-files=no", "--", ".", *_DIRTY_IGNORES
+    )
+    return f"{sha}+dirty" if status else sha
+
+
+def run_metadata(*, backend: str, device: str, world_size: int | None = None) -> dict[str, Any]:
+    """The columns every results.csv row carries to say where and how it was measured."""
+    import torch  # deferred: report writers read metadata without needing torch loaded
+
+    return {
+        "git_sha": git_sha(),
+        "torch_version": torch.__version__,
+        "backend": backend,
+        "device": device,
+        "host": socket.gethostname(),
+        "world_size": world_size,
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host_cores": os.cpu_count(),
+        "python_version": platform.python_version(),
+    }
+
+
+def _key_text(value: Any) -> str:
+    """The text a key value has in the CSV, whatever its type on the way in."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, bool | str):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return repr(float(value))  # what pandas writes: "0.1", "1.0", "1e-05"
+    return str(value)
+
+
+def _parse_key_text(text: str) -> Any:
+    """Back from CSV text to a Python value: None, bool, int, float, else the string."""
+    if text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    if _INT_TEXT.fullmatch(text):
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _read_text(path: Path) -> pd.DataFrame:
+    """The CSV with every cell as its exact text, so rewriting it changes no old value."""
+    return pd.read_csv(path, dtype=str, keep_default_na=False)
+
+
+class ResultStore:
+    """One experiment's results.csv: one row per cell, identified by `key_columns`."""
+
+    def __init__(self, report_dir: str | Path, key_columns: Sequence[str]) -> None:
+        if isinstance(key_columns, str) or not key_columns:
+            raise ValueError(f"key_columns must be a non-empty list of names, got {key_columns!r}")
+        self.report_dir = Path(report_dir)
+        self.key_columns = list(key_columns)
+
+    @property
+    def path(self) -> Path:
+        return self.report_dir / "results.csv"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.report_dir / ".results.csv.lock"
+
+    def read(self) -> pd.DataFrame:
+        """The results as a typed frame; an empty frame with the key columns if none yet."""
+        if not self.path.exists():
+            return pd.DataFrame(columns=self.key_columns)
+        # Only empty cells are missing: a string key such as "NA" stays a string.
+        return pd.read_csv(self.path, keep_default_na=False, na_values=[""])
+
+    def key_of(self, row: Mapping[str, Any] | Sequence[Any]) -> tuple:
+        """The canonical key of a row (a mapping) or of key values in key-column order."""
+        if isinstance(row, Mapping):
+            missing = [k for k in self.key_columns if k not in row]
+            if missing:
+                raise KeyError(f"row lacks key column(s) {missing}; keys are {self.key_columns}")
+            values = [row[k] for k in self.key_columns]
+        else:
+            values = list(row)
+            if len(values) != len(self.key_columns):
+                raise ValueError(
+                    f"expected {len(self.key_columns)} key values {self.key_columns}, got {values!r}"
+                )
+        return tuple(_parse_key_text(_key_text(v)) for v in values)
+
+    def finished_keys(self) -> set[tuple]:
+        """Keys of the rows whose ``status`` is ``"ok"`` (cells a resumed grid may skip)."""
+        if not self.path.exists():
+            return set()
+        table = _read_text(self.path)
+        if "status" not in table.columns:
+            return set()
+        done = table[table["status"] == "ok"]
+        columns = [done[k] if k in done.columns else [""] * len(done) for k in self.key_columns]
+        return {tuple(_parse_key_text(text) for text in key) for key in zip(*columns, strict=True)}
+
+    def write(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Upsert `rows` by key: a row replaces the stored row with its key, in place;
+        rows with new keys are appended. Columns: key columns first, then in first-seen order.
+        """
+        if not rows:
+            return
+        for row in rows:
+            self.key_of(row)  # fail on a missing key column before touching the file
+        new = self._as_text(rows)
+        self.report_dir.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            old = _read_text(self.path) if self.path.exists() else pd.DataFrame()
+            self._replace(self._merge(old, new))
+
+    def _as_text(self, rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+        """New rows as text, exactly as pandas would write them, keys canonicalised."""
+        records = [{**row, **{k: _key_text(row[k]) for k in self.key_columns}} for row in rows]
+        buffer = io.StringIO()
+        pd.DataFrame.from_records(records).to_csv(buffer, index=False)
+        buffer.seek(0)
+        return pd.read_csv(buffer, dtype=str, keep_default_na=False)
+
+    def _merge(self, old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+        columns = list(self.key_columns)
+        for column in [*old.columns, *new.columns]:
+            if column not in columns:
+                columns.append(column)
+        old = old.reindex(columns=columns, fill_value="")
+        new = new.reindex(columns=columns, fill_value="")
+        new_by_key = {self._text_key(r): r for r in new.to_dict("records")}  # last one wins
+        merged = []
+        for record in old.to_dict("records"):
+            merged.append(new_by_key.pop(self._text_key(record), record))
+        merged.extend(new_by_key.values())
+        return pd.DataFrame(merged, columns=columns, dtype=str)
+
+    def _text_key(self, record: Mapping[str, str]) -> tuple:
+        # Parsed, so "1" and "1.0" written by different writers name the same cell.
+        return tuple(_parse_key_text(record[k]) for k in self.key_columns)
+
+    def _replace(self, table: pd.DataFrame) -> None:
+        """Write `table` to a temporary file next to results.csv, then swap it in."""
+        fd, tmp_name = tempfile.mkstemp(dir=self.report_dir, prefix=".results.", suffix=".tmp")
+        try:
+            # mkstemp makes the file private (0600); keep the mode results.csv had.
+            mode = self.path.stat().st_mode & 0o777 if self.path.exists() else 0o644
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "w", newline="") as handle:
+                table.to_csv(handle, index=False)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp_name, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp_name)
+            raise
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        # A separate lock file: results.csv itself is replaced, so a lock on it would be lost.
+        with open(self.lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)

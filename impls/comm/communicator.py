@@ -1,0 +1,170 @@
+"""Counted send/receive over one torch.distributed process group.
+
+A *round* is one step in which a rank posts its sends and receives and waits for all of
+them; the number of rounds on the critical path is the latency term (α) of the α–β cost
+model, and bytes per rank are its bandwidth term (β). Counting both exactly lets us check
+every algorithm against its analytic cost independently of the machine it runs on.
+
+Peers are always *group* ranks; the communicator translates them to global ranks, so the
+same algorithm runs unchanged on the world group or on any sub-group of a device mesh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Communicator", "Round", "TrafficCounters"]
+
+
+@dataclass
+class TrafficCounters:
+    """What one rank moved: bytes and messages each way, and communication rounds."""
+
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    messages_sent: int = 0
+    messages_recv: int = 0
+    rounds: int = 0
+
+    def copy(self) -> TrafficCounters:
+        return TrafficCounters(**asdict(self))
+
+    def __sub__(self, other: TrafficCounters) -> TrafficCounters:
+        mine, theirs = asdict(self), asdict(other)
+        return TrafficCounters(**{k: mine[k] - theirs[k] for k in mine})
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Communicator:
+    """Point-to-point messaging for one process group, with per-rank traffic counters.
+
+    `rank` and `world_size` are this process's coordinates inside `group`. Use `round()`
+    to post a step's sends and receives together; `send`/`recv` are one-message rounds.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("Communicator needs torch.distributed.init_process_group first")
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+        self._global = [dist.get_global_rank(self.group, r) for r in range(self.world_size)]
+        # NCCL matches sends and receives only inside one group call; gloo posts each op
+        # at once, which lets a transfer start before the rest of the round is queued.
+        self.deferred_posting = dist.get_backend(self.group) == "nccl"
+        self.counters = TrafficCounters()
+        self._workspace: dict[tuple[torch.dtype, int], torch.Tensor] = {}
+
+    def scratch(self, numel: int, dtype: torch.dtype, slot: int = 0) -> torch.Tensor:
+        """A reusable receive buffer of at least `numel` elements (contents undefined).
+
+        Collectives call this once per operation instead of allocating: a fresh
+        multi-MiB buffer costs page faults and kernel zeroing on every call, which
+        torch.distributed's backends avoid by keeping their own staging buffers. An
+        operation that needs two live buffers at once asks for two different slots.
+        """
+        buf = self._workspace.get((dtype, slot))
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=dtype)
+            self._workspace[(dtype, slot)] = buf
+        return buf[:numel]
+
+    def global_rank(self, peer: int) -> int:
+        if not 0 <= peer < self.world_size or peer == self.rank:
+            raise ValueError(f"peer {peer} is not another rank of a group of {self.world_size}")
+        return self._global[peer]
+
+    def round(self) -> Round:
+        """A new round: queue sends/receives on it, then `wait()` (or use it as a `with`)."""
+        return Round(self)
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+        with self.round() as rnd:
+            rnd.send(tensor, dst, tag)
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
+        with self.round() as rnd:
+            rnd.recv(tensor, src, tag)
+
+    def reset_counters(self) -> TrafficCounters:
+        """Zero the counters and return what they held."""
+        old, self.counters = self.counters, TrafficCounters()
+        return old
+
+    @contextlib.contextmanager
+    def measure(self) -> Iterator[TrafficCounters]:
+        """Counters of just the enclosed operations: `with comm.measure() as t: ...`."""
+        before = self.counters.copy()
+        delta = TrafficCounters()
+        try:
+            yield delta
+        finally:
+            for key, value in (self.counters - before).as_dict().items():
+                setattr(delta, key, value)
+
+
+class Round:
+    """The sends and receives one rank posts in one step, waited on together."""
+
+    def __init__(self, comm: Communicator) -> None:
+        self._comm = comm
+        self._queued: list[dist.P2POp] = []
+        self._works: list[dist.Work | None] = []
+        self._ops = 0
+        self._done = False
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+        self._add(dist.isend, tensor, dst, tag)
+        self._comm.counters.bytes_sent += _nbytes(tensor)
+        self._comm.counters.messages_sent += 1
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
+        self._add(dist.irecv, tensor, src, tag)
+        self._comm.counters.bytes_recv += _nbytes(tensor)
+        self._comm.counters.messages_recv += 1
+
+    def _add(self, fn, tensor: torch.Tensor, peer: int, tag: int) -> None:
+        if self._done:
+            raise RuntimeError("this round has already been waited on")
+        if not tensor.is_contiguous():
+            raise ValueError("point-to-point buffers must be contiguous")
+        comm, self._ops = self._comm, self._ops + 1
+        peer = comm.global_rank(peer)
+        if comm.deferred_posting:
+            self._queued.append(dist.P2POp(fn, tensor, peer, comm.group, tag))
+        else:
+            self._works.append(fn(tensor, peer, group=comm.group, tag=tag))
+
+    def post(self) -> None:
+        """Issue queued operations (NCCL posts a round as one group call)."""
+        if self._queued:
+            self._works.extend(dist.batch_isend_irecv(self._queued))
+            self._queued = []
+
+    def wait(self) -> None:
+        """Block until every operation of the round completed; counts the round."""
+        self.post()
+        for work in self._works:
+            if work is not None:
+                work.wait()
+        if self._ops and not self._done:
+            self._comm.counters.rounds += 1
+        self._done = True
+
+    def __enter__(self) -> Round:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.wait()
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

@@ -1,0 +1,1 @@
+"""distbench test suite (a package, so rank processes can import test helpers)."""
