@@ -151,7 +151,8 @@ def all_to_all(output: torch.Tensor, input: torch.Tensor, comm: Communicator) ->
 def barrier(comm: Communicator) -> None:
     """Return once every rank has entered (dissemination barrier, Hensgen et al. 1988)."""
     n, r = comm.world_size, comm.rank
-    token, sink = torch.zeros(1, dtype=torch.uint8), torch.empty(1, dtype=torch.uint8)
+    token = torch.zeros(1, dtype=torch.uint8, device=comm.device)
+    sink = torch.empty(1, dtype=torch.uint8, device=comm.device)
     distance = 1
     while distance < n:
         with comm.round() as rnd:

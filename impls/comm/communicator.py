@@ -59,8 +59,14 @@ class Communicator:
         # NCCL matches sends and receives only inside one group call; gloo posts each op
         # at once, which lets a transfer start before the rest of the round is queued.
         self.deferred_posting = dist.get_backend(self.group) == "nccl"
+        # Where this group's buffers live: NCCL moves CUDA tensors, gloo CPU tensors.
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if self.deferred_posting
+            else torch.device("cpu")
+        )
         self.counters = TrafficCounters()
-        self._workspace: dict[tuple[torch.dtype, int], torch.Tensor] = {}
+        self._workspace: dict[tuple[torch.dtype, int], torch.Tensor] = {}  # on self.device
 
     def scratch(self, numel: int, dtype: torch.dtype, slot: int = 0) -> torch.Tensor:
         """A reusable receive buffer of at least `numel` elements (contents undefined).
@@ -72,7 +78,7 @@ class Communicator:
         """
         buf = self._workspace.get((dtype, slot))
         if buf is None or buf.numel() < numel:
-            buf = torch.empty(numel, dtype=dtype)
+            buf = torch.empty(numel, dtype=dtype, device=self.device)
             self._workspace[(dtype, slot)] = buf
         return buf[:numel]
 

@@ -1,0 +1,60 @@
+"""`python -m bench experiment=NAME [key=value ...]`: the Hydra entry point.
+
+The composed config holds run-level keys (report_dir, resume, cluster, wandb, profile)
+and the experiment's own keys; the latter are validated by the experiment's typed config
+before any process starts, so a bad grid fails fast with the key and allowed values.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from bench.experiments import EXPERIMENTS
+from bench.experiments.common import parse_config
+
+RUN_KEYS = ("report_dir", "resume", "cluster", "wandb", "profile")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = str(REPO_ROOT / "experiments")
+
+
+def build(cfg: DictConfig):
+    """Split the composed config into (experiment, typed config, run options)."""
+    name = HydraConfig.get().runtime.choices.get("experiment")
+    if name not in EXPERIMENTS:
+        allowed = ", ".join(EXPERIMENTS)
+        raise ValueError(f"experiment={name!r} is unknown; allowed values: {allowed}")
+    OmegaConf.set_readonly(cfg, True)
+    values = OmegaConf.to_container(cfg, resolve=True)
+    run = {key: values.pop(key, None) for key in RUN_KEYS}
+    experiment = EXPERIMENTS[name]
+    typed = parse_config(experiment, values)
+    report_dir = Path(run["report_dir"] or REPO_ROOT / "reports" / name)
+    return experiment, typed, report_dir, run
+
+
+@hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    from bench.runner import run_experiment
+
+    try:
+        experiment, typed, report_dir, run = build(cfg)
+    except ValueError as err:
+        logging.getLogger("bench").error("bad config: %s", err)
+        sys.exit(2)
+    df = run_experiment(
+        experiment,
+        typed,
+        report_dir=report_dir,
+        cluster=run["cluster"] or {},
+        resume=bool(run["resume"]),
+        wandb_cfg=run["wandb"] or {},
+    )
+    if len(df):
+        failed = int((df["status"] != "ok").sum())
+        print(f"{experiment.name}: {len(df)} rows ({failed} failed) -> {report_dir}")

@@ -1,0 +1,11 @@
+"""The experiments `python -m bench experiment=NAME` can run, by name."""
+
+from bench.experiments import allreduce_scaling, collectives
+from bench.experiments.common import Cell, Experiment
+
+EXPERIMENTS: dict[str, Experiment] = {
+    allreduce_scaling.EXPERIMENT.name: allreduce_scaling.EXPERIMENT,
+    collectives.EXPERIMENT.name: collectives.EXPERIMENT,
+}
+
+__all__ = ["EXPERIMENTS", "Cell", "Experiment"]

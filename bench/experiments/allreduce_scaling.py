@@ -1,0 +1,89 @@
+"""Experiment `allreduce_scaling`: every all-reduce algorithm × world size × message size,
+with torch.distributed.all_reduce as the baseline (the lecture's comparison table)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bench.collective_specs import COLLECTIVES
+from bench.experiments.common import (
+    DTYPE_BYTES,
+    Cell,
+    Experiment,
+    check_choices,
+    check_message_bytes,
+    check_positive,
+    collective_row,
+)
+from bench.reports import allreduce_scaling as report
+from bench.timing import CollectiveCell, measure_collective
+from impls.collectives import ALGORITHMS
+
+__all__ = ["EXPERIMENT", "AllReduceScalingConfig"]
+
+ALLOWED = [*ALGORITHMS, "torch"]
+
+
+@dataclass(kw_only=True)
+class AllReduceScalingConfig:
+    algorithms: list[str] = field(default_factory=lambda: list(ALLOWED))
+    """All-reduce algorithms to compare; `torch` is torch.distributed.all_reduce."""
+    world_sizes: list[int] = field(default_factory=lambda: [2, 4, 8])
+    """Numbers of ranks (N)."""
+    message_bytes: list[int] = field(default_factory=lambda: [4 << 10 << 2 * i for i in range(8)])
+    """Buffer sizes S in bytes (multiples of the dtype's size)."""
+    dtype: str = "float32"
+    repeats: int = 5
+    """Timed windows per cell; the median is reported."""
+    warmup: int = 2
+    window_s: float = 0.1
+    """Target length of one timed window; sets the iterations per window."""
+    timeout_s: float = 300.0
+    """A cell whose ranks have not all finished by then is recorded as failed."""
+
+    def __post_init__(self) -> None:
+        check_choices("algorithms", self.algorithms, ALLOWED)
+        check_positive("world_sizes", self.world_sizes)
+        check_choices("dtype", [self.dtype], list(DTYPE_BYTES))
+        check_message_bytes(self.message_bytes, self.dtype)
+        check_positive("repeats", [self.repeats])
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+
+
+def cells(cfg: AllReduceScalingConfig) -> list[Cell]:
+    return [
+        Cell(
+            world_size=n,
+            key={"algorithm": alg, "world_size": n, "message_bytes": m, "dtype": cfg.dtype},
+            fn=measure_collective,
+            task=CollectiveCell(
+                collective="all_reduce",
+                impl="torch" if alg == "torch" else "distbench",
+                algorithm=alg if alg != "torch" else "ring",
+                message_bytes=m,
+                dtype=cfg.dtype,
+                warmup=cfg.warmup,
+                repeats=cfg.repeats,
+                window_s=cfg.window_s,
+            ),
+        )
+        for n in cfg.world_sizes
+        for alg in cfg.algorithms
+        for m in cfg.message_bytes
+    ]
+
+
+def to_row(cell: Cell, per_rank: list[dict]) -> dict:
+    factor = COLLECTIVES["all_reduce"].bus_factor(cell.world_size)
+    return collective_row(cell, per_rank, factor, traffic=cell.key["algorithm"] != "torch")
+
+
+EXPERIMENT = Experiment(
+    name="allreduce_scaling",
+    schema=AllReduceScalingConfig,
+    key_columns=["algorithm", "world_size", "message_bytes", "dtype"],
+    cells=cells,
+    to_row=to_row,
+    write_report=report.write_report,
+)

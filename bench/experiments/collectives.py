@@ -1,0 +1,102 @@
+"""Experiment `collectives`: the nccl-tests table for every primitive, distbench's
+implementation beside torch.distributed's, with algbw, busbw and `wrong`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bench.collective_specs import COLLECTIVES
+from bench.experiments.common import (
+    DTYPE_BYTES,
+    Cell,
+    Experiment,
+    check_choices,
+    check_message_bytes,
+    check_positive,
+    collective_row,
+)
+from bench.reports import collectives as report
+from bench.timing import CollectiveCell, measure_collective
+
+__all__ = ["EXPERIMENT", "CollectivesConfig"]
+
+PRIMITIVES = [
+    "broadcast",
+    "reduce",
+    "scatter",
+    "gather",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+]
+IMPLS = ["distbench", "torch"]
+
+
+@dataclass(kw_only=True)
+class CollectivesConfig:
+    collectives: list[str] = field(default_factory=lambda: list(PRIMITIVES))
+    """Which collectives to time (all_reduce is allowed too: ring vs torch)."""
+    impls: list[str] = field(default_factory=lambda: list(IMPLS))
+    world_sizes: list[int] = field(default_factory=lambda: [2, 4, 8])
+    message_bytes: list[int] = field(default_factory=lambda: [64 << 10 << 2 * i for i in range(5)])
+    """Sizes S as nccl-tests defines them per collective; rounded down to N equal blocks."""
+    dtype: str = "float32"
+    repeats: int = 5
+    warmup: int = 2
+    window_s: float = 0.1
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        check_choices("collectives", self.collectives, list(COLLECTIVES))
+        check_choices("impls", self.impls, IMPLS)
+        check_positive("world_sizes", self.world_sizes)
+        check_choices("dtype", [self.dtype], list(DTYPE_BYTES))
+        check_message_bytes(self.message_bytes, self.dtype)
+        check_positive("repeats", [self.repeats])
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+
+
+def _size(name: str, message_bytes: int, n: int, dtype: str) -> int:
+    """S rounded down to what the collective can use (N whole blocks of elements)."""
+    if not COLLECTIVES[name].block_divides:
+        return message_bytes
+    unit = n * DTYPE_BYTES[dtype]
+    return message_bytes // unit * unit
+
+
+def cells(cfg: CollectivesConfig) -> list[Cell]:
+    out = []
+    for n in cfg.world_sizes:
+        for name in cfg.collectives:
+            for impl in cfg.impls:
+                for m in cfg.message_bytes:
+                    size = _size(name, m, n, cfg.dtype)
+                    key = {"collective": name, "impl": impl, "world_size": n}
+                    key |= {"message_bytes": size, "dtype": cfg.dtype}
+                    task = CollectiveCell(
+                        collective=name,
+                        impl=impl,
+                        message_bytes=size,
+                        dtype=cfg.dtype,
+                        warmup=cfg.warmup,
+                        repeats=cfg.repeats,
+                        window_s=cfg.window_s,
+                    )
+                    out.append(Cell(world_size=n, key=key, fn=measure_collective, task=task))
+    return out
+
+
+def to_row(cell: Cell, per_rank: list[dict]) -> dict:
+    factor = COLLECTIVES[cell.key["collective"]].bus_factor(cell.world_size)
+    return collective_row(cell, per_rank, factor, traffic=cell.key["impl"] == "distbench")
+
+
+EXPERIMENT = Experiment(
+    name="collectives",
+    schema=CollectivesConfig,
+    key_columns=["collective", "impl", "world_size", "message_bytes", "dtype"],
+    cells=cells,
+    to_row=to_row,
+    write_report=report.write_report,
+)

@@ -1,0 +1,105 @@
+"""What every experiment supplies to the runner, and checks shared by their configs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import pandas as pd
+
+__all__ = [
+    "Cell",
+    "Experiment",
+    "check_choices",
+    "check_positive",
+    "collective_row",
+    "parse_config",
+]
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}
+
+
+@dataclass(kw_only=True)
+class Cell:
+    """One grid cell: run `fn(task)` on `world_size` ranks; `key` identifies its row."""
+
+    world_size: int
+    key: dict[str, Any]
+    fn: Callable[[Any], dict]
+    task: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment:
+    name: str
+    schema: type  # a kw_only dataclass whose __post_init__ validates the grid
+    key_columns: list[str]
+    cells: Callable[[Any], list[Cell]]
+    to_row: Callable[[Cell, list[dict]], dict]
+    write_report: Callable[[pd.DataFrame, Any], dict]
+
+
+def parse_config(experiment: Experiment, values: dict[str, Any]):
+    """Build the typed config, refusing keys the experiment does not have."""
+    allowed = [f.name for f in fields(experiment.schema)]
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(unknown)} for experiment {experiment.name}; "
+            f"allowed keys: {', '.join(allowed)}"
+        )
+    return experiment.schema(**values)
+
+
+def check_choices(key: str, values: Sequence[str], allowed: Sequence[str]) -> None:
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise ValueError(
+            f"{key}={list(values)} has unknown value(s) {bad}; allowed values: {', '.join(allowed)}"
+        )
+
+
+def check_positive(key: str, values: Sequence[int], minimum: int = 1) -> None:
+    bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or v < minimum]
+    if bad or not values:
+        raise ValueError(f"{key}={list(values)}: every value must be an integer ≥ {minimum}")
+
+
+def check_message_bytes(message_bytes: Sequence[int], dtype: str) -> None:
+    check_positive("message_bytes", message_bytes)
+    size = DTYPE_BYTES[dtype]
+    bad = [m for m in message_bytes if m % size]
+    if bad:
+        raise ValueError(
+            f"message_bytes={bad} is not a multiple of the {dtype} element size ({size} bytes)"
+        )
+
+
+def collective_row(cell: Cell, per_rank: list[dict], bus_factor: float, traffic: bool) -> dict:
+    """The tidy row of a timed collective: nccl-tests' columns plus traffic counters."""
+    first = per_rank[0]
+    size = cell.key["message_bytes"]
+    algbw = size / first["time_s"] / 1e9 if first["time_s"] > 0 else math.nan
+    row = {
+        **cell.key,
+        "time_s": first["time_s"],
+        "iters": first["iters"],
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * bus_factor,
+        "bus_factor": bus_factor,
+        "wrong": sum(r["wrong"] for r in per_rank),
+    }
+    counted = traffic and any(r["messages_sent"] or r["messages_recv"] for r in per_rank)
+    no_traffic = cell.world_size == 1 or size == 0
+    for column, value in {
+        "rounds": max(r["rounds"] for r in per_rank),
+        "max_rank_bytes_sent": max(r["bytes_sent"] for r in per_rank),
+        "max_rank_bytes_recv": max(r["bytes_recv"] for r in per_rank),
+        "total_bytes_sent": sum(r["bytes_sent"] for r in per_rank),
+        "messages": max(r["messages_sent"] for r in per_rank),
+    }.items():
+        # torch's own collectives are opaque to our counters: NaN, never a made-up zero.
+        row[column] = value if counted or (traffic and no_traffic) else math.nan
+    return row
