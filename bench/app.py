@@ -17,6 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench.experiments import EXPERIMENTS
 from bench.experiments.common import parse_config
+from bench.runner import CLUSTER_KINDS
+from bench.wandb_log import MODES as WANDB_MODES
 
 RUN_KEYS = ("report_dir", "resume", "cluster", "wandb", "profile")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -34,13 +36,20 @@ def build(cfg: DictConfig):
     run = {key: values.pop(key, None) for key in RUN_KEYS}
     experiment = EXPERIMENTS[name]
     typed = parse_config(experiment, values)
+    _check_choice("cluster.kind", (run["cluster"] or {}).get("kind", "local"), CLUSTER_KINDS)
+    _check_choice("wandb.mode", (run["wandb"] or {}).get("mode", "offline"), WANDB_MODES)
     report_dir = Path(run["report_dir"] or REPO_ROOT / "reports" / name)
     return experiment, typed, report_dir, run
 
 
+def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is unknown; allowed values: {', '.join(allowed)}")
+
+
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    from bench.runner import run_experiment
+    from bench.runner import run_experiment  # imported late: keeps a refused config fast
 
     try:
         experiment, typed, report_dir, run = build(cfg)

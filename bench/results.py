@@ -175,7 +175,7 @@ class ResultStore:
             self.key_of(row)  # fail on a missing key column before touching the file
         new = self._as_text(rows)
         self.report_dir.mkdir(parents=True, exist_ok=True)
-        with self._locked():
+        with self.locked():
             old = _read_text(self.path) if self.path.exists() else pd.DataFrame()
             self._replace(self._merge(old, new))
 
@@ -223,7 +223,7 @@ class ResultStore:
             raise
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def locked(self) -> Iterator[None]:
         # A separate lock file: results.csv itself is replaced, so a lock on it would be lost.
         with open(self.lock_path, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

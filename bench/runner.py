@@ -30,6 +30,8 @@ __all__ = ["run_experiment"]
 
 log = logging.getLogger("bench")
 
+CLUSTER_KINDS = ("local", "torchrun", "slurm")
+
 
 def run_experiment(
     experiment: Experiment,
@@ -45,8 +47,8 @@ def run_experiment(
     cells = experiment.cells(cfg)
     done = store.finished_keys() if resume else set()
     todo = [c for c in cells if store.key_of(c.key) not in done]
-    kind = cluster.get("kind", "local")
-    rank = int(os.environ.get("RANK", 0)) if kind != "local" else 0
+    as_rank = _is_one_rank(cluster.get("kind", "local"))
+    rank = int(os.environ.get("RANK", 0)) if as_rank else 0
     logger = WandbLogger(
         mode=wandb_cfg.get("mode", "offline") if rank == 0 else "disabled",
         project=wandb_cfg.get("project", "distbench"),
@@ -57,18 +59,44 @@ def run_experiment(
     if resume and len(todo) < len(cells):
         log.info("resume: %d of %d cells already finished", len(cells) - len(todo), len(cells))
     try:
-        if kind == "local":
-            _run_local(experiment, cfg, todo, len(cells), store, logger, cluster)
+        if as_rank:
+            _run_as_rank(experiment, cfg, cells, todo, store, logger, cluster)
         else:
-            _run_as_rank(experiment, cfg, todo, store, logger, cluster)
+            _run_local(experiment, cfg, todo, len(cells), store, logger, cluster)
         if rank != 0:
             return pd.DataFrame()
-        df = store.read()
-        headline = experiment.write_report(df, Path(report_dir))
+        # Multirun jobs of one sweep share report_dir: one report writer at a time, each
+        # reading every row written so far.
+        with store.locked():
+            df = store.read()
+            headline = experiment.write_report(df, Path(report_dir))
         logger.log_report(df, headline, Path(report_dir))
         return df
     finally:
         logger.finish()
+
+
+def _is_one_rank(kind: str) -> bool:
+    """Whether this process is one rank of an external launch (else it spawns its ranks).
+
+    A SLURM job (through submitit, or its local executor) with several tasks runs one rank
+    per task, the torch.distributed env:// variables derived from the job; a job of one
+    task spawns its ranks itself, as `cluster=local` does.
+    """
+    if kind not in CLUSTER_KINDS:
+        raise ValueError(f"cluster.kind={kind!r}; allowed values: {', '.join(CLUSTER_KINDS)}")
+    if kind != "slurm":
+        return kind == "torchrun"
+    try:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        job = TorchDistributedEnvironment()
+    except RuntimeError:  # not inside a submitit job: an explicit env:// launch, or none
+        return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if job.world_size <= 1:
+        return False
+    job.export(set_cuda_visible_devices=False, overwrite=True)
+    return True
 
 
 def _row(experiment: Experiment, cell: Cell, per_rank, error: str | None, meta: dict) -> dict:
@@ -81,6 +109,8 @@ def _row(experiment: Experiment, cell: Cell, per_rank, error: str | None, meta: 
 
 def _run_local(experiment, cfg, todo, total, store, logger, cluster) -> None:
     backend, device = cluster.get("backend", "gloo"), cluster.get("device", "cpu")
+    if backend == "auto":  # the spawned pool is the CPU path (its ranks pick no GPU)
+        backend = "gloo"
     bar = tqdm(total=total, initial=total - len(todo), desc=experiment.name, unit="cell")
     with bar:
         for world_size, group in itertools.groupby(todo, key=lambda c: c.world_size):
@@ -101,7 +131,7 @@ def _run_local(experiment, cfg, todo, total, store, logger, cluster) -> None:
                     bar.update()
 
 
-def _run_as_rank(experiment, cfg, todo, store, logger, cluster) -> None:
+def _run_as_rank(experiment, cfg, cells, todo, store, logger, cluster) -> None:
     """This process is one rank of torchrun / SLURM: run the cells of our world size."""
     import torch
     import torch.distributed as dist
@@ -115,6 +145,11 @@ def _run_as_rank(experiment, cfg, todo, store, logger, cluster) -> None:
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s))
     world, rank = dist.get_world_size(), dist.get_rank()
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    # Rank 0's results.csv decides what is left to run (nodes need not share a filesystem).
+    decided = [[store.key_of(c.key) for c in todo] if rank == 0 else None]
+    dist.broadcast_object_list(decided, src=0)
+    keep = set(decided[0])
+    todo = [c for c in cells if store.key_of(c.key) in keep]
     mine = [c for c in todo if c.world_size == world]
     if rank == 0 and len(mine) < len(todo):
         sizes = sorted({c.world_size for c in todo} - {world})

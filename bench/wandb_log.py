@@ -28,6 +28,9 @@ class WandbLogger:
         import wandb
 
         self._wandb = wandb
+        # The mode must be global, not only the run's: wandb's usage telemetry reads the
+        # global settings and would otherwise post to the server from an offline run.
+        wandb.setup(settings=wandb.Settings(mode=mode))
         self.run = wandb.init(
             project=project,
             entity=entity,

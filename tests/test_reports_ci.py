@@ -1,0 +1,114 @@
+"""`make reports` with profile=ci, regenerated into a temporary directory, checked against
+theory: this is how CI regenerates the reports.
+
+A failure means a committed report could show a figure that its run did not support:
+a collective that returned wrong data, traffic that differs from the algorithm's
+analytic count, a growth order that contradicts the lecture, or a missing artefact."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reports")
+    cmd = [sys.executable, "-m", "bench.make_reports", "--profile", "ci", "--out", str(out)]
+    proc = subprocess.run(
+        [*cmd, "wandb.mode=disabled"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def load(reports: Path, name: str) -> tuple[pd.DataFrame, dict]:
+    df = pd.read_csv(reports / name / "results.csv")
+    headline = json.loads((reports / name / "headline.json").read_text())
+    return df, headline
+
+
+def test_every_artefact_is_written(reports):
+    for name, pngs in {
+        "allreduce_scaling": ["busbw_vs_n", "traffic_vs_n", "time_vs_size"],
+        "collectives": ["busbw_by_collective"],
+    }.items():
+        for artefact in ["report.md", "results.csv", "headline.json", *(p + ".png" for p in pngs)]:
+            assert (reports / name / artefact).stat().st_size > 0, f"{name}/{artefact}"
+    index = (reports / "README.md").read_text()
+    assert "allreduce_scaling" in index and "collectives" in index
+
+
+def test_allreduce_columns_and_metadata(reports):
+    df, _ = load(reports, "allreduce_scaling")
+    required = "algorithm world_size message_bytes time_s algbw_gbps busbw_gbps rounds "
+    required += "max_rank_bytes_sent max_rank_bytes_recv total_bytes_sent wrong status error "
+    required += "git_sha torch_version backend device host timestamp"
+    assert set(required.split()) <= set(df.columns)
+    assert (df["status"] == "ok").all(), df.loc[df["status"] != "ok", "error"].tolist()
+    assert (df["wrong"] == 0).all()
+    assert set(df["algorithm"]) >= {"ring", "parameter_server", "parallel", "torch"}
+    torch_rows = df[df["algorithm"] == "torch"]
+    assert torch_rows["rounds"].isna().all(), "torch's traffic is not observable: must be NaN"
+
+
+def _expected_counts(alg: str, n: int, m: int, elem: int = 4) -> dict[str, float]:
+    chunk = math.ceil(m / elem / n) * elem  # the largest ring/halving chunk, in bytes
+    log = math.ceil(math.log2(n))
+    pow2 = n & (n - 1) == 0
+    return {
+        "parameter_server": {"rounds": 2, "max_rank_bytes_recv": (n - 1) * m},
+        "sequential": {"rounds": 2 * (n - 1), "max_rank_bytes_recv": (n - 1) * m},
+        "ring": {"rounds": 2 * (n - 1), "total_bytes_sent": 2 * (n - 1) * m},
+        "parallel": {"rounds": 1, "total_bytes_sent": n * (n - 1) * m},
+        "recursive_halving": {"rounds": 2 * int(math.log2(n)) + (0 if pow2 else 2)},
+        "tree": {"rounds": 2 * log, "total_bytes_sent": 2 * (n - 1) * m},
+    }[alg] | ({"max_rank_bytes_sent_max": 2 * (n - 1) * chunk} if alg == "ring" else {})
+
+
+def test_counters_equal_analytic_counts(reports):
+    df, _ = load(reports, "allreduce_scaling")
+    for row in df[df["algorithm"] != "torch"].itertuples():
+        want = _expected_counts(row.algorithm, row.world_size, row.message_bytes)
+        for column, value in want.items():
+            if column.endswith("_max"):  # ring: 2(N−1)/N·M, up to one element per chunk
+                assert row.max_rank_bytes_sent <= value, row
+                assert (
+                    row.max_rank_bytes_sent
+                    >= 2 * (row.world_size - 1) * row.message_bytes // row.world_size
+                )
+            else:
+                assert getattr(row, column) == value, (row.algorithm, row.world_size, column)
+
+
+def test_growth_orders_match_the_lecture(reports):
+    _, headline = load(reports, "allreduce_scaling")
+    matches = headline["growth_matches_lecture"]
+    assert set(matches) >= {"parameter_server", "sequential", "ring", "parallel"}
+    for algorithm, columns in matches.items():
+        assert all(columns.values()), (algorithm, columns)
+    assert headline["wrong_total"] == 0 and headline["failed_cells"] == 0
+    ratio = headline["ring_vs_torch_busbw_ratio"]
+    assert ratio is not None and ratio > 0  # its size is a benchmark's business, not a test's
+
+
+def test_collectives_table(reports):
+    df, headline = load(reports, "collectives")
+    assert (df["status"] == "ok").all(), df.loc[df["status"] != "ok", "error"].tolist()
+    assert (df["wrong"] == 0).all()
+    cells = df.groupby(["collective", "impl"]).size()
+    assert len(cells) == 7 * 2, cells
+    assert headline["wrong_total"] == 0
+    # nccl-tests' bus factors, recomputed from the rows themselves.
+    for row in df.itertuples():
+        n = row.world_size
+        factor = {"broadcast": 1, "reduce": 1}.get(row.collective, (n - 1) / n)
+        assert row.busbw_gbps == pytest.approx(row.algbw_gbps * factor)

@@ -1,0 +1,211 @@
+"""The runner under faults: cells whose ranks raise, crash or hang, interruption and resume.
+
+A failure here means a grid cannot be left to run unattended: one bad cell would stop the
+grid or be recorded as a success, its error would be lost, rank processes would outlive
+the run, an interrupted grid would lose finished cells, or `resume=true` would measure
+finished cells again (or skip unfinished ones).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench.results import ResultStore
+from bench.runner import run_experiment
+from tests.runner_cells import LOCAL, FakeConfig, fake_experiment, rank_pids
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Also the ranks' process-group timeout: long enough for two ranks that start unevenly on a
+# loaded host to meet, short enough that the hanging cell costs little.
+TIMEOUT_S = 5.0
+
+
+def run_grid(report_dir: Path, marker_dir: Path, cells: list[str], *, resume: bool = False):
+    marker_dir.mkdir(parents=True, exist_ok=True)
+    cfg = FakeConfig(cells=cells, marker_dir=str(marker_dir), timeout_s=TIMEOUT_S)
+    return run_experiment(
+        fake_experiment(),
+        cfg,
+        report_dir=report_dir,
+        cluster=LOCAL,
+        resume=resume,
+        wandb_cfg={"mode": "disabled"},
+    )
+
+
+def is_running(pid: int) -> bool:
+    """Alive and not a zombie (a killed rank re-parented to init may linger as one)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def rank_descendants() -> dict[int, str]:
+    """``{pid: command line}`` of live multiprocessing-spawned descendants of this process.
+
+    The resource tracker that the spawn context starts once per interpreter is not a rank
+    and is meant to live as long as we do.
+    """
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = {}, list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except FileNotFoundError:
+            continue
+        if is_running(pid) and "spawn_main" in cmdline:
+            found[pid] = cmdline
+    return found
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.1)
+
+
+# --- one grid with every kind of fault, between cells that succeed ------------------------
+
+FAULT_GRID = ["ok1:ok", "raise:raise", "ok2:ok", "exit:exit", "ok3:ok", "hang:hang", "ok4:ok"]
+
+
+@pytest.fixture(scope="module")
+def fault_grid(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    # Other tests' pools (the session's ranks8) may be alive: only new processes count.
+    before = set(rank_descendants()) | {p.pid for p in multiprocessing.active_children()}
+    started = time.monotonic()
+    df = run_grid(root / "report", root / "markers", FAULT_GRID)
+    return {
+        "df": df,
+        "rows": df.set_index("cell"),
+        "report_dir": root / "report",
+        "markers": root / "markers",
+        "seconds": time.monotonic() - started,
+        "pids_before": before,
+    }
+
+
+def test_every_cell_has_one_row_in_grid_order(fault_grid):
+    assert list(fault_grid["df"]["cell"]) == [spec.split(":")[0] for spec in FAULT_GRID]
+    on_disk = ResultStore(fault_grid["report_dir"], ["cell"]).read()
+    pd.testing.assert_frame_equal(on_disk, fault_grid["df"])
+
+
+def test_cells_around_faults_still_succeed(fault_grid):
+    rows = fault_grid["rows"]
+    for cell in ["ok1", "ok2", "ok3", "ok4"]:
+        assert rows.loc[cell, "status"] == "ok", rows.loc[cell, "error"]
+        assert pd.isna(rows.loc[cell, "error"])
+        assert len(rows.loc[cell, "pids"].split()) == 2  # both ranks returned a value
+
+
+@pytest.mark.parametrize(
+    "cell, needles",
+    [
+        ("raise", ["rank 1", "ValueError", "cell raise refuses to run on rank 1"]),
+        ("exit", ["rank 1", "exited with code 7"]),
+        ("hang", ["rank 0", "rank 1", f"timed out after {TIMEOUT_S:g} s"]),
+    ],
+)
+def test_faulty_cell_is_failed_row_naming_its_error(fault_grid, cell, needles):
+    row = fault_grid["rows"].loc[cell]
+    assert row["status"] == "failed"
+    for needle in needles:
+        assert needle in row["error"], row["error"]
+    # A failed row still says where it was measured, and carries no made-up measurement.
+    assert row["backend"] == "gloo" and row["world_size"] == 2
+    assert pd.isna(row["pids"])
+
+
+def test_hanging_cell_is_cut_at_its_timeout(fault_grid):
+    # Three fresh pools after the failures plus one hang of TIMEOUT_S: well under a minute;
+    # a hang that is not cut would sleep for 600 s.
+    assert fault_grid["seconds"] < 60
+
+
+def test_no_rank_outlives_the_grid(fault_grid):
+    pids = rank_pids(fault_grid["markers"])
+    # Every cell, the faulty ones included, started on both ranks.
+    assert len(pids) == 2 * len(FAULT_GRID)
+    assert not [name for name, pid in pids.items() if is_running(pid)]
+    before = fault_grid["pids_before"]
+    assert [p for p in multiprocessing.active_children() if p.pid not in before] == []
+    assert {pid: cmd for pid, cmd in rank_descendants().items() if pid not in before} == {}
+
+
+# --- interruption and resume ---------------------------------------------------------------
+
+
+def test_interrupted_grid_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path):
+    report_dir, markers = tmp_path / "report", tmp_path / "markers"
+    markers.mkdir()
+    # A separate runner process, killed without warning while its third cell hangs.
+    grid = subprocess.Popen(
+        [sys.executable, "-m", "tests.runner_cells", str(report_dir), str(markers), "60"]
+        + ["a:ok", "b:ok", "c:hang"],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: len(rank_pids(markers)) == 6, 60, "cell c to start on both ranks")
+    finally:
+        grid.send_signal(signal.SIGKILL)
+        grid.wait(10)
+    pids = rank_pids(markers)
+    # Ranks watch their parent and leave once it is gone, even when it could not clean up.
+    wait_until(lambda: not any(map(is_running, pids.values())), 10, "orphaned ranks to exit")
+
+    store = ResultStore(report_dir, ["cell"])
+    assert store.finished_keys() == {("a",), ("b",)}
+    assert list(store.read()["cell"]) == ["a", "b"]
+    assert not list(report_dir.glob(".results.*.tmp"))
+
+    again = tmp_path / "markers-resume"
+    df = run_grid(report_dir, again, ["a:ok", "b:ok", "c:ok"], resume=True)
+    assert sorted(rank_pids(again)) == ["c.rank0", "c.rank1"]
+    assert list(df["cell"]) == ["a", "b", "c"] and set(df["status"]) == {"ok"}
+
+
+def test_resume_reruns_failed_and_missing_cells_and_no_resume_reruns_all(tmp_path):
+    report_dir = tmp_path / "report"
+    grid = ["a:ok", "b:ok", "c:ok"]
+    # As if a grid had finished a, failed b and been stopped before c.
+    ResultStore(report_dir, ["cell"]).write(
+        [
+            {"cell": "a", "pids": "101 102", "status": "ok", "error": ""},
+            {"cell": "b", "status": "failed", "error": "rank 1: exited with code 9"},
+        ]
+    )
+
+    resumed = run_grid(report_dir, tmp_path / "m1", grid, resume=True)
+    assert sorted(rank_pids(tmp_path / "m1")) == ["b.rank0", "b.rank1", "c.rank0", "c.rank1"]
+    assert list(resumed["cell"]) == ["a", "b", "c"] and set(resumed["status"]) == {"ok"}
+    assert resumed.set_index("cell").loc["a", "pids"] == "101 102"  # kept, not measured again
+
+    rerun = run_grid(report_dir, tmp_path / "m2", grid, resume=False)
+    assert len(rank_pids(tmp_path / "m2")) == 6
+    assert list(rerun["cell"]) == ["a", "b", "c"] and set(rerun["status"]) == {"ok"}
+    assert rerun.set_index("cell").loc["a", "pids"] != "101 102"
