@@ -7,12 +7,10 @@ from dataclasses import dataclass, field
 
 from bench.collective_specs import COLLECTIVES
 from bench.experiments.common import (
-    DTYPE_BYTES,
     Cell,
     Experiment,
     check_choices,
-    check_message_bytes,
-    check_positive,
+    check_timed_grid,
     collective_row,
 )
 from bench.reports import allreduce_scaling as report
@@ -43,12 +41,7 @@ class AllReduceScalingConfig:
 
     def __post_init__(self) -> None:
         check_choices("algorithms", self.algorithms, ALLOWED)
-        check_positive("world_sizes", self.world_sizes)
-        check_choices("dtype", [self.dtype], list(DTYPE_BYTES))
-        check_message_bytes(self.message_bytes, self.dtype)
-        check_positive("repeats", [self.repeats])
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+        check_timed_grid(self)
 
 
 def cells(cfg: AllReduceScalingConfig) -> list[Cell]:

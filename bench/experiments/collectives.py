@@ -11,8 +11,7 @@ from bench.experiments.common import (
     Cell,
     Experiment,
     check_choices,
-    check_message_bytes,
-    check_positive,
+    check_timed_grid,
     collective_row,
 )
 from bench.reports import collectives as report
@@ -49,12 +48,7 @@ class CollectivesConfig:
     def __post_init__(self) -> None:
         check_choices("collectives", self.collectives, list(COLLECTIVES))
         check_choices("impls", self.impls, IMPLS)
-        check_positive("world_sizes", self.world_sizes)
-        check_choices("dtype", [self.dtype], list(DTYPE_BYTES))
-        check_message_bytes(self.message_bytes, self.dtype)
-        check_positive("repeats", [self.repeats])
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+        check_timed_grid(self)
 
 
 def _size(name: str, message_bytes: int, n: int, dtype: str) -> int:

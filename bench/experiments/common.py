@@ -14,6 +14,7 @@ __all__ = [
     "Experiment",
     "check_choices",
     "check_positive",
+    "check_timed_grid",
     "collective_row",
     "parse_config",
 ]
@@ -75,6 +76,16 @@ def check_message_bytes(message_bytes: Sequence[int], dtype: str) -> None:
         raise ValueError(
             f"message_bytes={bad} is not a multiple of the {dtype} element size ({size} bytes)"
         )
+
+
+def check_timed_grid(cfg) -> None:
+    """Checks shared by every timed-collective grid: world sizes, dtype, sizes, repeats."""
+    check_positive("world_sizes", cfg.world_sizes)
+    check_choices("dtype", [cfg.dtype], list(DTYPE_BYTES))
+    check_message_bytes(cfg.message_bytes, cfg.dtype)
+    check_positive("repeats", [cfg.repeats])
+    if cfg.timeout_s <= 0:
+        raise ValueError(f"timeout_s={cfg.timeout_s} must be > 0")
 
 
 def collective_row(cell: Cell, per_rank: list[dict], bus_factor: float, traffic: bool) -> dict:

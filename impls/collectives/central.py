@@ -24,14 +24,9 @@ def parameter_server_all_reduce(
     flat: torch.Tensor, comm: Communicator, op: str, server: int = 0
 ) -> None:
     """In-place all-reduce of a 1-D buffer via a server rank (default 0)."""
-    n, r = comm.world_size, comm.rank
-    if n == 1 or flat.numel() == 0:
+    if _worker_side(flat, comm, server):
         return
-    if r != server:
-        comm.send(flat, server)
-        comm.recv(flat, server)
-        return
-    workers = [w for w in range(n) if w != server]
+    workers = [w for w in range(comm.world_size) if w != server]
     # The server receives every push at once, so it needs one staging slot per worker.
     staging = comm.scratch(flat.numel() * len(workers), flat.dtype).view(len(workers), -1)
     with comm.round() as push:
@@ -46,17 +41,23 @@ def parameter_server_all_reduce(
 
 def sequential_all_reduce(flat: torch.Tensor, comm: Communicator, op: str, server: int = 0) -> None:
     """In-place all-reduce where the server handles one worker per round, both ways."""
-    n, r = comm.world_size, comm.rank
-    if n == 1 or flat.numel() == 0:
-        return
-    if r != server:
-        comm.send(flat, server)
-        comm.recv(flat, server)
+    if _worker_side(flat, comm, server):
         return
     incoming = comm.scratch(flat.numel(), flat.dtype)
-    workers = [w for w in range(n) if w != server]
+    workers = [w for w in range(comm.world_size) if w != server]
     for worker in workers:
         comm.recv(incoming, worker)
         combine(flat, incoming, op)
     for worker in workers:
         comm.send(flat, worker)
+
+
+def _worker_side(flat: torch.Tensor, comm: Communicator, server: int) -> bool:
+    """Everything a non-server rank does (push, then pull); True when nothing is left."""
+    if comm.world_size == 1 or flat.numel() == 0:
+        return True
+    if comm.rank == server:
+        return False
+    comm.send(flat, server)
+    comm.recv(flat, server)
+    return True
