@@ -4,7 +4,9 @@ Warm-up calls first; then `repeats` windows, each opened by a barrier and holdin
 `iters` back-to-back calls; a window's time is the slowest rank's (the collective is
 done only when every rank is done), and the reported time is the median window. `iters`
 is calibrated once so a window lasts about `window_s`, and agreed on by all ranks.
-Timed calls run on zeroed buffers (sums stay finite however many calls), then one more
+With `paired`, torch's own collective is timed in windows alternating with ours on the
+same buffers, and the ratio of the two medians is the speed comparison the reports lead
+with. Timed calls run on zeroed buffers (sums stay finite however many calls), then one more
 call on the known-answer pattern is checked and counted (`wrong`) and its traffic read.
 
 The harness itself (barriers, max over ranks) uses torch.distributed's collectives:
@@ -40,6 +42,9 @@ class CollectiveCell:
     repeats: int = 5
     window_s: float = 0.1
     max_iters: int = 200
+    paired: bool = True
+    """Also time torch's collective on the same buffers, in windows alternating with ours,
+    so the speed ratio is measured side by side (machine drift hits both alike)."""
 
 
 def _slowest(seconds: float, group) -> float:
@@ -65,13 +70,21 @@ def measure_collective(cell: CollectiveCell) -> dict:
     numel = cell.message_bytes // dtype.itemsize
     bufs = spec.build(comm, numel, dtype, cell.algorithm)
     call = bufs.run_distbench if cell.impl == "distbench" else bufs.run_torch
+    calls = {"time_s": call}
+    if cell.paired and cell.impl == "distbench":
+        calls["torch_time_s"] = bufs.run_torch
 
     bufs.fill(False)
-    for _ in range(cell.warmup):
-        call()
-    probe = _timed_window(call, 1, group)
-    iters = max(1, min(cell.max_iters, math.ceil(cell.window_s / max(probe, 1e-9))))
-    windows = [_timed_window(call, iters, group) for _ in range(cell.repeats)]
+    iters = {}
+    for name, fn in calls.items():
+        for _ in range(cell.warmup):
+            fn()
+        probe = _timed_window(fn, 1, group)
+        iters[name] = max(1, min(cell.max_iters, math.ceil(cell.window_s / max(probe, 1e-9))))
+    windows: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(cell.repeats):
+        for name, fn in calls.items():
+            windows[name].append(_timed_window(fn, iters[name], group))
 
     bufs.fill(True)
     comm.reset_counters()
@@ -81,8 +94,8 @@ def measure_collective(cell: CollectiveCell) -> dict:
     if bufs.expected is not None:
         wrong = int((result.cpu() != bufs.expected).sum().item())
     return {
-        "time_s": statistics.median(windows),
-        "iters": iters,
+        **{name: statistics.median(times) for name, times in windows.items()},
+        "iters": iters["time_s"],
         "wrong": wrong,
         **comm.counters.as_dict(),
     }

@@ -101,6 +101,12 @@ def collective_row(cell: Cell, per_rank: list[dict], bus_factor: float, traffic:
         "busbw_gbps": algbw * bus_factor,
         "bus_factor": bus_factor,
         "wrong": sum(r["wrong"] for r in per_rank),
+        # Side-by-side with torch's collective (alternating windows, same buffers): the
+        # busbw ratio equals the inverse time ratio, since both move the same S.
+        "torch_time_s": first.get("torch_time_s", math.nan),
+        "busbw_vs_torch": first.get("torch_time_s", math.nan) / first["time_s"]
+        if first["time_s"] > 0
+        else math.nan,
     }
     counted = traffic and any(r["messages_sent"] or r["messages_recv"] for r in per_rank)
     no_traffic = cell.world_size == 1 or size == 0

@@ -194,17 +194,27 @@ def _alpha_beta_section(df: pd.DataFrame, fits: dict) -> tuple[str, Any]:
 
 
 def _busbw_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """busbw per algorithm and its ratio to torch's. The ratio is the paired one (torch timed
+    in windows alternating with the algorithm's, same cell, same buffers) where the run has
+    it, else the ratio of two separately measured cells."""
     ok = ok_rows(df)
-    wide = ok.pivot_table(
-        index=["world_size", "message_bytes"], columns="algorithm", values="busbw_gbps"
-    )
-    if "torch" not in wide.columns:
+    index = ["world_size", "message_bytes"]
+    wide = ok.pivot_table(index=index, columns="algorithm", values="busbw_gbps")
+    paired = pd.DataFrame(index=wide.index)
+    if "busbw_vs_torch" in ok.columns:
+        paired = ok.pivot_table(index=index, columns="algorithm", values="busbw_vs_torch")
+    if "torch" not in wide.columns and paired.empty:
         return pd.DataFrame()
     table = pd.DataFrame(index=wide.index)
-    table["torch busbw (GB/s)"] = wide["torch"]
+    if "torch" in wide.columns:
+        table["torch busbw (GB/s)"] = wide["torch"]
     for algorithm in ("ring", "recursive_halving"):
-        if algorithm in wide.columns:
-            table[f"{algorithm} busbw (GB/s)"] = wide[algorithm]
+        if algorithm not in wide.columns:
+            continue
+        table[f"{algorithm} busbw (GB/s)"] = wide[algorithm]
+        if algorithm in paired.columns and paired[algorithm].notna().any():
+            table[f"{algorithm} / torch"] = paired[algorithm].reindex(wide.index)
+        elif "torch" in wide.columns:
             table[f"{algorithm} / torch"] = wide[algorithm] / wide["torch"]
     return table.reset_index()
 
@@ -242,7 +252,10 @@ def _torch_section(ratios: pd.DataFrame, cell: pd.Series | None) -> str:
     return (
         "## Speed against torch.distributed\n\n"
         "busbw of each from-scratch algorithm divided by `torch.distributed.all_reduce`'s, "
-        f"measured side by side in this run.\n\n{headline}\n\n{markdown_table(shown)}\n"
+        "measured side by side: within each cell torch's all-reduce is timed on the same "
+        "buffers in windows alternating with the algorithm's, so machine drift affects both "
+        "alike (the `torch busbw` column is torch's own cell).\n\n"
+        f"{headline}\n\n{markdown_table(shown)}\n"
     )
 
 
