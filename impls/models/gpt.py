@@ -1,0 +1,218 @@
+"""A small GPT-2-style decoder, the transformer every distbench experiment trains.
+
+Architecture after GPT-2 (Radford et al., 2019, "Language Models are Unsupervised Multitask
+Learners"): token + learned position embeddings, pre-LayerNorm blocks
+(`x + attn(ln1(x))`, then `x + mlp(ln2(x))`), a final LayerNorm and a linear LM head.
+
+Two choices serve the parallel implementations built on top of it:
+
+- Attention keeps q, k, v and the output projection as four separate `nn.Linear` layers, so
+  Megatron tensor parallelism (Shoeybi et al., arXiv 1909.08053) can shard q/k/v column-wise
+  by heads and `o_proj` row-wise. The head count is inferred from `q_proj`'s output width,
+  so an attention module whose projections hold only some heads still runs.
+- Weights come from an explicit `torch.Generator` (or a seed), never from the global RNG,
+  so every rank builds bit-identical weights without coordinating.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from impls.models._checks import divisors, require_positive_ints, require_probability
+
+__all__ = ["GPT", "Block", "CausalSelfAttention", "FeedForward", "GPTConfig", "GPTEmbedding"]
+
+INIT_STD = 0.02  # GPT-2's initializer range
+
+
+@dataclass(kw_only=True)
+class GPTConfig:
+    """Shape of the GPT. Checked on construction; every error names the key and the rule."""
+
+    vocab_size: int = 256
+    """Number of token ids; the LM head predicts one logit per id."""
+    seq_len: int = 64
+    """Longest sequence the learned position embedding covers."""
+    d_model: int = 64
+    """Width of the residual stream (h in the shape comments)."""
+    n_heads: int = 4
+    """Attention heads per block; must divide `d_model` (head_dim = d_model / n_heads)."""
+    n_layers: int = 4
+    """Number of transformer blocks; the unit that pipeline stages are cut from."""
+    d_ff: int | None = None
+    """Hidden width of each block's MLP; None means 4 * d_model, as in GPT-2."""
+    dropout: float = 0.0
+    """Drop probability for embeddings, attention weights and residual branches."""
+    bias: bool = True
+    """Whether the Linear and LayerNorm layers carry biases (the LM head never does)."""
+    tie_embeddings: bool = False
+    """Share the token-embedding matrix with the LM head (GPT-2 does)."""
+
+    def __post_init__(self) -> None:
+        require_positive_ints(
+            "GPTConfig",
+            vocab_size=self.vocab_size,
+            seq_len=self.seq_len,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            n_layers=self.n_layers,
+        )
+        if self.d_ff is not None:
+            require_positive_ints("GPTConfig", d_ff=self.d_ff)
+        require_probability("GPTConfig", "dropout", self.dropout)
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"GPTConfig.n_heads={self.n_heads} must divide d_model={self.d_model}; "
+                f"allowed n_heads: {divisors(self.d_model)}"
+            )
+
+    @property
+    def ff_dim(self) -> int:
+        """The MLP hidden width actually used (`d_ff`, or 4 * d_model when unset)."""
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.d_model // self.n_heads
+
+
+class GPTEmbedding(nn.Module):
+    """Token ids -> residual stream: token embedding plus learned position embedding."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.seq_len = cfg.seq_len
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        s = idx.shape[1]
+        if s > self.seq_len:
+            raise ValueError(f"input length {s} exceeds GPTConfig.seq_len={self.seq_len}")
+        positions = torch.arange(s, device=idx.device)
+        # (b, s) -> (b, s, h), plus (s, h) broadcast over the batch
+        return self.drop(self.tok(idx) + self.pos(positions))
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with separate q/k/v/o projections."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        h = cfg.d_model
+        self.head_dim = cfg.head_dim
+        self.dropout = cfg.dropout
+        self.q_proj = nn.Linear(h, h, bias=cfg.bias)
+        self.k_proj = nn.Linear(h, h, bias=cfg.bias)
+        self.v_proj = nn.Linear(h, h, bias=cfg.bias)
+        self.o_proj = nn.Linear(h, h, bias=cfg.bias)
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # (b, s, h) -> (b, s, nh, hd) -> (b, nh, s, hd); nh is inferred so a head-sharded
+        # q_proj (fewer output features) runs unchanged.
+        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        # softmax(q k^T / sqrt(hd) + causal mask) v: (b, nh, s, hd) -> (b, nh, s, hd)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        # (b, nh, s, hd) -> (b, s, nh, hd) -> (b, s, nh * hd)
+        y = y.transpose(1, 2).reshape(b, s, -1)
+        return self.resid_drop(self.o_proj(y))  # (b, s, nh * hd) @ (nh * hd, h) -> (b, s, h)
+
+
+class FeedForward(nn.Module):
+    """The block's MLP: fc1 (h -> ff), GELU, fc2 (ff -> h)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.ff_dim, bias=cfg.bias)
+        self.act = nn.GELU(approximate="tanh")  # GPT-2's GELU
+        self.fc2 = nn.Linear(cfg.ff_dim, cfg.d_model, bias=cfg.bias)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (b, s, h) @ (h, ff) -> (b, s, ff) -> GELU -> (b, s, ff) @ (ff, h) -> (b, s, h)
+        return self.drop(self.fc2(self.act(self.fc1(x))))
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.mlp = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """The GPT: `embedding` -> `blocks` -> `ln_f` -> `lm_head`; `forward(idx) -> logits`.
+
+    `GPT(cfg, seed=0)` and `GPT(cfg, generator=torch.Generator().manual_seed(0))` build the
+    same weights; `generator`, when given, takes precedence over `seed` and is advanced.
+    The global RNG is neither read nor advanced.
+    """
+
+    def __init__(
+        self, cfg: GPTConfig, seed: int = 0, generator: torch.Generator | None = None
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        # Build on the meta device (no default init, no global RNG use), then allocate and
+        # fill every tensor from the explicit generator.
+        with torch.device("meta"):
+            self.embedding = GPTEmbedding(cfg)
+            self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+            self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.to_empty(device="cpu")
+        if cfg.tie_embeddings:  # after to_empty, which would allocate two separate tensors
+            self.lm_head.weight = self.embedding.tok.weight
+        if generator is None:
+            generator = torch.Generator().manual_seed(seed)
+        self.init_weights(generator)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator) -> None:
+        """GPT-2 init: N(0, 0.02) weights, zero biases, unit LayerNorm; the residual
+        projections (`o_proj`, `fc2`) get std 0.02 / sqrt(2 * n_layers), GPT-2's scaling
+        by the number of residual additions. Draws happen in module order."""
+        residual_std = INIT_STD / math.sqrt(2 * self.cfg.n_layers)
+        for name, module in self.named_modules():
+            if module is self.lm_head and self.cfg.tie_embeddings:
+                continue  # already drawn as the token embedding
+            if isinstance(module, nn.Linear | nn.Embedding):
+                is_residual = name.endswith(("o_proj", "fc2"))
+                std = residual_std if is_residual else INIT_STD
+                nn.init.normal_(module.weight, 0.0, std, generator=generator)
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token ids (b, s) -> logits (b, s, vocab_size)."""
+        x = self.embedding(idx)  # (b, s) -> (b, s, h)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))  # (b, s, h) @ (h, vocab) -> (b, s, vocab)
+
+    @staticmethod
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy over every position: (b, s, V), (b, s) -> scalar."""
+        return F.cross_entropy(logits.flatten(0, -2), targets.flatten())

@@ -1,0 +1,160 @@
+"""Cut a GPT or MLP into contiguous pipeline stages that share the model's parameters.
+
+A stage is an `nn.Sequential` over the model's own submodules (no copies), so running the
+stages one after another is the model's forward, and gradients computed through them land
+in the model's `.grad`. For the GPT, stage 0 owns the embedding and the first blocks and the
+last stage owns the final LayerNorm and the LM head; a 1-stage split is the whole model.
+Stage 0 takes token ids (b, s), later stages take activations (b, s, d_model); the last
+stage returns logits. MLP stages pass (b, width) activations.
+
+Virtual stages follow the interleaved schedule of Narayanan et al., 2021, "Efficient
+Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (arXiv 2104.04473):
+the model is cut into P * V stages in model order and rank r runs stages r, r + P, ...
+
+Caveat: with `tie_embeddings`, stage 0's token embedding and the last stage's LM head are one
+Parameter. In one process that is exactly the model; a pipeline that places the two stages on
+different ranks must add their gradients (Megatron all-reduces the tied embedding's gradient
+between the first and last stage).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from torch import nn
+
+from impls.models._checks import require_positive_ints
+from impls.models.gpt import GPT
+from impls.models.mlp import MLP
+
+__all__ = [
+    "Stage",
+    "rank_of_stage",
+    "split_into_stages",
+    "split_into_virtual_stages",
+    "stage_layer_ranges",
+    "stages_of_rank",
+]
+
+
+class Stage(nn.Sequential):
+    """A contiguous run of a model's layers; `forward(x)` takes the previous stage's output.
+
+    `index` is the stage's position in model order, `layer_ids` the model layers (GPT blocks
+    or MLP Linear layers) it runs. Submodule names keep the model index (`block3`, `layer3`).
+    """
+
+    def __init__(
+        self, modules: OrderedDict[str, nn.Module], *, index: int, n_stages: int, layer_ids: range
+    ) -> None:
+        super().__init__(modules)
+        self.index = index
+        self.n_stages = n_stages
+        self.layer_ids = layer_ids
+
+    @property
+    def is_first(self) -> bool:
+        """Whether this stage consumes the model's input (token ids, for the GPT)."""
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this stage produces the model's output (logits, for the GPT)."""
+        return self.index == self.n_stages - 1
+
+    def extra_repr(self) -> str:
+        return f"index={self.index}/{self.n_stages}, layers={list(self.layer_ids)}"
+
+
+def _layer_count(model: nn.Module) -> tuple[int, str]:
+    """(number of splittable layers, what they are called) for a supported model."""
+    if isinstance(model, GPT):
+        return len(model.blocks), "blocks"
+    if isinstance(model, MLP):
+        return len(model.layers), "Linear layers"
+    raise TypeError(f"cannot split a {type(model).__name__} into stages: expected GPT or MLP")
+
+
+def stage_layer_ranges(n_layers: int, n_stages: int, *, unit: str = "layers") -> list[range]:
+    """Split layers 0..n_layers-1 into `n_stages` contiguous, balanced ranges.
+
+    Sizes differ by at most one; the first `n_layers % n_stages` stages take the extra layer.
+    Raises ValueError naming `stages` when a stage would be empty.
+    """
+    require_positive_ints("split", stages=n_stages, n_layers=n_layers)
+    if n_stages > n_layers:
+        raise ValueError(
+            f"stages={n_stages} exceeds the model's {n_layers} {unit}: each stage needs at "
+            f"least one, so stages must be in 1..{n_layers}"
+        )
+    base, extra = divmod(n_layers, n_stages)
+    ranges, start = [], 0
+    for i in range(n_stages):
+        size = base + (1 if i < extra else 0)
+        ranges.append(range(start, start + size))
+        start += size
+    return ranges
+
+
+def _gpt_stage_modules(model: GPT, layer_ids: range, *, first: bool, last: bool) -> OrderedDict:
+    modules: OrderedDict[str, nn.Module] = OrderedDict()
+    if first:
+        modules["embedding"] = model.embedding
+    for j in layer_ids:
+        modules[f"block{j}"] = model.blocks[j]
+    if last:
+        modules["ln_f"] = model.ln_f
+        modules["lm_head"] = model.lm_head
+    return modules
+
+
+def _mlp_stage_modules(model: MLP, layer_ids: range) -> OrderedDict:
+    return OrderedDict((f"layer{j}", model.layers[j]) for j in layer_ids)
+
+
+def split_into_stages(model: GPT | MLP, n_stages: int) -> list[Stage]:
+    """Cut `model` into `n_stages` contiguous stages in model order, sharing its parameters."""
+    n_layers, unit = _layer_count(model)
+    ranges = stage_layer_ranges(n_layers, n_stages, unit=unit)
+    stages = []
+    for i, layer_ids in enumerate(ranges):
+        if isinstance(model, GPT):
+            first, last = i == 0, i == n_stages - 1
+            modules = _gpt_stage_modules(model, layer_ids, first=first, last=last)
+        else:
+            modules = _mlp_stage_modules(model, layer_ids)
+        stages.append(Stage(modules, index=i, n_stages=n_stages, layer_ids=layer_ids))
+    return stages
+
+
+def split_into_virtual_stages(model: GPT | MLP, n_ranks: int, n_virtual: int) -> list[Stage]:
+    """Cut `model` into `n_ranks * n_virtual` stages in model order (Megatron interleaving).
+
+    Stage i runs on rank `i % n_ranks`; `stages_of_rank` lists a rank's stages in the order
+    it holds them. `n_virtual=1` is the ordinary split.
+    """
+    require_positive_ints("split_into_virtual_stages", n_ranks=n_ranks, n_virtual=n_virtual)
+    n_layers, unit = _layer_count(model)
+    n_stages = n_ranks * n_virtual
+    if n_stages > n_layers:
+        raise ValueError(
+            f"stages={n_stages} (n_ranks={n_ranks} x n_virtual={n_virtual}) exceeds the "
+            f"model's {n_layers} {unit}: each stage needs at least one"
+        )
+    return split_into_stages(model, n_stages)
+
+
+def stages_of_rank(rank: int, n_ranks: int, n_virtual: int) -> list[int]:
+    """Stage indices rank `rank` owns under interleaving: rank, rank + P, rank + 2P, ..."""
+    require_positive_ints("stages_of_rank", n_ranks=n_ranks, n_virtual=n_virtual)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < n_ranks:
+        raise ValueError(f"stages_of_rank: rank={rank!r} must be an int in 0..{n_ranks - 1}")
+    return [rank + v * n_ranks for v in range(n_virtual)]
+
+
+def rank_of_stage(stage: int, n_ranks: int) -> int:
+    """The rank that runs stage `stage` under interleaving (stage mod P)."""
+    require_positive_ints("rank_of_stage", n_ranks=n_ranks)
+    if isinstance(stage, bool) or not isinstance(stage, int) or stage < 0:
+        raise ValueError(f"rank_of_stage: stage={stage!r} must be an int >= 0")
+    return stage % n_ranks

@@ -1,0 +1,117 @@
+"""Pipeline bubble and utilization bounds, as the papers state them.
+
+Utilization is Σ busy / (P × makespan) with P ranks; the bubble fraction is 1 − it. Every
+bound assumes equal work per stage, free transfers, and the same cost for every
+micro-batch; a replayed timeline under those assumptions (`impls.pipeline.replay`)
+meets them exactly, which the tests pin.
+"""
+
+from __future__ import annotations
+
+from impls.pipeline.schedules._checks import require_count
+
+__all__ = [
+    "gpipe_bubble_fraction",
+    "gpipe_utilization",
+    "interleaved_bubble_ratio",
+    "interleaved_utilization",
+    "naive_utilization",
+    "one_f_one_b_utilization",
+    "utilization_bound",
+    "zero_bubble_h1_bubble_time",
+    "zero_bubble_h1_utilization",
+]
+
+
+def naive_utilization(stages: int) -> float:
+    """1/P: only one of P stages computes at any moment (GPipe paper, Fig. 2b; lecture: 25%)."""
+    return 1.0 / require_count("stages", stages)
+
+
+def gpipe_bubble_fraction(stages: int, microbatches: int) -> float:
+    """(P−1)/(M+P−1) of each rank's time is idle fill and drain.
+
+    Huang et al. 2019, "GPipe", §2.3: the bubble overhead is O((P−1)/(M+P−1)); the
+    (M+P−1)-slot timeline of Fig. 2c makes it exact for equal stage costs.
+    """
+    p, m = require_count("stages", stages), require_count("microbatches", microbatches)
+    return (p - 1) / (m + p - 1)
+
+
+def gpipe_utilization(stages: int, microbatches: int) -> float:
+    """M/(M+P−1): the lecture's 4 stages × 4 micro-batches give 4/7 ≈ 57%."""
+    return 1.0 - gpipe_bubble_fraction(stages, microbatches)
+
+
+def one_f_one_b_utilization(stages: int, microbatches: int) -> float:
+    """Same as GPipe: 1F1B reorders work to save memory but keeps the (P−1) fill/drain slots.
+
+    Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters",
+    §2.2.1: bubble time fraction (P−1)/M of the ideal time, i.e. utilization M/(M+P−1).
+    """
+    return gpipe_utilization(stages, microbatches)
+
+
+def interleaved_bubble_ratio(stages: int, microbatches: int, virtual_stages: int) -> float:
+    """(P−1)/(V·M): bubble time relative to the ideal (bubble-free) compute time.
+
+    Narayanan et al. 2021, §2.2.2: with V model chunks per rank each fill/drain slot costs
+    1/V as much, so the 1F1B ratio (P−1)/M shrinks by V.
+    """
+    p, m = require_count("stages", stages), require_count("microbatches", microbatches)
+    return (p - 1) / (require_count("virtual_stages", virtual_stages) * m)
+
+
+def interleaved_utilization(stages: int, microbatches: int, virtual_stages: int) -> float:
+    """1/(1 + (P−1)/(V·M)) = M/(M + (P−1)/V)."""
+    return 1.0 / (1.0 + interleaved_bubble_ratio(stages, microbatches, virtual_stages))
+
+
+def zero_bubble_h1_bubble_time(
+    stages: int, t_f: float = 1.0, t_i: float = 1.0, t_w: float = 1.0
+) -> float:
+    """Idle time per rank of ZB-H1: (P−1)(T_F + T_I − T_W), against 1F1B's (P−1)(T_F+T_I+T_W).
+
+    Qi et al. 2024, "Zero Bubble Pipeline Parallelism" (ICLR), §2.1 and Fig. 3 (their B is
+    our I). The paper states the equal-cost case T_F = T_I = T_W, where the bubble rate is
+    (P−1)/(3M), a third of 1F1B's (P−1)/M. The general form is read off the ZB-H1 timeline:
+    I races ahead, so the drain ramp costs T_F + T_I per stage, and the deferred W's fill
+    T_W of it. It holds while a W fits in every gap it fills (T_W ≤ min(T_F, T_I)) and
+    M ≥ P; outside that range this raises rather than return a bound no schedule meets.
+    """
+    p = require_count("stages", stages)
+    if not 0 <= t_w <= min(t_f, t_i):
+        raise ValueError(f"t_w={t_w!r}: the ZB-H1 bound needs 0 <= t_w <= min(t_f, t_i)")
+    return (p - 1) * (t_f + t_i - t_w)
+
+
+def zero_bubble_h1_utilization(
+    stages: int, microbatches: int, t_f: float = 1.0, t_i: float = 1.0, t_w: float = 1.0
+) -> float:
+    """M(T_F+T_I+T_W) / (M(T_F+T_I+T_W) + (P−1)(T_F+T_I−T_W)); equal costs: 3M/(3M+P−1).
+
+    Needs M ≥ P (below that the warm-up is cut short and the bound is not met).
+    """
+    m = require_count("microbatches", microbatches)
+    if m < stages:
+        raise ValueError(
+            f"microbatches={m}: the ZB-H1 bound assumes microbatches >= stages={stages}"
+        )
+    work = m * (t_f + t_i + t_w)
+    return work / (work + zero_bubble_h1_bubble_time(stages, t_f, t_i, t_w))
+
+
+def utilization_bound(
+    schedule: str, stages: int, microbatches: int, virtual_stages: int = 1
+) -> float:
+    """The theory column for a registered schedule (ZB-H1: T_F = T_I = T_W and M ≥ P)."""
+    bounds = {
+        "naive": lambda: naive_utilization(stages),
+        "gpipe": lambda: gpipe_utilization(stages, microbatches),
+        "1f1b": lambda: one_f_one_b_utilization(stages, microbatches),
+        "interleaved_1f1b": lambda: interleaved_utilization(stages, microbatches, virtual_stages),
+        "zero_bubble_h1": lambda: zero_bubble_h1_utilization(stages, microbatches),
+    }
+    if schedule not in bounds:
+        raise ValueError(f"schedule={schedule!r}: unknown; choose one of {', '.join(bounds)}")
+    return bounds[schedule]()
