@@ -9,8 +9,8 @@ from bench.collective_specs import COLLECTIVES
 from bench.experiments.common import (
     Cell,
     Experiment,
+    TimedGridConfig,
     check_choices,
-    check_timed_grid,
     collective_row,
 )
 from bench.reports import allreduce_scaling as report
@@ -23,25 +23,15 @@ ALLOWED = [*ALGORITHMS, "torch"]
 
 
 @dataclass(kw_only=True)
-class AllReduceScalingConfig:
+class AllReduceScalingConfig(TimedGridConfig):
     algorithms: list[str] = field(default_factory=lambda: list(ALLOWED))
     """All-reduce algorithms to compare; `torch` is torch.distributed.all_reduce."""
-    world_sizes: list[int] = field(default_factory=lambda: [2, 4, 8])
-    """Numbers of ranks (N)."""
     message_bytes: list[int] = field(default_factory=lambda: [4 << 10 << 2 * i for i in range(8)])
     """Buffer sizes S in bytes (multiples of the dtype's size)."""
-    dtype: str = "float32"
-    repeats: int = 5
-    """Timed windows per cell; the median is reported."""
-    warmup: int = 2
-    window_s: float = 0.1
-    """Target length of one timed window; sets the iterations per window."""
-    timeout_s: float = 300.0
-    """A cell whose ranks have not all finished by then is recorded as failed."""
 
     def __post_init__(self) -> None:
         check_choices("algorithms", self.algorithms, ALLOWED)
-        check_timed_grid(self)
+        super().__post_init__()
 
 
 def cells(cfg: AllReduceScalingConfig) -> list[Cell]:
@@ -55,10 +45,7 @@ def cells(cfg: AllReduceScalingConfig) -> list[Cell]:
                 impl="torch" if alg == "torch" else "distbench",
                 algorithm=alg if alg != "torch" else "ring",
                 message_bytes=m,
-                dtype=cfg.dtype,
-                warmup=cfg.warmup,
-                repeats=cfg.repeats,
-                window_s=cfg.window_s,
+                **cfg.timing(),
             ),
         )
         for n in cfg.world_sizes

@@ -10,8 +10,8 @@ from bench.experiments.common import (
     DTYPE_BYTES,
     Cell,
     Experiment,
+    TimedGridConfig,
     check_choices,
-    check_timed_grid,
     collective_row,
 )
 from bench.reports import collectives as report
@@ -32,23 +32,17 @@ IMPLS = ["distbench", "torch"]
 
 
 @dataclass(kw_only=True)
-class CollectivesConfig:
+class CollectivesConfig(TimedGridConfig):
     collectives: list[str] = field(default_factory=lambda: list(PRIMITIVES))
     """Which collectives to time (all_reduce is allowed too: ring vs torch)."""
     impls: list[str] = field(default_factory=lambda: list(IMPLS))
-    world_sizes: list[int] = field(default_factory=lambda: [2, 4, 8])
     message_bytes: list[int] = field(default_factory=lambda: [64 << 10 << 2 * i for i in range(5)])
     """Sizes S as nccl-tests defines them per collective; rounded down to N equal blocks."""
-    dtype: str = "float32"
-    repeats: int = 5
-    warmup: int = 2
-    window_s: float = 0.1
-    timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         check_choices("collectives", self.collectives, list(COLLECTIVES))
         check_choices("impls", self.impls, IMPLS)
-        check_timed_grid(self)
+        super().__post_init__()
 
 
 def _size(name: str, message_bytes: int, n: int, dtype: str) -> int:
@@ -72,10 +66,7 @@ def cells(cfg: CollectivesConfig) -> list[Cell]:
                         collective=name,
                         impl=impl,
                         message_bytes=size,
-                        dtype=cfg.dtype,
-                        warmup=cfg.warmup,
-                        repeats=cfg.repeats,
-                        window_s=cfg.window_s,
+                        **cfg.timing(),
                     )
                     out.append(Cell(world_size=n, key=key, fn=measure_collective, task=task))
     return out

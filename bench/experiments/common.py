@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pandas as pd
@@ -12,6 +12,7 @@ import pandas as pd
 __all__ = [
     "Cell",
     "Experiment",
+    "TimedGridConfig",
     "check_choices",
     "check_positive",
     "check_timed_grid",
@@ -76,6 +77,34 @@ def check_message_bytes(message_bytes: Sequence[int], dtype: str) -> None:
         raise ValueError(
             f"message_bytes={bad} is not a multiple of the {dtype} element size ({size} bytes)"
         )
+
+
+@dataclass(kw_only=True)
+class TimedGridConfig:
+    """Keys shared by every grid of timed collectives (subclasses add `message_bytes`)."""
+
+    world_sizes: list[int] = field(default_factory=lambda: [2, 4, 8])
+    """Numbers of ranks (N)."""
+    dtype: str = "float32"
+    repeats: int = 5
+    """Timed windows per cell; the median is reported."""
+    warmup: int = 2
+    window_s: float = 0.1
+    """Target length of one timed window; sets the iterations per window."""
+    timeout_s: float = 300.0
+    """A cell whose ranks have not all finished by then is recorded as failed."""
+
+    def __post_init__(self) -> None:
+        check_timed_grid(self)
+
+    def timing(self) -> dict[str, Any]:
+        """The CollectiveCell fields every cell of this grid shares."""
+        return {
+            "dtype": self.dtype,
+            "warmup": self.warmup,
+            "repeats": self.repeats,
+            "window_s": self.window_s,
+        }
 
 
 def check_timed_grid(cfg) -> None:
