@@ -1,0 +1,250 @@
+"""Experiment `pipeline_utilization`: its config, its grid, its rows, and one small run.
+
+A failure here means a pipeline grid that cannot work would start ranks (or fail minutes
+in) instead of being refused naming the key; a grid that silently runs a combination a
+schedule cannot take, or drops one it can; a results row whose utilization is not what
+its records say; or the command line no longer producing results, traces and a report.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench.experiments import EXPERIMENTS
+from bench.experiments.common import parse_config
+from bench.experiments.pipeline_utilization import (
+    EXPERIMENT,
+    PipelineUtilizationConfig,
+    cells,
+    grid,
+    to_row,
+)
+from impls.pipeline import build_plan
+from impls.pipeline.executor import ActionRecord
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TINY = {"d_model": 32, "n_layers": 4, "n_heads": 2, "seq_len": 8, "vocab_size": 16}
+
+
+def test_registered_under_its_name():
+    assert EXPERIMENTS["pipeline_utilization"] is EXPERIMENT
+
+
+def test_default_grid_leaves_out_what_a_schedule_cannot_take():
+    cfg = PipelineUtilizationConfig()
+    cells_ = grid(cfg)
+    by_schedule: dict[str, set] = {}
+    for schedule, p, m, v in cells_:
+        by_schedule.setdefault(schedule, set()).add((p, m))
+        assert v == (cfg.virtual_stages if "interleaved" in schedule else 1)
+    ms = cfg.microbatches
+    assert by_schedule["naive"] == {(p, 1) for p in cfg.stages}
+    for name in ("interleaved_1f1b", "torch_interleaved_1f1b"):
+        assert by_schedule[name] == {(p, m) for p in cfg.stages for m in ms if m % p == 0}
+    assert by_schedule["torch_1f1b"] == {(p, m) for p in cfg.stages for m in ms if m >= p}
+    for name in ("gpipe", "1f1b", "zero_bubble_h1", "torch_gpipe"):
+        assert by_schedule[name] == {(p, m) for p in cfg.stages for m in ms}
+    # One rank per stage, and the runner's one-pool-per-world-size needs P ascending.
+    sizes = [c.world_size for c in cells(cfg)]
+    assert sizes == sorted(sizes)
+    assert all(c.world_size == c.key["stages"] for c in cells(cfg))
+
+
+def test_scalars_are_accepted_as_one_element_grids():
+    cfg = PipelineUtilizationConfig(schedules="gpipe", stages=2, microbatches=4)
+    assert (cfg.schedules, cfg.stages, cfg.microbatches) == (["gpipe"], [2], [4])
+
+
+def test_only_the_chosen_micro_batch_counts_are_traced(tmp_path):
+    cfg = PipelineUtilizationConfig(
+        schedules=["gpipe", "torch_gpipe"], stages=[2], microbatches=[1, 2, 4],
+        trace_microbatches=[4], trace_dir=str(tmp_path),
+    )  # fmt: skip
+    traced = {(c.key["schedule"], c.key["microbatches"]) for c in cells(cfg) if c.task.trace_path}
+    assert traced == {("gpipe", 4)}  # torch's schedule records no per-action timeline
+
+
+def test_only_schedules_torch_has_are_paired_with_it():
+    cfg = PipelineUtilizationConfig(stages=[4], microbatches=[1, 4])
+    paired = {(c.key["schedule"], c.key["microbatches"]) for c in cells(cfg) if c.task.paired}
+    # torch's Schedule1F1B needs M ≥ P; naive and ZB-H1 have no torch twin here.
+    assert paired == {("gpipe", 1), ("gpipe", 4), ("1f1b", 4), ("interleaved_1f1b", 4)}
+    assert not any(c.task.paired for c in cells(PipelineUtilizationConfig(paired=False)))
+
+
+# (overrides, text the error must contain): each on an otherwise valid config.
+REFUSALS = [
+    ({"schedules": ["gpipe", "pipedream"]}, ["schedules", "pipedream", "allowed values", "1f1b"]),
+    ({"stages": [2, 8], "n_layers": 4}, ["stages=[2, 8]", "n_layers=4", "at least one layer"]),
+    ({"schedules": ["gpipe"], "stages": [8], "n_layers": 4}, ["stages=[8]", "n_layers=4"]),
+    ({"schedules": ["naive"], "microbatches": [2, 4]}, ["microbatches=[2, 4]", "'naive'"]),
+    (
+        {
+            "schedules": ["interleaved_1f1b"],
+            "stages": [4],
+            "microbatches": [2, 6],
+            "batch_size": 12,
+        },
+        ["microbatches=[2, 6]", "interleaved_1f1b", "divisible by stages=4"],
+    ),
+    ({"schedules": ["torch_1f1b"], "stages": [4], "microbatches": [2]}, ["torch", "microbatches"]),
+    ({"microbatches": [1, 3]}, ["microbatches=[3]", "batch_size=32"]),
+    ({"microbatches": [0, 2]}, ["microbatches=[0, 2]", "integer ≥ 1"]),
+    ({"stages": [0]}, ["stages=[0]"]),
+    ({"virtual_stages": 1}, ["virtual_stages=1", "≥ 2", "interleaved"]),
+    ({"n_heads": 3}, ["n_heads=3", "d_model=128"]),
+    ({"batch_size": 0}, ["batch_size=0"]),
+    ({"repeats": 0}, ["repeats=0"]),
+    ({"timeout_s": 0}, ["timeout_s"]),
+]
+
+
+@pytest.mark.parametrize("overrides, needles", REFUSALS, ids=[str(o) for o, _ in REFUSALS])
+def test_config_that_cannot_work_is_refused_naming_the_key(overrides, needles):
+    with pytest.raises(ValueError) as refused:
+        parse_config(EXPERIMENT, overrides)
+    for needle in needles:
+        assert needle in str(refused.value), (needle, str(refused.value))
+
+
+def test_unknown_key_is_refused():
+    with pytest.raises(ValueError, match="unknown key.*steps.*allowed keys"):
+        parse_config(EXPERIMENT, {"steps": 3})
+
+
+def _records(plan, rank: int, cost: dict[str, float]) -> list[ActionRecord]:
+    """Compute records with the given CPU cost per kind (wall spans laid end to end)."""
+    out, clock = [], 0.0
+    for action in plan[rank]:
+        seconds = cost[action.kind]
+        out.append(ActionRecord(str(action), action.kind, clock, clock + seconds, seconds))
+        clock += seconds
+    return out
+
+
+def test_row_replays_the_records_it_is_given(tmp_path):
+    """GPipe P=2, M=2 with F = 1, B = 2 and free transfers replays to M/(M+P−1) = 2/3."""
+    cfg = PipelineUtilizationConfig(
+        schedules=["gpipe"], stages=[2], microbatches=[2], repeats=2, batch_size=4,
+        trace_microbatches=[2], trace_dir=str(tmp_path), **TINY,
+    )  # fmt: skip
+    (cell,) = cells(cfg)
+    plan = build_plan("gpipe", 2, 2)
+    per_rank = [
+        {
+            "rank": r,
+            "step_times_s": [0.5, 0.7],
+            "torch_step_times_s": [0.4, 0.6],
+            "loss": 2.5 if r == 1 else None,
+            "records": [_records(plan, r, {"F": 1.0, "B": 2.0})] * 2,
+            "peak_activation_bytes": 1000 * (r + 1),
+            "max_inflight": 2,
+            "transfer_s": 0.0,
+        }
+        for r in range(2)
+    ]
+    row = to_row(cell, per_rank)
+    assert row["util_replayed"] == pytest.approx(2 / 3)
+    assert row["util_theory"] == pytest.approx(2 / 3)
+    assert row["bubble_fraction"] == pytest.approx(1 / 3)
+    assert row["step_time_s"] == pytest.approx(0.6)
+    assert cell.task.paired  # torch has GPipe: its twin is timed inside this cell
+    assert row["step_time_vs_torch"] == pytest.approx(0.6 / 0.5)
+    assert row["loss"] == 2.5
+    assert row["peak_activation_bytes"] == 2000
+    assert row["max_inflight_microbatches"] == row["max_inflight_plan"] == 2
+    spans = pd.read_csv(tmp_path / row["spans_file"])
+    assert set(spans["timeline"]) == {"replayed", "wall"}
+    assert len(spans[spans["timeline"] == "replayed"]) == 2 * 2 * 2  # ranks × M × (F, B)
+    assert (tmp_path / row["trace_file"]).stat().st_size > 0
+
+
+def test_torch_row_leaves_what_it_cannot_observe_empty():
+    cfg = PipelineUtilizationConfig(
+        schedules=["torch_gpipe"], stages=[2], microbatches=[2], batch_size=4, **TINY
+    )
+    (cell,) = cells(cfg)
+    per_rank = [{"rank": r, "step_times_s": [0.3], "loss": 2.0 if r else None} for r in (0, 1)]
+    row = to_row(cell, per_rank)
+    assert row["impl"] == "torch" and row["step_time_s"] == 0.3 and row["loss"] == 2.0
+    for column in ("util_wall", "util_replayed", "util_theory", "peak_activation_bytes"):
+        assert math.isnan(row[column]), column
+
+
+def _run_bench(tmp: Path, overrides: list[str], timeout: float) -> tuple[int | None, str]:
+    command = [sys.executable, "-m", "bench", "experiment=pipeline_utilization", *overrides]
+    command += [
+        f"report_dir={tmp / 'report'}",
+        f"hydra.run.dir={tmp / 'hydra'}",
+        "wandb.mode=disabled",
+    ]
+    env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
+    try:
+        done = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired as expired:
+        return None, f"still running after {timeout} s:\n{expired.output or ''}"
+    return done.returncode, done.stdout
+
+
+# Through the command line: refused before any rank starts (no results.csv, no progress bar).
+CLI_REFUSALS = [
+    (["stages=[2,8]", "n_layers=4"], ["bad config", "stages=[2, 8]", "n_layers=4"]),
+    (
+        ["schedules=[interleaved_1f1b]", "stages=4", "microbatches=[2,6]", "batch_size=12"],
+        ["bad config", "microbatches=[2, 6]", "divisible by stages=4"],
+    ),  # fmt: skip
+]
+
+
+def test_command_line_refuses_before_any_rank_starts(tmp_path):
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outcomes = list(pool.map(
+            lambda i: _run_bench(tmp_path / str(i), CLI_REFUSALS[i][0], timeout=60),
+            range(len(CLI_REFUSALS)),
+        ))  # fmt: skip
+    for i, ((code, output), (_, needles)) in enumerate(zip(outcomes, CLI_REFUSALS, strict=True)):
+        assert code not in (0, None), output
+        for needle in needles:
+            assert needle in output, (needle, output)
+        assert not (tmp_path / str(i) / "report" / "results.csv").exists()
+        assert "cell/s" not in output
+
+
+@pytest.mark.slow
+def test_small_run_end_to_end(tmp_path):
+    """`python -m bench experiment=pipeline_utilization` on a tiny GPT, P = 2: rows for
+    distbench and torch, traces, plots, a headline; and one loss for every row (same
+    weights, same batch), distbench's and torch's alike."""
+    overrides = [
+        "schedules=[naive,gpipe,1f1b,torch_gpipe,torch_1f1b]", "stages=[2]",
+        "microbatches=[1,2]", "batch_size=4", "repeats=1", "trace_microbatches=[1,2]",
+        *(f"{key}={value}" for key, value in TINY.items()),
+    ]  # fmt: skip
+    code, output = _run_bench(tmp_path, overrides, timeout=300)
+    assert code == 0, output[-3000:]
+    report = tmp_path / "report"
+    df = pd.read_csv(report / "results.csv")
+    assert (df["status"] == "ok").all(), df.loc[df["status"] != "ok", "error"].tolist()
+    assert len(df) == 1 + 2 + 2 + 2 + 1  # naive M=1 only; torch_1f1b needs M ≥ P
+    required = "schedule stages microbatches virtual_stages util_wall util_replayed util_theory "
+    required += "bubble_fraction step_time_s peak_activation_bytes max_inflight_microbatches loss "
+    required += "git_sha torch_version backend world_size timestamp"
+    assert set(required.split()) <= set(df.columns)
+    assert df["loss"].max() - df["loss"].min() < 1e-5 * df["loss"].abs().max()
+    ours = df[df["impl"] == "distbench"]
+    assert ours["util_replayed"].between(0, 1).all() and ours["util_wall"].between(0, 1).all()
+    assert df[df["impl"] == "torch"]["util_replayed"].isna().all()
+    for artefact in ["report.md", "headline.json", "utilization_vs_m.png",
+                     "activation_memory.png", "gantt_naive_vs_gpipe.png"]:  # fmt: skip
+        assert (report / artefact).stat().st_size > 0, artefact
+    for name in ours["trace_file"].dropna():
+        assert (report / name).stat().st_size > 0, name
