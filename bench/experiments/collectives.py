@@ -19,16 +19,10 @@ from bench.timing import CollectiveCell, measure_collective
 
 __all__ = ["EXPERIMENT", "CollectivesConfig"]
 
-PRIMITIVES = [
-    "broadcast",
-    "reduce",
-    "scatter",
-    "gather",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-]
-IMPLS = ["distbench", "torch"]
+# The report module owns the order collectives are shown in; the grid is that list less
+# all_reduce (which has its own experiment), so the two cannot drift apart.
+PRIMITIVES = [c for c in report.COLLECTIVE_ORDER if c != "all_reduce"]
+IMPLS = list(report.IMPLS)
 
 
 @dataclass(kw_only=True)
