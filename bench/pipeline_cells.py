@@ -18,7 +18,17 @@ Replaying a timeline needs what one activation transfer costs. Measured inside t
 on a host whose ranks share cores, it mostly measures the wait for a descheduled peer (or
 its transport thread), which a rank with a device of its own would not have; so after the
 timed steps `probe_transfer_s` also times the same tensor between each pair of
-neighbouring ranks while every other rank waits, as a rank with its own core would see it.
+neighbouring ranks while every other rank waits, and keeps each pair's fastest round trip:
+on shared cores a slower trip is one where a peer was descheduled, which is the
+interference the replay sets out to remove (the median moved 0.1–2 ms between runs on
+2 busy cores; the fastest trip stayed within 0.1–0.3 ms).
+
+The cost of each compute action has the same problem: inside a timed step, ranks that
+share a core slow each other down (caches, memory bandwidth, a sibling hyperthread), and
+by how much depends on how many ranks the schedule keeps busy at that moment. So after
+the timed steps a distbench cell runs two more steps under a `HostComputeLock`, which
+lets one rank compute at a time, and the replay prices each action at those steps' thread
+CPU times: the cost of that work with the host to itself.
 
 The harness around the step (barrier, max over ranks) uses torch.distributed's own
 collectives; it brackets the timed region and is the same for both implementations.
@@ -26,10 +36,15 @@ collectives; it brackets the timed region and is the same for both implementatio
 
 from __future__ import annotations
 
+import fcntl
+import os
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -40,6 +55,7 @@ from impls.models import GPT, GPTConfig, Stage, split_into_virtual_stages, stage
 
 __all__ = [
     "TORCH_SCHEDULES",
+    "HostComputeLock",
     "PipelineCell",
     "lm_loss",
     "paired_step_times",
@@ -152,7 +168,7 @@ def _distbench_step(cell: PipelineCell) -> Step:
     )
     first, last = 0 in mine, num_stages - 1 in mine
     return (
-        lambda: executor.step(inputs if first else None, targets if last else None),
+        lambda **kw: executor.step(inputs if first else None, targets if last else None, **kw),
         list(mine.values()),
     )
 
@@ -200,12 +216,16 @@ def run_distbench_pipeline(cell: PipelineCell) -> dict[str, Any]:
     timed = _timed_steps(sides, cell.warmup, cell.repeats)
     results, times = timed["distbench"]
     losses = [r.loss for r in results if r.loss is not None]
+    run, modules = sides["distbench"]
+    with HostComputeLock() as lock:
+        alone = [_one_step((partial(run, compute_guard=lock), modules))[0] for _ in range(2)]
     return {
         "rank": dist.get_rank(),
         "step_times_s": times,
         "torch_step_times_s": timed["torch"][1] if cell.paired else None,
         "loss": statistics.median(losses) if losses else None,
         "records": [r.records for r in results],
+        "isolated_records": [r.records for r in alone],
         "peak_activation_bytes": max(r.peak_activation_bytes for r in results),
         "max_inflight": max(r.max_inflight for r in results),
         "transfer_s": probe_transfer_s(_activation(cell), wraps=cell.virtual_stages > 1),
@@ -238,12 +258,48 @@ def paired_step_times(cell: PipelineCell) -> dict[str, float]:
     }
 
 
-def probe_transfer_s(tensor: torch.Tensor, *, wraps: bool, trials: int = 10) -> float | None:
-    """One-way seconds to move `tensor` to the next rank, the pair alone (median ping-pong).
+class HostComputeLock:
+    """A lock every rank on this host shares (`fcntl.flock` on a file rank 0 names), taken
+    around each compute action of a profiling step: ranks that share cores then compute
+    one at a time, and each action's CPU time is what it costs with the host to itself.
+
+    Entering is collective (rank 0 broadcasts the file's name); the lock itself is called
+    (`with lock(): ...`) around each action. Ranks on other hosts lock their own file.
+    """
+
+    def __enter__(self) -> HostComputeLock:
+        name = [None]
+        if dist.get_rank() == 0:
+            handle, name[0] = tempfile.mkstemp(prefix="distbench-compute-", suffix=".lock")
+            os.close(handle)
+        dist.broadcast_object_list(name, src=0)
+        self._path = name[0]
+        self._file = open(self._path, "a+b")  # noqa: SIM115 (held until __exit__)
+        return self
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
+        dist.barrier()  # every rank is done with the file before rank 0 removes it
+        if dist.get_rank() == 0:
+            with suppress(FileNotFoundError):
+                os.unlink(self._path)
+
+
+def probe_transfer_s(tensor: torch.Tensor, *, wraps: bool, trials: int = 20) -> float | None:
+    """One-way seconds to move `tensor` to the next rank, the pair alone: half the fastest
+    of `trials` round trips.
 
     Pairs (r, r+1) take turns, every other rank waiting at a barrier; `wraps` adds the
-    pair (P−1, 0) that interleaved schedules also use. Returns this rank's median over
-    the pairs it took part in (None on a single rank).
+    pair (P−1, 0) that interleaved schedules also use. Returns the median over the pairs
+    this rank took part in of each pair's fastest trip (None on a single rank).
     """
     from impls.comm import Communicator
 
@@ -251,11 +307,12 @@ def probe_transfer_s(tensor: torch.Tensor, *, wraps: bool, trials: int = 10) -> 
     rank, ranks = comm.rank, comm.world_size
     inbox = torch.empty_like(tensor)
     pairs = [(a, a + 1) for a in range(ranks - 1)] + ([(ranks - 1, 0)] if wraps else [])
-    times = []
+    fastest = []
     for sender, receiver in pairs:
         dist.barrier()
         if rank not in (sender, receiver) or sender == receiver:
             continue
+        trips = []
         for trial in range(trials + 1):  # the first round trip is a warm-up
             start = time.perf_counter()
             if rank == sender:
@@ -265,6 +322,7 @@ def probe_transfer_s(tensor: torch.Tensor, *, wraps: bool, trials: int = 10) -> 
                 comm.recv(inbox, sender)
                 comm.send(tensor, sender)
             if trial:
-                times.append((time.perf_counter() - start) / 2)
+                trips.append((time.perf_counter() - start) / 2)
+        fastest.append(min(trips))
     dist.barrier()
-    return statistics.median(times) if times else None
+    return statistics.median(fastest) if fastest else None

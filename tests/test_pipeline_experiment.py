@@ -131,7 +131,9 @@ def _records(plan, rank: int, cost: dict[str, float]) -> list[ActionRecord]:
 
 
 def test_row_replays_the_records_it_is_given(tmp_path):
-    """GPipe P=2, M=2 with F = 1, B = 2 and free transfers replays to M/(M+P−1) = 2/3."""
+    """GPipe P=2, M=2 with F = 1, B = 2 (the isolated profiling steps) and free transfers
+    replays to M/(M+P−1) = 2/3; the in-step records (rank 1 slowed down by a neighbour)
+    only feed `util_replayed_raw`."""
     cfg = PipelineUtilizationConfig(
         schedules=["gpipe"], stages=[2], microbatches=[2], repeats=2, batch_size=4,
         trace_microbatches=[2], trace_dir=str(tmp_path), **TINY,
@@ -144,7 +146,8 @@ def test_row_replays_the_records_it_is_given(tmp_path):
             "step_times_s": [0.5, 0.7],
             "torch_step_times_s": [0.4, 0.6],
             "loss": 2.5 if r == 1 else None,
-            "records": [_records(plan, r, {"F": 1.0, "B": 2.0})] * 2,
+            "records": [_records(plan, r, {"F": 1.0, "B": 2.0 + 2.0 * r})] * 2,
+            "isolated_records": [_records(plan, r, {"F": 1.0, "B": 2.0})] * 2,
             "peak_activation_bytes": 1000 * (r + 1),
             "max_inflight": 2,
             "transfer_s": 0.0,
@@ -153,6 +156,7 @@ def test_row_replays_the_records_it_is_given(tmp_path):
     ]
     row = to_row(cell, per_rank)
     assert row["util_replayed"] == pytest.approx(2 / 3)
+    assert row["util_replayed_raw"] == pytest.approx(16 / 26)  # busy 6 + 10 over 2 × 13
     assert row["util_theory"] == pytest.approx(2 / 3)
     assert row["bubble_fraction"] == pytest.approx(1 / 3)
     assert row["step_time_s"] == pytest.approx(0.6)

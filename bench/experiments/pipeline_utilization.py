@@ -12,8 +12,10 @@ process starts.
 
 Each distbench row carries utilization measured two ways — wall clock, and replayed: the
 plan's dependency graph with each compute action costing its measured thread CPU time
-(the median over its stage's actions of its kind) and each transfer the measured cost of
-one activation between two otherwise idle ranks, as if every rank had its own device —
+(the median over its stage's actions of its kind, in two profiling steps in which ranks
+compute one at a time: `bench.pipeline_cells.HostComputeLock`) and each transfer the measured cost of
+one activation between two otherwise idle ranks (the fastest of its round trips), as if
+every rank had its own device —
 beside the bound from theory, peak activation memory and in-flight micro-batches. The
 distbench cells with M in `trace_microbatches` also leave a Chrome trace and the spans
 the report's Gantt charts are drawn from under `<trace_dir>/traces/`.
@@ -270,7 +272,8 @@ def _timeline_columns(task: PipelineCell, per_rank: list[dict]) -> dict[str, Any
     steps = [{r["rank"]: r["records"][i] for r in per_rank} for i in range(task.repeats)]
     probes = [r["transfer_s"] for r in per_rank if r.get("transfer_s") is not None]
     transfer = statistics.median(probes) if probes else 0.0
-    timeline = replay(plan, _action_costs(steps), transfer, p * v)
+    alone = [{r["rank"]: r["isolated_records"][i] for r in per_rank} for i in range(2)]
+    timeline = replay(plan, _action_costs(alone), transfer, p * v)
     in_step = [replay_measured(plan, records, p * v) for records in steps]
     walls = [utilization_wall(records) for records in steps]
     columns = {
@@ -301,9 +304,8 @@ def _action_costs(steps: list[dict[int, list]]) -> dict[Action, float]:
     """Each compute action's cost: the median CPU time of its stage's actions of its kind.
 
     Every micro-batch of a stage does the same work on same-shaped tensors, so the median
-    over the cell's micro-batches and timed steps is that work's cost. A single action's
-    CPU time on a shared host also carries its neighbours' interference (caches, memory
-    bandwidth), which a rank with its own device would not see; the median drops it.
+    over the cell's micro-batches and profiling steps is that work's cost; it drops the
+    odd action that the host's other processes still disturbed.
     """
     seen: dict[tuple[int, str], list[float]] = {}
     actions: set[Action] = set()

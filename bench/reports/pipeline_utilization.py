@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import seaborn as sns
-from matplotlib.patches import Patch
 
 from bench.reports import (
     failed_cells_markdown,
@@ -31,16 +29,14 @@ from bench.reports import (
     format_bytes,
     format_ratio,
     format_seconds,
-    log2_axis,
     markdown_table,
-    new_figure,
     ok_rows,
     run_context,
-    save_figure,
     to_jsonable,
     write_headline,
     write_text_atomic,
 )
+from bench.reports import pipeline_plots as charts
 
 __all__ = ["LECTURE", "TORCH_RATIO_TARGET", "write_report"]
 
@@ -62,8 +58,6 @@ BOUND_SOURCE = {
     "interleaved_1f1b": "M/(M+(P−1)/V) — Narayanan et al. 2021 (Megatron-LM), §2.2.2",
     "zero_bubble_h1": "3M/(3M+P−1), T_F = T_I = T_W, M ≥ P — Qi et al. 2024, §2.1",
 }
-KIND_COLOURS = {"F": "#4C72B0", "B": "#55A868", "I": "#DD8452", "W": "#8172B3"}
-MARKERS = {"naive": "D", "gpipe": "o", "1f1b": "s", "interleaved_1f1b": "^", "zero_bubble_h1": "v"}
 
 
 def _pct(value: float | None) -> str:
@@ -113,17 +107,20 @@ def _setup_section(df: pd.DataFrame) -> str:
         "- **replayed** utilization: the schedule's dependency graph, every rank running its "
         "list in order as soon as its inputs exist, each compute action costing its measured "
         "thread CPU time (the median over that stage's actions of that kind — F, B, I or W — "
-        "across micro-batches and timed steps) and each transfer the measured cost of one "
+        "across micro-batches, in two extra profiling steps during which a host-wide lock "
+        "lets one rank compute at a time, so no action shares a core) and each transfer "
+        "the measured cost of one "
         "activation, timed between each pair of neighbouring ranks while the other ranks "
-        "wait: the timeline the plan would have if every rank had a device of its own.\n"
+        "wait (half the fastest of 20 round trips: slower trips are a peer waiting for a "
+        "core): the timeline the plan would have if every rank had a device of its own.\n"
         "- **wall clock** utilization: Σ compute time / (P × step makespan) on this host's "
         "clock. With more ranks than cores, ranks wait for a core as well as for each other, "
         "so it understates what the schedule achieves.\n"
         "- `util_replayed_raw` in results.csv replays each timed step as recorded instead "
         "(every action its own CPU time, transfers as measured inside the step; median over "
-        "steps). On a shared host both carry interference a device of its own would not "
-        "see: a neighbour slowing an action down, a peer or its transport thread waiting "
-        "for a core in the middle of a transfer.\n"
+        "steps). On a shared host it carries what the profiling steps remove: a neighbour "
+        "slowing an action down, a peer or its transport thread waiting for a core in the "
+        "middle of a transfer.\n"
         "- theory: the bound for equal stages and free transfers, with its source.\n"
     )
 
@@ -197,47 +194,6 @@ def _utilization_section(rows: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def _panels(rows: pd.DataFrame, path: Path, draw, title: str, **shared: Any) -> None:
-    """One row of two panels per P; `draw(left, right, p, group, styles)` fills a row.
-
-    Each schedule keeps its colour and marker in every panel, so overlapping lines stay
-    distinguishable."""
-    stages = sorted(int(p) for p in rows["stages"].unique())
-    fig, axes = new_figure(12, 4.6 * len(stages), rows=len(stages), cols=2, **shared)
-    schedules = _schedules(rows)
-    colours = sns.color_palette("tab10", len(schedules))
-    styles = {s: (c, MARKERS.get(s, "o")) for s, c in zip(schedules, colours, strict=True)}
-    for i, p in enumerate(stages):
-        group = rows[rows["stages"] == p].sort_values("microbatches")
-        left, right = axes[2 * i], axes[2 * i + 1]
-        draw(left, right, p, group, styles)
-        for ax in (left, right):
-            log2_axis(ax, sorted(int(m) for m in group["microbatches"].unique()))
-            ax.set_xlabel("micro-batches M")
-    fig.suptitle(title)
-    fig.subplots_adjust(hspace=0.35)
-    save_figure(fig, path)
-
-
-def _draw_utilization(replayed_ax: Any, wall_ax: Any, p: int, group: pd.DataFrame,
-                      styles: dict) -> None:  # fmt: skip
-    for schedule, (colour, marker) in styles.items():
-        line = group[group["schedule"] == schedule]
-        if line.empty:
-            continue
-        replayed_ax.plot(line["microbatches"], line["util_replayed"], marker=marker, ls="-",
-                         color=colour, label=f"{schedule} (replayed)")  # fmt: skip
-        theory = line.dropna(subset=["util_theory"])
-        replayed_ax.plot(theory["microbatches"], theory["util_theory"], "--", color=colour,
-                         alpha=0.7, label=f"{schedule} bound")  # fmt: skip
-        wall_ax.plot(line["microbatches"], line["util_wall"], marker=marker, ls=":",
-                     color=colour, label=schedule)  # fmt: skip
-    for ax, what in ((replayed_ax, "replayed (solid) vs bound (dashed)"),
-                     (wall_ax, "wall clock, this host")):  # fmt: skip
-        ax.set(ylabel="utilization", ylim=(0, 1.02), title=f"P = {p}: {what}")
-    replayed_ax.legend(fontsize=7, ncol=2, loc="lower right")
-
-
 def _memory_section(rows: pd.DataFrame) -> tuple[str, dict[str, Any]]:
     if rows.empty:
         return "## Activation memory\n\nNo distbench cell ran.\n", {}
@@ -280,64 +236,11 @@ def _inflight_checks(rows: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def _draw_memory(memory_ax: Any, count_ax: Any, p: int, group: pd.DataFrame,
-                 styles: dict) -> None:  # fmt: skip
-    for schedule, (colour, marker) in styles.items():
-        line = group[group["schedule"] == schedule]
-        if line.empty:
-            continue
-        style = {"marker": marker, "color": colour, "label": schedule, "alpha": 0.85}
-        memory_ax.plot(line["microbatches"], line["peak_activation_bytes"] / 2**20, **style)
-        count_ax.plot(line["microbatches"], line["max_inflight_microbatches"], **style)
-    count_ax.axhline(p, color="black", lw=0.8, ls="--", label="P (1F1B's limit)")
-    memory_ax.set(ylabel="peak activation MiB (busiest rank)",
-                  title=f"P = {p}: peak saved activations", ylim=(0, None))  # fmt: skip
-    count_ax.set(ylabel="micro-batches held at once",
-                 title=f"P = {p}: max in-flight (measured; interleaved: chunks)")  # fmt: skip
-    count_ax.legend(fontsize=7)
-
-
 def _spans(report_dir: Path, cell: pd.Series | None) -> pd.DataFrame | None:
     if cell is None or not isinstance(cell.get("spans_file"), str) or not cell["spans_file"]:
         return None
     path = report_dir / cell["spans_file"]
     return pd.read_csv(path) if path.exists() else None
-
-
-def _gantt_panel(ax: Any, spans: pd.DataFrame, title: str) -> None:
-    ranks = sorted(int(r) for r in spans["rank"].unique())
-    scale = 1e3  # ms
-    for row in spans.itertuples():
-        colour = KIND_COLOURS.get(row.kind)
-        y = row.rank
-        start, width = row.start_s * scale, (row.end_s - row.start_s) * scale
-        if colour is None:  # a transfer round (wall clock only): a thin grey bar
-            ax.barh(y + 0.33, width, left=start, height=0.12, color="0.6")
-            continue
-        ax.barh(y, width, left=start, height=0.6, color=colour, edgecolor="white", lw=0.5)
-        ax.text(start + width / 2, y, f"{row.kind}{row.microbatch}", ha="center",
-                va="center", fontsize=6, color="white", clip_on=True)  # fmt: skip
-    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
-    ax.invert_yaxis()
-    ax.set(xlabel="time (ms)", title=title)
-
-
-def _plot_gantt(report_dir: Path, cells: list[tuple[str, pd.Series, pd.DataFrame]]) -> None:
-    fig, axes = new_figure(13, 2.6 * len(cells) + 0.6, rows=len(cells), cols=2)
-    for i, (label, cell, spans) in enumerate(cells):
-        util = {"replayed": cell["util_replayed"], "wall": cell["util_wall"]}
-        for j, timeline in enumerate(("replayed", "wall")):
-            part = spans[spans["timeline"] == timeline]
-            name = "replayed (own device per rank)" if timeline == "replayed" else "wall clock"
-            _gantt_panel(axes[2 * i + j], part, f"{label}: {name}, utilization "
-                         f"{_pct(util[timeline])}")  # fmt: skip
-    kinds = set().union(*(set(spans["kind"]) for _, _, spans in cells))
-    handles = [Patch(color=c, label=k) for k, c in KIND_COLOURS.items() if k in kinds]
-    handles.append(Patch(color="0.6", label="transfer round (wall clock)"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8)
-    fig.suptitle("Naive pipeline vs GPipe: one measured step (F = forward, B = backward)")
-    fig.subplots_adjust(hspace=0.55, bottom=0.12)
-    save_figure(fig, report_dir / "gantt_naive_vs_gpipe.png")
 
 
 def _gantt_cells(rows: pd.DataFrame, report_dir: Path) -> list[tuple[str, pd.Series, Any]]:
@@ -550,15 +453,16 @@ def write_report(df: pd.DataFrame, report_dir: Path) -> dict[str, Any]:
     loss_spread = _loss_check(df)
     plots = []
     if not rows.empty:
-        _panels(rows, report_dir / "utilization_vs_m.png", _draw_utilization,
-                "Pipeline utilization vs micro-batches (measured; bounds from the papers)",
-                sharey=True)  # fmt: skip
-        _panels(rows, report_dir / "activation_memory.png", _draw_memory,
-                "Activation memory per rank by schedule (measured)")  # fmt: skip
+        order = _schedules(rows)
+        charts.panels(rows, report_dir / "utilization_vs_m.png", charts.draw_utilization,
+                      "Pipeline utilization vs micro-batches (measured; bounds from the papers)",
+                      order, sharey=True)  # fmt: skip
+        charts.panels(rows, report_dir / "activation_memory.png", charts.draw_memory,
+                      "Activation memory per rank by schedule (measured)", order)  # fmt: skip
         plots += ["utilization_vs_m", "activation_memory"]
     gantt = _gantt_cells(rows, report_dir) if not rows.empty else []
     if gantt:
-        _plot_gantt(report_dir, gantt)
+        charts.plot_gantt(report_dir, gantt, _pct)
         plots.append("gantt_naive_vs_gpipe")
     loss_text = (
         "—" if loss_spread is None else f"{loss_spread:.1e} (every row, distbench and torch)"

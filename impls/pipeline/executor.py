@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -89,6 +90,7 @@ class _Held:
 class _StepState:
     batch: list[Tensor] | None  # micro-batch inputs of stage 0
     targets: list[Tensor] | None
+    guard: Callable[[], AbstractContextManager] = nullcontext  # entered around each compute
     ready_inputs: dict[tuple[int, int], Tensor] = field(default_factory=dict)
     ready_grads: dict[tuple[int, int], Tensor] = field(default_factory=dict)  # d loss/d output
     outbox: dict[Action, Tensor] = field(default_factory=dict)  # send action -> its tensor
@@ -179,7 +181,12 @@ class PipelineExecutor:
     # ---- the step -------------------------------------------------------------------
 
     def step(
-        self, inputs: Tensor | None, targets: Tensor | None, *, align_clocks: bool = True
+        self,
+        inputs: Tensor | None,
+        targets: Tensor | None,
+        *,
+        align_clocks: bool = True,
+        compute_guard: Callable[[], AbstractContextManager] | None = None,
     ) -> StepResult:
         """Run this rank's actions once; gradients accumulate into `.grad`.
 
@@ -188,10 +195,14 @@ class PipelineExecutor:
         Every rank of the group must call `step` together. A barrier opens the step so
         that every rank's records share one time origin; `align_clocks=False` skips it
         (for timing back-to-back steps against an executor without one), and the ranks'
-        records then have unrelated origins.
+        records then have unrelated origins. `compute_guard`, if given, is entered around
+        each compute action, outside its timing (e.g. a host-wide lock, so that ranks
+        sharing cores compute one at a time and each action's cost is measured alone).
         """
         state = _StepState(
-            batch=self._split("inputs", inputs, 0), targets=self._split("targets", targets, -1)
+            batch=self._split("inputs", inputs, 0),
+            targets=self._split("targets", targets, -1),
+            guard=compute_guard or nullcontext,
         )
         for given in (inputs, targets):
             if given is not None:
@@ -235,12 +246,13 @@ class PipelineExecutor:
         return list(batch.tensor_split(self.microbatches))
 
     def _compute(self, state: _StepState, action: Action, origin: float) -> None:
-        start, cpu = time.perf_counter(), time.thread_time()
-        if action.kind == "F":
-            self._forward(state, action.stage, action.microbatch)
-        else:
-            self._backward(state, action)
-        end, cpu = time.perf_counter(), time.thread_time() - cpu
+        with state.guard():
+            start, cpu = time.perf_counter(), time.thread_time()
+            if action.kind == "F":
+                self._forward(state, action.stage, action.microbatch)
+            else:
+                self._backward(state, action)
+            end, cpu = time.perf_counter(), time.thread_time() - cpu
         state.records.append(
             ActionRecord(str(action), action.kind, start - origin, end - origin, cpu)
         )

@@ -1,0 +1,123 @@
+"""The pipeline_utilization report's figures: utilization and memory panels per P, and the
+Gantt charts of measured steps. Kept apart from the report's text (`pipeline_utilization`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import seaborn as sns
+from matplotlib.patches import Patch
+
+from bench.reports import log2_axis, new_figure, save_figure
+
+__all__ = ["draw_memory", "draw_utilization", "gantt_panel", "panels", "plot_gantt"]
+
+KIND_COLOURS = {"F": "#4C72B0", "B": "#55A868", "I": "#DD8452", "W": "#8172B3"}
+MARKERS = {"naive": "D", "gpipe": "o", "1f1b": "s", "interleaved_1f1b": "^", "zero_bubble_h1": "v"}
+
+
+def panels(
+    rows: pd.DataFrame,
+    path: Path,
+    draw: Callable[..., None],
+    title: str,
+    schedules: list[str],
+    **shared: Any,
+) -> None:
+    """One row of two panels per P; `draw(left, right, p, group, styles)` fills a row.
+
+    Each schedule keeps its colour and marker in every panel, so overlapping lines stay
+    distinguishable."""
+    stages = sorted(int(p) for p in rows["stages"].unique())
+    fig, axes = new_figure(12, 4.6 * len(stages), rows=len(stages), cols=2, **shared)
+    colours = sns.color_palette("tab10", len(schedules))
+    styles = {s: (c, MARKERS.get(s, "o")) for s, c in zip(schedules, colours, strict=True)}
+    for i, p in enumerate(stages):
+        group = rows[rows["stages"] == p].sort_values("microbatches")
+        left, right = axes[2 * i], axes[2 * i + 1]
+        draw(left, right, p, group, styles)
+        for ax in (left, right):
+            log2_axis(ax, sorted(int(m) for m in group["microbatches"].unique()))
+            ax.set_xlabel("micro-batches M")
+    fig.suptitle(title)
+    fig.subplots_adjust(hspace=0.35)
+    save_figure(fig, path)
+
+
+def draw_utilization(replayed_ax: Any, wall_ax: Any, p: int, group: pd.DataFrame,
+                      styles: dict) -> None:  # fmt: skip
+    for schedule, (colour, marker) in styles.items():
+        line = group[group["schedule"] == schedule]
+        if line.empty:
+            continue
+        replayed_ax.plot(line["microbatches"], line["util_replayed"], marker=marker, ls="-",
+                         color=colour, label=f"{schedule} (replayed)")  # fmt: skip
+        theory = line.dropna(subset=["util_theory"])
+        replayed_ax.plot(theory["microbatches"], theory["util_theory"], "--", color=colour,
+                         alpha=0.7, label=f"{schedule} bound")  # fmt: skip
+        wall_ax.plot(line["microbatches"], line["util_wall"], marker=marker, ls=":",
+                     color=colour, label=schedule)  # fmt: skip
+    for ax, what in ((replayed_ax, "replayed (solid) vs bound (dashed)"),
+                     (wall_ax, "wall clock, this host")):  # fmt: skip
+        ax.set(ylabel="utilization", ylim=(0, 1.02), title=f"P = {p}: {what}")
+    replayed_ax.legend(fontsize=7, ncol=2, loc="lower right")
+
+
+def draw_memory(memory_ax: Any, count_ax: Any, p: int, group: pd.DataFrame,
+                 styles: dict) -> None:  # fmt: skip
+    for schedule, (colour, marker) in styles.items():
+        line = group[group["schedule"] == schedule]
+        if line.empty:
+            continue
+        style = {"marker": marker, "color": colour, "label": schedule, "alpha": 0.85}
+        memory_ax.plot(line["microbatches"], line["peak_activation_bytes"] / 2**20, **style)
+        count_ax.plot(line["microbatches"], line["max_inflight_microbatches"], **style)
+    count_ax.axhline(p, color="black", lw=0.8, ls="--", label="P (1F1B's limit)")
+    memory_ax.set(ylabel="peak activation MiB (busiest rank)",
+                  title=f"P = {p}: peak saved activations", ylim=(0, None))  # fmt: skip
+    count_ax.set(ylabel="micro-batches held at once",
+                 title=f"P = {p}: max in-flight (measured; interleaved: chunks)")  # fmt: skip
+    count_ax.legend(fontsize=7)
+
+
+def gantt_panel(ax: Any, spans: pd.DataFrame, title: str) -> None:
+    ranks = sorted(int(r) for r in spans["rank"].unique())
+    scale = 1e3  # ms
+    for row in spans.itertuples():
+        colour = KIND_COLOURS.get(row.kind)
+        y = row.rank
+        start, width = row.start_s * scale, (row.end_s - row.start_s) * scale
+        if colour is None:  # a transfer round (wall clock only): a thin grey bar
+            ax.barh(y + 0.33, width, left=start, height=0.12, color="0.6")
+            continue
+        ax.barh(y, width, left=start, height=0.6, color=colour, edgecolor="white", lw=0.5)
+        ax.text(start + width / 2, y, f"{row.kind}{row.microbatch}", ha="center",
+                va="center", fontsize=6, color="white", clip_on=True)  # fmt: skip
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set(xlabel="time (ms)", title=title)
+
+
+def plot_gantt(
+    report_dir: Path,
+    cells: list[tuple[str, pd.Series, pd.DataFrame]],
+    pct: Callable[[float | None], str],
+) -> None:
+    fig, axes = new_figure(13, 2.6 * len(cells) + 0.6, rows=len(cells), cols=2)
+    for i, (label, cell, spans) in enumerate(cells):
+        util = {"replayed": cell["util_replayed"], "wall": cell["util_wall"]}
+        for j, timeline in enumerate(("replayed", "wall")):
+            part = spans[spans["timeline"] == timeline]
+            name = "replayed (own device per rank)" if timeline == "replayed" else "wall clock"
+            gantt_panel(axes[2 * i + j], part, f"{label}: {name}, utilization "
+                         f"{pct(util[timeline])}")  # fmt: skip
+    kinds = set().union(*(set(spans["kind"]) for _, _, spans in cells))
+    handles = [Patch(color=c, label=k) for k, c in KIND_COLOURS.items() if k in kinds]
+    handles.append(Patch(color="0.6", label="transfer round (wall clock)"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8)
+    fig.suptitle("Naive pipeline vs GPipe: one measured step (F = forward, B = backward)")
+    fig.subplots_adjust(hspace=0.55, bottom=0.12)
+    save_figure(fig, report_dir / "gantt_naive_vs_gpipe.png")
