@@ -1,0 +1,42 @@
+"""Mixed-precision training: fp16 with loss scaling and fp32 master weights, and bf16.
+
+The pieces every data-parallel and ZeRO variant combines:
+
+- `compute_dtype(precision)`: the dtype of the model, activations and gradients;
+- `check_precision(precision, loss_scale)`: refuses pairs that cannot train (fp16 without
+  a loss scale, a scale that is not a positive finite fp16 number) before anything runs;
+- `make_loss_scaler(precision, loss_scale)`: a `DynamicLossScaler`, `StaticLossScaler` or None;
+- `MasterWeights(params)`: the fp32 copy the optimizer updates.
+
+One step (single process)::
+
+    loss = loss_fn(model(x.to(dtype)).float(), y)
+    scaler.scale_loss(loss).backward()               # low-precision gradients, scaled
+    grads = master.master_grads_from_model()         # fp32 flat copy
+    found_inf = scaler.unscale_([grads])
+    # distributed: found_inf = agreed over ranks (all-reduce "max" of the flag)
+    if scaler.update(found_inf):                     # False: skip this step
+        optimizer.step()                             # over master.master_params
+        master.copy_to_model()
+"""
+
+from impls.precision.config import (
+    FP16_MAX,
+    PRECISIONS,
+    check_precision,
+    compute_dtype,
+    make_loss_scaler,
+)
+from impls.precision.loss_scaler import DynamicLossScaler, StaticLossScaler
+from impls.precision.master_weights import MasterWeights
+
+__all__ = [
+    "FP16_MAX",
+    "PRECISIONS",
+    "DynamicLossScaler",
+    "MasterWeights",
+    "StaticLossScaler",
+    "check_precision",
+    "compute_dtype",
+    "make_loss_scaler",
+]
