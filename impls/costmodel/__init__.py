@@ -1,0 +1,35 @@
+"""The theory side: what the formulas predict, for measured runs to be held against.
+
+`memory` gives per-device model-state bytes under ZeRO stages 0–3, the largest trainable
+model, per-step communication volume and saved activations (Rajbhandari et al. 2019).
+"""
+
+from impls.costmodel.memory import (
+    MIXED_PRECISION_ADAM,
+    PRESETS,
+    STAGES,
+    BytesPerParam,
+    ModelStateBytes,
+    activation_bytes,
+    bytes_per_param_for,
+    comm_bytes_per_step,
+    comm_psi_multiple,
+    floor_billions,
+    max_trainable_params,
+    model_state_bytes,
+)
+
+__all__ = [
+    "MIXED_PRECISION_ADAM",
+    "PRESETS",
+    "STAGES",
+    "BytesPerParam",
+    "ModelStateBytes",
+    "activation_bytes",
+    "bytes_per_param_for",
+    "comm_bytes_per_step",
+    "comm_psi_multiple",
+    "floor_billions",
+    "max_trainable_params",
+    "model_state_bytes",
+]
