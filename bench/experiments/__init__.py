@@ -1,12 +1,24 @@
-"""The experiments `python -m bench experiment=NAME` can run, by name."""
+"""The experiments `python -m bench experiment=NAME` can run, by name.
 
-from bench.experiments import allreduce_scaling, collectives, pipeline_utilization
+`make reports` runs them in this order: `zero_memory` before `max_model_size`, whose
+report states how well the cost model matched zero_memory's measured runs.
+"""
+
+from bench.experiments import (
+    allreduce_scaling,
+    collectives,
+    max_model_size,
+    pipeline_utilization,
+    zero_memory,
+)
 from bench.experiments.common import Cell, Experiment
 
 EXPERIMENTS: dict[str, Experiment] = {
     allreduce_scaling.EXPERIMENT.name: allreduce_scaling.EXPERIMENT,
     collectives.EXPERIMENT.name: collectives.EXPERIMENT,
     pipeline_utilization.EXPERIMENT.name: pipeline_utilization.EXPERIMENT,
+    zero_memory.EXPERIMENT.name: zero_memory.EXPERIMENT,
+    max_model_size.EXPERIMENT.name: max_model_size.EXPERIMENT,
 }
 
 __all__ = ["EXPERIMENTS", "Cell", "Experiment"]
