@@ -33,7 +33,7 @@ def ranks2():
 
 @pytest.mark.parametrize("method, against, target", CASES, ids=[f"{a}-vs-{b}" for a, b, _ in CASES])
 def test_step_time_ratio(benchmark, ranks2, method, against, target):
-    cell = ZeroCell(method=method, model=MODEL, batch_size=32, warmup=3, repeats=21)
+    cell = ZeroCell(method=method, model=MODEL, batch_size=32, warmup=3, repeats=41)
     benchmark.group = "data-parallel step, N=2"
     result = benchmark.pedantic(ranks2.run, args=(paired_step_times, cell, against), rounds=1)[0]
     benchmark.extra_info.update(result)
