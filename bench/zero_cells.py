@@ -21,7 +21,8 @@ the ledger, sees no transient buffers. The `ddp` rows are about speed (overlap) 
 memory empty: distbench's DDP drops its gradients at the end of a step, so no moment
 outside the step shows them. Then `repeats` timed steps (barrier, slowest rank,
 median); with `paired`, the method's torch twin (`TWINS`) is built on a twin model and
-timed in steps alternating with it, so the speed ratio is measured side by side.
+timed in steps alternating with it, so the speed ratio is measured side by side; a paired
+`ddp` cell also alternates with `ddp_no_overlap`, for what the overlap buys.
 """
 
 from __future__ import annotations
@@ -341,6 +342,8 @@ def run_zero_cell(cell: ZeroCell) -> dict[str, Any]:
     sides = {"method": trainer}
     if cell.paired:
         sides["torch"] = _trainer(_as(cell, TWINS[cell.method]))
+        if cell.method == "ddp":  # what the overlap buys, measured side by side too
+            sides["no_overlap"] = _trainer(_as(cell, "ddp_no_overlap"))
     times = _alternate(sides, cell.warmup, cell.repeats)
     return {
         "rank": dist.get_rank(),
@@ -353,5 +356,6 @@ def run_zero_cell(cell: ZeroCell) -> dict[str, Any]:
         "max_param_diff": max_diff,
         "step_times_s": times["method"],
         "torch_step_times_s": times.get("torch"),
+        "no_overlap_step_times_s": times.get("no_overlap"),
         "median_step_s": statistics.median(times["method"]),
     }

@@ -113,7 +113,10 @@ def test_row_of_a_method_without_a_ledger_leaves_memory_empty():
     cfg = ZeroMemoryConfig(stages=[0], world_sizes=[2], precision="fp32", methods=["ddp"],
                            model=TINY)  # fmt: skip
     ddp = next(c for c in cells(cfg) if c.key["method"] == "ddp")
-    row = to_row(ddp, [_rank(r, None, 4000.0, None) for r in range(2)])
+    per_rank = [_rank(r, None, 4000.0, None) for r in range(2)]
+    per_rank[0]["no_overlap_step_times_s"] = [0.4, 0.6, 0.5]  # timed beside it, paired
+    row = to_row(ddp, per_rank)
+    assert row["step_time_vs_no_overlap"] == pytest.approx(0.3 / 0.5)
     assert math.isnan(row["model_state_bytes"]) and math.isnan(row["peak_bytes"])
     assert row["predicted_model_state_bytes"] == 16 * 1000  # fp32 Adam, unsharded
     assert row["comm_bytes_per_step"] == 4000.0

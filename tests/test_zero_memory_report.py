@@ -101,7 +101,7 @@ def results(errors: dict | None = None, ratios: dict | None = None) -> pd.DataFr
 def report(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("zero_memory")
     frame = results(errors={("zero2", 8): 0.03, ("zero1", 4): -0.01},
-                    ratios={("zero3", 4): 1.2, ("zero3", 8): 1.4, ("dp", 2): 0.95})  # fmt: skip
+                    ratios={("zero3", 2): 1.4, ("zero3", 8): 1.9, ("dp", 2): 0.95})  # fmt: skip
     headline = zero_memory.write_report(frame, tmp_path)
     return headline, (tmp_path / "report.md").read_text(), tmp_path
 
@@ -148,16 +148,17 @@ def test_comm_in_units_of_psi(report) -> None:
 def test_step_time_ratios_take_the_worst_paired_cell(report) -> None:
     headline, text, _ = report
     ratios = headline["step_time_vs_torch"]
-    assert ratios["zero3"] == {"ratio": pytest.approx(1.4), "world_size": 8, "precision": "fp32",
+    # N = 8 ranks on the 2-core host raced for cores: its 1.9× is not a fair figure.
+    assert ratios["zero3"] == {"ratio": pytest.approx(1.4), "world_size": 2, "precision": "fp32",
                                "basis": "paired", "twin": "torch_fsdp2"}  # fmt: skip
-    assert ratios["dp"]["ratio"] == pytest.approx(1.0)  # 0.95 at N = 2 is not the worst
+    assert ratios["dp"]["ratio"] == pytest.approx(0.95)  # N = 2 is the only fair N here
     assert "zero2" not in ratios  # torch has no ZeRO-2 proper: no twin, no ratio
     # Overlap: 0.9 × 10 ms against 1.2 × 10 ms without, in separate cells.
     assert ratios["ddp_vs_no_overlap"]["ratio"] == pytest.approx(0.75)
     assert ratios["ddp_vs_no_overlap"]["basis"] == "separate cells"
     assert "(target ≤ 1.25×)" in text and "(target ≤ 1.1×)" in text
     figures = {f["figure"]: f for f in headline["figures"]}
-    zero3 = figures["ZeRO-3 step time ÷ torch FSDP2 (worst over N, N = 8)"]
+    zero3 = figures["ZeRO-3 step time ÷ torch FSDP2 (worst over N, N = 2)"]
     assert (zero3["theory"], zero3["measured"], zero3["gap"]) == ("≤ 1.25×", "1.40×", "+0.15×")
     # The DDP target is the overlapped DDP's, not plain DP's.
     ddp = [f for f in figures.values() if f["figure"].startswith("DDP (buckets, overlapped) step")]
@@ -170,11 +171,11 @@ def test_unpaired_ratio_falls_back_to_the_torch_rows(tmp_path: Path) -> None:
     ours = frame["impl"] == "distbench"
     frame.loc[ours, ["torch_step_time_s", "step_time_vs_torch"]] = np.nan
     frame = frame.drop(columns="twin")  # without the column, the built-in pairing applies
-    frame.loc[ours & (frame["method"] == "dp") & (frame["world_size"] == 4), "step_time_s"] = 0.03
+    frame.loc[ours & (frame["method"] == "dp") & (frame["world_size"] == 2), "step_time_s"] = 0.03
     headline = zero_memory.write_report(frame, tmp_path)
-    # 0.03 s against torch DDP's 0.01 s in its own cell at N = 4.
+    # 0.03 s against torch DDP's 0.01 s in its own cell at N = 2.
     assert headline["step_time_vs_torch"]["dp"] == {
-        "ratio": pytest.approx(3.0), "world_size": 4, "precision": "fp32",
+        "ratio": pytest.approx(3.0), "world_size": 2, "precision": "fp32",
         "basis": "separate cells", "twin": "torch_ddp",
     }  # fmt: skip
     assert "zero2" not in headline["step_time_vs_torch"]

@@ -170,6 +170,10 @@ def to_row(cell: Cell, per_rank: list[dict]) -> dict:
     if first["torch_step_times_s"]:
         row["torch_step_time_s"] = statistics.median(first["torch_step_times_s"])
         row["step_time_vs_torch"] = row["step_time_s"] / row["torch_step_time_s"]
+    no_overlap = first.get("no_overlap_step_times_s")
+    row["step_time_vs_no_overlap"] = (
+        row["step_time_s"] / statistics.median(no_overlap) if no_overlap else math.nan
+    )
     row.update(_memory_columns(task, per_rank, stage, n))
     row.update(_traffic_columns(task, per_rank, stage, n))
     return row
