@@ -17,7 +17,14 @@ from bench.launch import RankPool
 from bench.zero_cells import ZeroCell, paired_step_times
 
 # The zero_memory experiment's default GPT (experiments/experiment/zero_memory.yaml).
-MODEL = {"d_model": 128, "n_layers": 6, "n_heads": 4, "seq_len": 64, "vocab_size": 256}
+MODEL = {
+    "d_model": 128,
+    "n_layers": 6,
+    "n_heads": 4,
+    "seq_len": 64,
+    "vocab_size": 256,
+    "bias": False,
+}
 CASES = [  # (method, against, target ratio)
     ("zero3", "torch_fsdp2", 1.25),
     ("ddp", "torch_ddp", 1.1),

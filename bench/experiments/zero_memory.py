@@ -72,9 +72,13 @@ class ZeroMemoryConfig:
     model: dict[str, int] = field(
         default_factory=lambda: {
             "d_model": 64, "n_layers": 4, "n_heads": 4, "seq_len": 32, "vocab_size": 128,
+            "bias": False,
         }
     )  # fmt: skip
-    """`GPTConfig` keyword arguments of the model every cell trains."""
+    """`GPTConfig` keyword arguments of the model every cell trains. Without biases by
+    default: k_proj's bias gets an identically zero gradient (softmax is shift-invariant),
+    which Adam turns into ±lr steps of pure rounding noise, so no distributed run — torch's
+    DDP included — can match the one-process reference on it."""
     batch_size: int = 16
     """Sequences per step over all ranks (rank r trains on its 1/N)."""
     steps: int = 3
