@@ -13,7 +13,8 @@ N ranks on its contiguous 1/N of it, with AdamW:
   sharded), so `zero2` has no twin.
 
 After `steps` training steps, rank 0 compares every parameter with a single-process
-AdamW reference trained on the whole batch (`max_param_diff`). Model-state bytes of the
+AdamW reference trained on the whole batch (`max_param_diff`, and `update_error`: the
+relative error of each parameter's update, which decides `wrong`). Model-state bytes of the
 distbench ZeRO stages come from the ledger; for the DDP and torch methods they are read
 off the tensors the rank holds at the end of a step (parameters, `.grad`s, optimizer
 state; a DTensor counts its local shard), which is exact for those tensors but, unlike
@@ -269,15 +270,36 @@ def _trainer(cell: ZeroCell) -> _Trainer:
     return _torch_trainer(cell, model, x, y)
 
 
-def _reference(cell: ZeroCell) -> dict[str, torch.Tensor]:
-    """Single-process fp32 AdamW on the whole batch: the parameters after `steps` steps."""
+def _reference(cell: ZeroCell) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Single-process fp32 AdamW on the whole batch: the parameters before and after
+    `steps` steps."""
     model, inputs, targets = _model_and_batch(cell)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = _adamw(cell)(model.parameters())
     for _ in range(cell.steps):
         lm_loss(model(inputs), targets).backward()
         optimizer.step()
         optimizer.zero_grad()
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+    return start, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _compare(params: dict[str, torch.Tensor], cell: ZeroCell) -> tuple[float, float]:
+    """(largest |parameter − reference|, relative error of the update).
+
+    The second is ‖p − p_ref‖ / ‖p_ref − p_start‖ over all parameters at once: how far
+    training ended from where the reference went, relative to how far the reference
+    moved. Absolute differences alone mislead under Adam: its normalised first steps turn
+    the rounding of near-zero gradient elements into sizeable steps (one process
+    accumulating the same batch in two halves already ends 1.8e-5 away from itself). And
+    in bf16/fp16 the model's weights are the rounded copy of fp32 masters, so a weight
+    near 1 (LayerNorm) does not move at all for a 1e-3 update; taken over the whole model
+    that counts for what it weighs.
+    """
+    start, reference = _reference(cell)
+    diff = max(float((params[n] - w).abs().max()) for n, w in reference.items())
+    off = sum(float((params[n] - w).square().sum()) for n, w in reference.items())
+    moved = sum(float((w - start[n]).square().sum()) for n, w in reference.items())
+    return diff, (off / moved) ** 0.5 if moved else math.inf
 
 
 def _mean_over_ranks(value: float) -> float:
@@ -335,10 +357,9 @@ def run_zero_cell(cell: ZeroCell) -> dict[str, Any]:
     losses = [_mean_over_ranks(r["loss"]) for r in results]
     held = trainer.state_bytes()
     params = trainer.params()
-    max_diff = math.nan
+    max_diff = update_error = math.nan
     if dist.get_rank() == 0:
-        reference = _reference(cell)
-        max_diff = max(float((params[n] - w).abs().max()) for n, w in reference.items())
+        max_diff, update_error = _compare(params, cell)
     sides = {"method": trainer}
     if cell.paired:
         sides["torch"] = _trainer(_as(cell, TWINS[cell.method]))
@@ -354,6 +375,7 @@ def run_zero_cell(cell: ZeroCell) -> dict[str, Any]:
         "memory": results[-1].get("memory"),
         "bytes_sent": results[-1]["bytes_sent"],
         "max_param_diff": max_diff,
+        "update_error": update_error,
         "step_times_s": times["method"],
         "torch_step_times_s": times.get("torch"),
         "no_overlap_step_times_s": times.get("no_overlap"),

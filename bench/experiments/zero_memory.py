@@ -51,10 +51,12 @@ log = logging.getLogger("bench")
 
 EXTRA_METHODS = ("ddp", "ddp_no_overlap", *TORCH_METHODS)
 METHOD_OF_STAGE = {stage: method for method, stage in ZERO_METHODS.items()}
-# Parameter agreement with the fp32 single-process reference after `steps` AdamW steps.
-# fp32: the same arithmetic in another order (sums over ranks, flat buffers): float
-# rounding only. bf16/fp16: weights rounded to 8/11 significant bits after each step.
-TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 5e-3}
+# Relative error of the whole model's update against the fp32 single-process reference
+# after `steps` AdamW steps (`bench.zero_cells._compare`). fp32: the same arithmetic in
+# another order, rounding only (2e-5 on the default GPT at N = 2, torch's DDP alike).
+# bf16/fp16: weights and gradients rounded to 8/11 significant bits (bf16 measured 0.064
+# here; the ZeRO tests measured 0.071 for bf16 and 0.031 for fp16 on their GPT).
+TOLERANCE = {"fp32": 1e-3, "bf16": 0.15, "fp16": 0.08}
 
 
 @dataclass(kw_only=True)
@@ -165,7 +167,8 @@ def to_row(cell: Cell, per_rank: list[dict]) -> dict:
         "steps": task.steps,
         "loss": first["losses"][-1],
         "max_param_diff": first["max_param_diff"],
-        "wrong": int(not first["max_param_diff"] <= TOLERANCE[task.precision]),
+        "update_error": first["update_error"],
+        "wrong": int(not first["update_error"] <= TOLERANCE[task.precision]),
         "step_time_s": statistics.median(first["step_times_s"]),
         "torch_step_time_s": math.nan,
         "step_time_vs_torch": math.nan,
