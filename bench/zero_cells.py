@@ -92,7 +92,8 @@ class ZeroCell:
     repeats: int = 5
     lr: float = 1e-3
     weight_decay: float = 0.01
-    bucket_cap_bytes: int = 1 << 20
+    bucket_cap_bytes: int = 2 << 20
+    """DDP's gradient bucket size (distbench's `ddp` / `ddp_no_overlap`)."""
     seed: int = 0
     paired: bool = False
 
