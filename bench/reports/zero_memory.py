@@ -54,6 +54,13 @@ METHODS = {
     "torch_zero_redundancy": "torch ZeroRedundancyOptimizer",
     "torch_fsdp2": "torch FSDP2",
 }
+# Tick labels of the memory figure (torch's names shortened so that they fit a bar).
+SHORT = {
+    **{m: label for m, label in METHODS.items() if not m.startswith("torch")},
+    "torch_ddp": "torch DDP",
+    "torch_zero_redundancy": "torch ZeRO-1",
+    "torch_fsdp2": "torch FSDP2",
+}
 # distbench method -> torch's implementation of the same stage; a row's own `twin` column,
 # when the experiment writes one, takes precedence.
 TORCH_TWIN = {
@@ -133,7 +140,8 @@ def _plot_memory(ok: pd.DataFrame, path: Path) -> None:
             predicted = [float(cell[cell["method"] == m]["predicted_model_state_bytes"].iloc[0])
                          for m in methods]  # fmt: skip
             ax.scatter(x, predicted, marker="D", color="black", zorder=5, s=24)
-            ax.set_xticks(x, [METHODS.get(m, m) for m in methods], rotation=30, ha="right")
+            ax.set_xticks(x, [SHORT.get(m, m) for m in methods], rotation=40, ha="right",
+                          fontsize=8)  # fmt: skip
             ax.set_title(f"{precision}, N = {n}")
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
     handles = [Patch(color=c, label=PARTS[p]) for p, c in PART_COLOURS.items()]
@@ -141,6 +149,7 @@ def _plot_memory(ok: pd.DataFrame, path: Path) -> None:
                           label="predicted total (cost model)"))  # fmt: skip
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4)
     fig.suptitle("Model states per rank, measured (bars) vs cost model (◆), as ZeRO Fig. 1")
+    fig.subplots_adjust(hspace=0.55)
     save_figure(fig, path)
 
 
