@@ -51,6 +51,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from bench.timing import slowest
 from impls.models import GPT, GPTConfig, Stage, split_into_virtual_stages, stages_of_rank
 
 __all__ = [
@@ -112,12 +113,6 @@ def _model_and_batch(cell: PipelineCell) -> tuple[list[Stage], torch.Tensor, tor
     return stages, inputs, targets
 
 
-def _slowest(seconds: float) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 Step = tuple[Callable[[], Any], list[torch.nn.Module]]  # (run one step, modules it trains)
 
 
@@ -129,7 +124,7 @@ def _one_step(step: Step) -> tuple[Any, float]:
     dist.barrier()
     start = time.perf_counter()
     outcome = run()
-    return outcome, _slowest(time.perf_counter() - start)
+    return outcome, slowest(time.perf_counter() - start)
 
 
 def _timed_steps(

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from bench.collective_specs import COLLECTIVES
 from impls.comm import Communicator
 
-__all__ = ["CollectiveCell", "measure_collective"]
+__all__ = ["CollectiveCell", "measure_collective", "slowest"]
 
 
 @dataclass(kw_only=True)
@@ -47,7 +47,8 @@ class CollectiveCell:
     so the speed ratio is measured side by side (machine drift hits both alike)."""
 
 
-def _slowest(seconds: float, group) -> float:
+def slowest(seconds: float, group=None) -> float:
+    """The largest of every rank's `seconds` (the slowest rank sets a step's time)."""
     t = torch.tensor([seconds], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t.item())
@@ -58,7 +59,7 @@ def _timed_window(call, iters: int, group) -> float:
     start = time.perf_counter()
     for _ in range(iters):
         call()
-    return _slowest((time.perf_counter() - start) / iters, group)
+    return slowest((time.perf_counter() - start) / iters, group)
 
 
 def measure_collective(cell: CollectiveCell) -> dict:

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bench.pipeline_cells import lm_loss
+from bench.timing import slowest
 from impls.models import GPT, GPTConfig
 
 __all__ = [
@@ -309,17 +310,11 @@ def _mean_over_ranks(value: float) -> float:
     return float(t.item()) / dist.get_world_size()
 
 
-def _slowest(seconds: float) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def _timed(step: Callable[[], dict]) -> tuple[dict, float]:
     dist.barrier()
     start = time.perf_counter()
     result = step()
-    return result, _slowest(time.perf_counter() - start)
+    return result, slowest(time.perf_counter() - start)
 
 
 def _as(cell: ZeroCell, method: str) -> ZeroCell:
