@@ -63,6 +63,7 @@ __all__ = [
     "probe_transfer_s",
     "run_distbench_pipeline",
     "run_torch_pipeline",
+    "seeded_batch",
 ]
 
 # distbench name of each torch.distributed.pipelining baseline -> torch's schedule class
@@ -101,16 +102,21 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def seeded_batch(cfg: GPTConfig, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) token ids of shape (batch_size, seq_len), the same on every rank."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    shape = (batch_size, cfg.seq_len)
+    inputs = torch.randint(0, cfg.vocab_size, shape, generator=generator)
+    targets = torch.randint(0, cfg.vocab_size, shape, generator=generator)
+    return inputs, targets
+
+
 def _model_and_batch(cell: PipelineCell) -> tuple[list[Stage], torch.Tensor, torch.Tensor]:
     """The GPT cut into P·V stages, and the batch: identical on every rank (seeded)."""
     cfg = GPTConfig(**cell.model)
     model = GPT(cfg, seed=cell.seed)
     stages = split_into_virtual_stages(model, cell.stages, cell.virtual_stages)
-    generator = torch.Generator().manual_seed(cell.seed + 1)
-    shape = (cell.batch_size, cfg.seq_len)
-    inputs = torch.randint(0, cfg.vocab_size, shape, generator=generator)
-    targets = torch.randint(0, cfg.vocab_size, shape, generator=generator)
-    return stages, inputs, targets
+    return stages, *seeded_batch(cfg, cell.batch_size, cell.seed)
 
 
 Step = tuple[Callable[[], Any], list[torch.nn.Module]]  # (run one step, modules it trains)

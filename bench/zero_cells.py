@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.pipeline_cells import lm_loss
+from bench.pipeline_cells import lm_loss, seeded_batch
 from bench.timing import slowest
 from impls.models import GPT, GPTConfig
 
@@ -108,16 +108,12 @@ class _Trainer:
                  units: list[int] | None = None) -> None:  # fmt: skip
         self.step, self.state_bytes, self.params, self.close = step, state_bytes, params, close
         self.units = units  # the flat units' sizes (ZeRO pads each to a multiple of N)
+        self.numel = 0  # the model's parameter count Ψ, set by `_trainer`
 
 
 def _model_and_batch(cell: ZeroCell) -> tuple[GPT, torch.Tensor, torch.Tensor]:
     cfg = GPTConfig(**cell.model)
-    model = GPT(cfg, seed=cell.seed)
-    generator = torch.Generator().manual_seed(cell.seed + 1)
-    shape = (cell.batch_size, cfg.seq_len)
-    inputs = torch.randint(0, cfg.vocab_size, shape, generator=generator)
-    targets = torch.randint(0, cfg.vocab_size, shape, generator=generator)
-    return model, inputs, targets
+    return GPT(cfg, seed=cell.seed), *seeded_batch(cfg, cell.batch_size, cell.seed)
 
 
 def _shard(batch: torch.Tensor) -> torch.Tensor:
@@ -264,12 +260,16 @@ def _torch_trainer(cell: ZeroCell, model: GPT, x: torch.Tensor, y: torch.Tensor)
 
 def _trainer(cell: ZeroCell) -> _Trainer:
     model, inputs, targets = _model_and_batch(cell)
+    numel = sum(p.numel() for p in model.parameters())  # before any wrapper shards them
     x, y = _shard(inputs), _shard(targets)
     if cell.method in ZERO_METHODS:
-        return _zero_trainer(cell, model, x, y)
-    if cell.method in ("ddp", "ddp_no_overlap"):
-        return _ddp_trainer(cell, model, x, y)
-    return _torch_trainer(cell, model, x, y)
+        trainer = _zero_trainer(cell, model, x, y)
+    elif cell.method in ("ddp", "ddp_no_overlap"):
+        trainer = _ddp_trainer(cell, model, x, y)
+    else:
+        trainer = _torch_trainer(cell, model, x, y)
+    trainer.numel = numel
+    return trainer
 
 
 def _reference(cell: ZeroCell) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -348,7 +348,6 @@ def paired_step_times(cell: ZeroCell, other: str) -> dict[str, float]:
 def run_zero_cell(cell: ZeroCell) -> dict[str, Any]:
     """One rank of a cell: losses, memory, traffic, parameter check, step times."""
     trainer = _trainer(cell)
-    numel = sum(p.numel() for p in GPT(GPTConfig(**cell.model), seed=cell.seed).parameters())
     results = [trainer.step() for _ in range(cell.steps)]
     losses = [_mean_over_ranks(r["loss"]) for r in results]
     held = trainer.state_bytes()
@@ -364,7 +363,7 @@ def run_zero_cell(cell: ZeroCell) -> dict[str, Any]:
     times = _alternate(sides, cell.warmup, cell.repeats)
     return {
         "rank": dist.get_rank(),
-        "params": numel,
+        "params": trainer.numel,
         "units": trainer.units,
         "losses": losses,
         "held": held,

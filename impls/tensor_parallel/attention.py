@@ -11,7 +11,6 @@ shared by q, k and v, so the backward also costs one all-reduce, not three.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from impls.comm import Communicator
@@ -65,14 +64,7 @@ class ParallelSelfAttention(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        x = copy_to_tp(x, self.comm)  # one `f` for q, k and v together
-        # (b, s, h) @ (h, h/t) -> (b, s, nh/t, hd) -> (b, nh/t, s, hd)
-        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        # (b, nh/t, s, hd) -> (b, s, h/t) @ (h/t, h) -> partial (b, s, h) -> sum (g)
-        y = y.transpose(1, 2).reshape(b, s, -1)
-        return self.resid_drop(self.o_proj(y))
+        # One `f` for q, k and v together, then the full attention's own forward: it reads
+        # the same attribute names and infers the head count from q_proj's output, so on
+        # this rank it attends over nh/t heads; o_proj (row-parallel) ends with the `g`.
+        return CausalSelfAttention.forward(self, copy_to_tp(x, self.comm))
