@@ -203,3 +203,29 @@ def test_max_model_size_reproduces_the_lecture(reports):
     assert by_stage.to_dict() == {0: 5, 1: 19, 2: 36, 3: 320}
     assert headline["cost_model_vs_measured"]["available"]
     assert "zero_memory" in (reports / "README.md").read_text()
+
+
+def test_tensor_parallel_against_megatrons_count(reports):
+    df, headline = load(reports, "tensor_parallel")
+    for artefact in ("report.md", "comm_per_layer.png", "memory_per_rank.png", "step_time.png"):
+        assert (reports / "tensor_parallel" / artefact).stat().st_size > 0, artefact
+    required = "method tp comm_bytes_per_layer_fwd comm_bytes_per_layer_bwd allreduces_per_layer "
+    required += "peak_bytes step_time_s wrong predicted_comm_bytes_per_layer_fwd git_sha"
+    assert set(required.split()) <= set(df.columns)
+    assert (df["status"] == "ok").all(), df.loc[df["status"] != "ok", "error"].tolist()
+    assert (df["wrong"] == 0).all()
+    assert set(df["method"]) == {"distbench", "torch_dtensor"}
+    ours = df[df["method"] == "distbench"]
+    # Megatron §3: one all-reduce of b·s·h after attention and one after the MLP, each way.
+    for row in ours.itertuples():
+        want = 2 if row.tp > 1 else 0
+        assert (row.allreduces_per_layer_fwd, row.allreduces_per_layer_bwd) == (want, want)
+        assert row.comm_bytes_per_layer_fwd == row.predicted_comm_bytes_per_layer_fwd
+        assert row.comm_bytes_per_layer_bwd == row.predicted_comm_bytes_per_layer_bwd
+    assert (ours[ours["tp"] > 1]["comm_bytes_per_layer_fwd"] > 0).all()
+    torch_rows = df[df["method"] == "torch_dtensor"]
+    assert torch_rows["comm_bytes_per_layer_fwd"].isna().all(), "DTensor's bytes are opaque"
+    assert (torch_rows[torch_rows["tp"] > 1]["allreduces_per_layer_fwd"] == 2).all()
+    # Each rank holds 1/t of the blocks' sharded weights: the parameter bytes fall with t.
+    assert ours.sort_values("tp")["param_bytes"].is_monotonic_decreasing
+    assert headline["wrong_total"] == 0 and headline["figures"]

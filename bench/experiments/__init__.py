@@ -9,6 +9,7 @@ from bench.experiments import (
     collectives,
     max_model_size,
     pipeline_utilization,
+    tensor_parallel,
     zero_memory,
 )
 from bench.experiments.common import Cell, Experiment
@@ -19,6 +20,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     pipeline_utilization.EXPERIMENT.name: pipeline_utilization.EXPERIMENT,
     zero_memory.EXPERIMENT.name: zero_memory.EXPERIMENT,
     max_model_size.EXPERIMENT.name: max_model_size.EXPERIMENT,
+    tensor_parallel.EXPERIMENT.name: tensor_parallel.EXPERIMENT,
 }
 
 __all__ = ["EXPERIMENTS", "Cell", "Experiment"]

@@ -55,6 +55,7 @@ def all_reduce(
     """Reduce `tensor` over all ranks; in place, or into `out` leaving `tensor` intact."""
     check_op(op)
     run = ALGORITHMS[check_algorithm(algorithm)]
+    comm.count_call("all_reduce")
     target = tensor
     if out is not None:
         if out.shape != tensor.shape or out.dtype != tensor.dtype:

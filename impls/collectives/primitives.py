@@ -34,6 +34,7 @@ __all__ = [
 
 def broadcast(tensor: torch.Tensor, comm: Communicator, *, src: int = 0) -> torch.Tensor:
     """Copy `tensor` from rank `src` into `tensor` on every rank."""
+    comm.count_call("broadcast")
     _check_rank(src, comm, "src")
     binomial_broadcast(flat_view(tensor), comm, root=src)
     return tensor
@@ -43,6 +44,7 @@ def reduce(
     tensor: torch.Tensor, comm: Communicator, *, dst: int = 0, op: str = "sum"
 ) -> torch.Tensor:
     """Reduce every rank's `tensor` into `tensor` on rank `dst`; others are left unchanged."""
+    comm.count_call("reduce")
     check_op(op)
     _check_rank(dst, comm, "dst")
     flat = flat_view(tensor)
@@ -67,6 +69,7 @@ def scatter(
     src: int = 0,
 ) -> torch.Tensor:
     """Rank i receives `scatter_list[i]` from `src` into `output`."""
+    comm.count_call("scatter")
     _check_rank(src, comm, "src")
     if comm.rank != src:
         comm.recv(output, src)
@@ -88,6 +91,7 @@ def gather(
     dst: int = 0,
 ) -> list[torch.Tensor] | None:
     """`gather_list[i]` on `dst` receives rank i's `tensor`."""
+    comm.count_call("gather")
     _check_rank(dst, comm, "dst")
     if comm.rank != dst:
         comm.send(tensor.contiguous(), dst)
@@ -103,6 +107,7 @@ def gather(
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, comm: Communicator) -> torch.Tensor:
     """Concatenate every rank's `input` (along dim 0) into `output` on every rank."""
+    comm.count_call("all_gather")
     n, k = comm.world_size, input.numel()
     _check_sizes(output, n * k, "output", "world_size × input.numel()")
     flat = flat_view(output)
@@ -117,6 +122,7 @@ def reduce_scatter(
     output: torch.Tensor, input: torch.Tensor, comm: Communicator, *, op: str = "sum"
 ) -> torch.Tensor:
     """Rank r receives the reduction over ranks of block r of `input` (N equal blocks)."""
+    comm.count_call("reduce_scatter")
     check_op(op)
     n, k = comm.world_size, output.numel()
     _check_sizes(input, n * k, "input", "world_size × output.numel()")
@@ -131,6 +137,7 @@ def reduce_scatter(
 
 def all_to_all(output: torch.Tensor, input: torch.Tensor, comm: Communicator) -> torch.Tensor:
     """Block j of rank i's `input` lands in block i of rank j's `output` (N equal blocks)."""
+    comm.count_call("all_to_all")
     n, r = comm.world_size, comm.rank
     _check_sizes(output, input.numel(), "output", "input.numel()")
     if input.numel() % n:
@@ -150,6 +157,7 @@ def all_to_all(output: torch.Tensor, input: torch.Tensor, comm: Communicator) ->
 
 def barrier(comm: Communicator) -> None:
     """Return once every rank has entered (dissemination barrier, Hensgen et al. 1988)."""
+    comm.count_call("barrier")
     n, r = comm.world_size, comm.rank
     token = torch.zeros(1, dtype=torch.uint8, device=comm.device)
     sink = torch.empty(1, dtype=torch.uint8, device=comm.device)

@@ -12,6 +12,7 @@ same algorithm runs unchanged on the world group or on any sub-group of a device
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
@@ -66,6 +67,9 @@ class Communicator:
             else torch.device("cpu")
         )
         self.counters = TrafficCounters()
+        # Collective operations started over this group, by name ("all_reduce": 4): the
+        # unit in which papers count communication (Megatron: two all-reduces per layer).
+        self.calls: Counter[str] = Counter()
         self._workspace: dict[tuple[torch.dtype, int], torch.Tensor] = {}  # on self.device
 
     def scratch(self, numel: int, dtype: torch.dtype, slot: int = 0) -> torch.Tensor:
@@ -98,6 +102,10 @@ class Communicator:
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
         with self.round() as rnd:
             rnd.recv(tensor, src, tag)
+
+    def count_call(self, name: str) -> None:
+        """Record that collective `name` started (called by `impls.collectives`)."""
+        self.calls[name] += 1
 
     def reset_counters(self) -> TrafficCounters:
         """Zero the counters and return what they held."""

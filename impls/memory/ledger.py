@@ -116,10 +116,10 @@ class MemoryLedger:
         tracked buffers and the storages of `exclude` (e.g. a plain model's parameters,
         whose transposed views autograd saves) are not activations and are skipped.
         """
-        excluded = {t.untyped_storage().data_ptr() for t in exclude}
+        excluded = {_local_storage(t).data_ptr() for t in exclude}
 
         def pack(tensor: torch.Tensor) -> torch.Tensor | _SavedActivation:
-            storage = tensor.untyped_storage()
+            storage = _local_storage(tensor)
             key = storage.data_ptr()
             if (
                 isinstance(tensor, nn.Parameter)
@@ -174,6 +174,15 @@ class MemoryLedger:
         if self.device.type == "cuda":
             snap["cuda_max_allocated"] = torch.cuda.max_memory_allocated(self.device)
         return snap
+
+
+def _local_storage(tensor: torch.Tensor) -> torch.UntypedStorage:
+    """The storage that holds `tensor`'s bytes on this rank: for a DTensor (what autograd
+    saves inside torch's tensor-parallel layers), the storage of its local shard."""
+    to_local = getattr(tensor, "to_local", None)
+    if to_local is not None:
+        tensor = to_local()
+    return tensor.untyped_storage()
 
 
 def _check_category(category: str) -> None:

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from impls.collectives import all_reduce, barrier
+from impls.collectives import all_gather, all_reduce, barrier, reduce_scatter
 from tests.rank_support import prefix_communicator
 
 ELEMENTS = 8 * 105  # divisible by every N ≤ 8, and by every power of two ≤ 8: no padding
@@ -99,3 +99,25 @@ def test_barrier_is_dissemination(ranks8, n):
     per_rank = ranks8.run(run_barrier, n)[:n]
     rounds = math.ceil(math.log2(n)) if n > 1 else 0
     assert all(t["rounds"] == rounds and t["bytes_sent"] == rounds for t in per_rank)
+
+
+def count_calls(n: int) -> dict | None:
+    """The collective calls one rank's communicator recorded for a fixed script."""
+    comm = prefix_communicator(n)
+    if comm is None:
+        return None
+    before = comm.calls.copy()
+    x = torch.ones(4 * n)
+    all_reduce(x, comm, algorithm="ring")
+    all_reduce(x, comm, algorithm="tree")
+    all_gather(torch.empty(4 * n * n), x, comm)
+    reduce_scatter(torch.empty(4), x, comm)
+    barrier(comm)
+    return dict(comm.calls - before)
+
+
+def test_each_collective_is_counted_once_whatever_it_runs_inside(ranks8):
+    # The unit papers count in (Megatron: 2 all-reduces per layer each way): a ring
+    # all-reduce is one call, not its reduce-scatter and all-gather phases.
+    for got in ranks8.run(count_calls, 4)[:4]:
+        assert got == {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "barrier": 1}

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from impls.comm import Communicator
+from impls.memory import MemoryLedger
 from impls.models import GPT, CausalSelfAttention, FeedForward, GPTConfig
 from impls.tensor_parallel import (
     ColumnParallelLinear,
@@ -333,7 +334,15 @@ def dtensor_mlp(degrees: tuple[int, ...] = (2, 4)) -> dict | None:
         )
         x, upstream = _randn(B, S, H, seed=1), _randn(B, S, H, seed=99)
         xo, xt = _leaf(x), _leaf(x)
-        yo, yt = ours(xo), theirs(xt)
+        # The ledger counts a DTensor's local shard, so both hold the same saved bytes.
+        saved = {}
+        for name, module, inp in (("ours", ours, xo), ("theirs", theirs, xt)):
+            ledger = MemoryLedger()
+            with ledger.saved_activations(exclude=list(module.parameters())):
+                saved[name] = (module(inp), ledger.current["activations"])
+        (yo, ours_saved), (yt, theirs_saved) = saved["ours"], saved["theirs"]
+        if not 0 < ours_saved == theirs_saved:
+            errors.append(f"dtensor t={t} saved activations {ours_saved} vs {theirs_saved} B")
         (yo * upstream).sum().backward()
         (yt * upstream).sum().backward()
         _add(errors, f"dtensor t={t} output", yo, yt)
