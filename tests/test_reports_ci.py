@@ -229,3 +229,34 @@ def test_tensor_parallel_against_megatrons_count(reports):
     # Each rank holds 1/t of the blocks' sharded weights: the parameter bytes fall with t.
     assert ours.sort_values("tp")["param_bytes"].is_monotonic_decreasing
     assert headline["wrong_total"] == 0 and headline["figures"]
+
+def test_sequence_parallel_against_the_papers_formulas(reports):
+    """The issue's done-when on the CI grid: every cell equals the single-device block; the
+    counted bytes per link equal the papers' formulas (exact, padding included) for every
+    method and P; Ulysses ÷ Megatron-SP reads 1/P; the saved activations equal the
+    implementation model the longest-sequence figure extrapolates; artefacts written."""
+    name = "sequence_parallel"
+    pngs = ["comm_per_link", "ulysses_vs_megatron", "activation_per_rank"]
+    for artefact in ["report.md", "results.csv", "headline.json", *(p + ".png" for p in pngs)]:
+        assert (reports / name / artefact).stat().st_size > 0, artefact
+    assert name in (reports / "README.md").read_text()
+    df, headline = load(reports, name)
+    required = "method sp seq_len comm_bytes_per_link_per_layer activation_bytes_per_rank "
+    required += "peak_bytes step_time_s wrong predicted_comm_bytes_per_link_per_layer "
+    required += "predicted_activation_bytes_per_rank max_seq_len_in_budget git_sha world_size"
+    assert set(required.split()) <= set(df.columns)
+    assert (df["status"] == "ok").all(), df.loc[df["status"] != "ok", "error"].tolist()
+    assert (df["wrong"] == 0).all(), df.loc[df["wrong"] != 0, ["method", "sp", "seq_len"]]
+    assert set(df["method"]) == {"megatron_sp", "ulysses", "ring_attention"}
+    assert set(df["sp"]) == {1, 2, 4} and (df["padded_positions"] > 0).any()
+    counted = df["comm_bytes_per_link_per_layer"]
+    assert (counted == df["predicted_comm_bytes_per_link_per_layer"]).all()
+    assert (df.loc[df["sp"] > 1, "comm_bytes_per_link_per_layer"] > 0).all()
+    assert (df["activation_bytes_per_rank"] == df["model_activation_bytes_per_rank"]).all()
+    assert (df["step_time_s"] > 0).all() and (df["peak_bytes"] >= df["param_bytes"]).all()
+    ratio = headline["ulysses_vs_megatron_per_link"]
+    assert ratio["sp"] == 4 and ratio["measured"] == pytest.approx(1 / 4)
+    assert headline["wrong_total"] == 0 and headline["failed_cells"] == 0
+    longest = headline["longest_seq_len_in_budget"]["longest"]
+    assert set(longest) == {"megatron_sp", "ulysses", "ring_attention"}
+    assert all(by_sp["4"]["model"] > by_sp["1"]["model"] > 0 for by_sp in longest.values())

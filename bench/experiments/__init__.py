@@ -9,6 +9,7 @@ from bench.experiments import (
     collectives,
     max_model_size,
     pipeline_utilization,
+    sequence_parallel,
     tensor_parallel,
     zero_memory,
 )
@@ -21,6 +22,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     zero_memory.EXPERIMENT.name: zero_memory.EXPERIMENT,
     max_model_size.EXPERIMENT.name: max_model_size.EXPERIMENT,
     tensor_parallel.EXPERIMENT.name: tensor_parallel.EXPERIMENT,
+    sequence_parallel.EXPERIMENT.name: sequence_parallel.EXPERIMENT,
 }
 
 __all__ = ["EXPERIMENTS", "Cell", "Experiment"]

@@ -1,0 +1,260 @@
+"""What one rank does in a `sequence_parallel` cell: one transformer layer, forward and
+backward on this rank's sequence chunk, counted, checked and timed.
+
+A cell is (method, P, s). Every rank builds the same block of the same seeded GPT and the
+same full input x and output gradient dy of shape (b, s, h), and keeps its chunk of each
+(`impls.sequence_parallel.shard_sequence`: ceil(s/P) positions, the last chunks
+end-padded). The layer is a whole pre-LayerNorm transformer block for all three methods:
+
+- `megatron_sp`: `MegatronSPBlock` (Korthikanti et al. 2022, arXiv 2205.05198, §4.2.2) —
+  LayerNorms sequence-sharded, attention heads and MLP units tensor-parallel;
+- `ulysses` / `ring_attention`: `SequenceShardedBlock` below — replicated LayerNorms and
+  MLP on the rank's positions around `UlyssesAttention` (Jacobs et al. 2023, arXiv
+  2309.14509) or `RingAttention` (Liu et al. 2023, arXiv 2310.01889).
+
+One measured pass, on which everything but time is read:
+
+- traffic: the communicator's counters over the forward and over the backward (the
+  gradient all-reduce of replicated weights, a per-step cost like data parallelism's, is
+  counted apart);
+- memory: a `MemoryLedger` holding the rank's weights, counting what autograd saves for
+  backward in the forward (`saved_tensors_hooks`; weights excluded) and each gradient as it
+  is accumulated, with the peak of their sum over the pass;
+- correctness: the output, the input gradient and every weight gradient (after the
+  replicated ones are summed over ranks) against the full single-process block on the same
+  x and dy (`wrong`: tensors off by more than `TOLERANCE`, see there).
+
+Then `repeats` timed passes (after `warmup`), each opened by a barrier and taken as the
+slowest rank's time, with no hooks installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bench.timing import slowest
+from impls.comm import Communicator
+from impls.memory import MemoryLedger
+from impls.models import GPT, Block, GPTConfig
+from impls.sequence_parallel import (
+    MegatronSPBlock,
+    RingAttention,
+    UlyssesAttention,
+    all_reduce_replicated_grads,
+    local_seq_len,
+    shard_sequence,
+)
+from impls.tensor_parallel import sharded_dims
+from impls.tensor_parallel.layers import shard
+
+__all__ = [
+    "METHODS",
+    "TOLERANCE",
+    "SPCell",
+    "SequenceShardedBlock",
+    "full_block",
+    "measure_sp_cell",
+    "parallel_block",
+    "run_sp_cell",
+]
+
+METHODS = ("megatron_sp", "ulysses", "ring_attention")
+# fp32. A tensor is wrong when max|got − want| > TOLERANCE · max|want|. The distributed
+# layer sums the same products in another order (blockwise online softmax, weight
+# gradients summed chunk by chunk over ranks), which moves a result by a few float32 ulps
+# per term: at most 2.5e-6 over the full grid (s = 2048). A head, position or block in
+# the wrong place moves it by O(1).
+TOLERANCE = 1e-4
+GRAD_FLOOR = 1e-3
+
+
+@dataclass(kw_only=True)
+class SPCell:
+    """One measured configuration, as shipped to every rank."""
+
+    method: str
+    sp: int
+    """Sequence-parallel degree P: the cell's world size."""
+    seq_len: int
+    batch_size: int
+    model: dict[str, Any]
+    """`GPTConfig` keyword arguments of the block (its `seq_len` is the cell's)."""
+    warmup: int = 1
+    repeats: int = 5
+    seed: int = 0
+    memory_budget_bytes: int = 1 << 30
+    """Not used by the ranks: the row's longest-sequence-within-budget columns."""
+
+
+class SequenceShardedBlock(nn.Module):
+    """A pre-LayerNorm `Block` whose attention is sequence-parallel and whose LayerNorms
+    and MLP, per position, run replicated on this rank's chunk: (b, s/P, h) -> (b, s/P, h).
+
+    Every weight is replicated and sees only this rank's positions: sum the gradients of
+    `replicated_parameters()` over the group (`all_reduce_replicated_grads`).
+    """
+
+    def __init__(self, block: Block, attention: type, comm: Communicator) -> None:
+        super().__init__()
+        self.ln1 = copy.deepcopy(block.ln1)
+        self.attn = attention.from_attention(block.attn, comm)
+        self.ln2 = copy.deepcopy(block.ln2)
+        self.mlp = copy.deepcopy(block.mlp)
+
+    def replicated_parameters(self) -> list[nn.Parameter]:
+        return list(self.parameters())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+def full_block(cell: SPCell) -> Block:
+    """The single-device block every rank starts from (one seed: identical everywhere)."""
+    cfg = GPTConfig(**{**cell.model, "seq_len": cell.seq_len, "n_layers": 1})
+    return GPT(cfg, seed=cell.seed).blocks[0]
+
+
+def parallel_block(cell: SPCell, comm: Communicator) -> nn.Module:
+    """This rank's part of the block under `cell.method`."""
+    block = full_block(cell)
+    if cell.method == "megatron_sp":
+        return MegatronSPBlock.from_block(block, comm)
+    attention = {"ulysses": UlyssesAttention, "ring_attention": RingAttention}[cell.method]
+    return SequenceShardedBlock(block, attention, comm)
+
+
+def full_inputs(cell: SPCell) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole input x and output gradient dy, (b, s, h) each, the same on every rank."""
+    generator = torch.Generator().manual_seed(cell.seed + 1)
+    shape = (cell.batch_size, cell.seq_len, cell.model.get("d_model", GPTConfig.d_model))
+    return torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+
+
+def _reference(cell: SPCell) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """The full block on one process: output, input gradient, weight gradients."""
+    block = full_block(cell)
+    x, dy = full_inputs(cell)
+    x.requires_grad_()
+    y = block(x)
+    y.backward(dy)
+    return y.detach(), x.grad, {name: p.grad for name, p in block.named_parameters()}
+
+
+def _error(got: torch.Tensor, want: torch.Tensor, floor: float = 0.0) -> float:
+    """max|got − want| / max(max|want|, floor) (0 for empty tensors)."""
+    if want.numel() == 0:
+        return 0.0
+    scale = max(float(want.abs().max()), floor) or 1.0
+    return float((got - want).abs().max()) / scale
+
+
+def _errors(cell: SPCell, block: nn.Module, y: torch.Tensor, dx: torch.Tensor,
+            comm: Communicator) -> dict[str, float]:  # fmt: skip
+    """Each checked tensor's normalised error against the single-process block: this
+    rank's real (unpadded) positions of y and dx, and every weight gradient (a tensor-
+    parallel shard against its block of the full gradient).
+
+    A weight gradient is measured against its own largest value, or against
+    `GRAD_FLOOR` × the block's largest reference weight gradient where that is larger:
+    k_proj's bias has an identically zero gradient (softmax ignores a shift common to
+    every key), so its reference holds nothing but rounding noise.
+    """
+    want_y, want_dx, want_grads = _reference(cell)
+    chunk = local_seq_len(cell.seq_len, comm.world_size)
+    start = comm.rank * chunk
+    real = max(0, min(chunk, cell.seq_len - start))
+    errors = {
+        "output": _error(y[:, :real], want_y[:, start : start + real]),
+        "input grad": _error(dx[:, :real], want_dx[:, start : start + real]),
+    }
+    floor = GRAD_FLOOR * max(float(g.abs().max()) for g in want_grads.values())
+    dims = sharded_dims(block)
+    for name, param in block.named_parameters():
+        want = want_grads[name]
+        if name in dims:
+            want = shard(want, dims[name], comm.rank, comm.world_size)
+        got = param.grad
+        errors[f"grad {name}"] = 1.0 if got is None else _error(got, want, floor)
+    return errors
+
+
+def _measured_pass(cell: SPCell, block: nn.Module, comm: Communicator) -> dict[str, Any]:
+    """One forward + backward with traffic counted and memory accounted, then the check."""
+    x_full, dy_full = full_inputs(cell)
+    # A copy: with b = 1 the chunk is a view of the whole x, whose storage the ledger would
+    # count as the input's; the previous layer would hand over a tensor of its own.
+    x = shard_sequence(x_full, comm).clone().requires_grad_()
+    dy = shard_sequence(dy_full, comm)  # padded positions get a zero gradient
+    ledger = MemoryLedger()
+    params = list(block.parameters())
+    for param in params:
+        ledger.track("params", param)
+
+    def count_grad(param: nn.Parameter) -> None:
+        ledger.track("grads", param.grad)
+
+    hooks = [p.register_post_accumulate_grad_hook(count_grad) for p in params]
+    ledger.reset_peak()
+    with comm.measure() as fwd, ledger.saved_activations(exclude=params):
+        y = block(x)
+    activations = ledger.current["activations"]
+    with comm.measure() as bwd:
+        y.backward(dy)
+    for hook in hooks:
+        hook.remove()
+    memory = ledger.snapshot()
+    with comm.measure() as grad_sync:
+        all_reduce_replicated_grads(block.replicated_parameters(), comm)
+    errors = _errors(cell, block, y.detach(), x.grad, comm)
+    return {
+        "fwd": fwd.as_dict(),
+        "bwd": bwd.as_dict(),
+        "grad_sync": grad_sync.as_dict(),
+        "activation_bytes": activations,
+        "param_bytes": memory["current"]["params"],
+        "grad_bytes": memory["current"]["grads"],
+        "peak_bytes": memory["peak_total"],
+        "errors": errors,
+        "wrong": sum(error > TOLERANCE for error in errors.values()),
+    }
+
+
+def _step_times(cell: SPCell, block: nn.Module, comm: Communicator) -> list[float]:
+    """`repeats` barrier-opened forward + backward passes (after `warmup`): slowest rank's s."""
+    x_full, dy_full = full_inputs(cell)
+    x = shard_sequence(x_full, comm).requires_grad_()
+    dy = shard_sequence(dy_full, comm)
+    times = []
+    for i in range(cell.warmup + cell.repeats):
+        block.zero_grad(set_to_none=True)
+        x.grad = None
+        dist.barrier(group=comm.group)
+        start = time.perf_counter()
+        block(x).backward(dy)
+        seconds = slowest(time.perf_counter() - start, comm.group)
+        if i >= cell.warmup:
+            times.append(seconds)
+    return times
+
+
+def run_sp_cell(cell: SPCell) -> dict[str, Any]:
+    """One rank of a cell on the default group: see `measure_sp_cell`."""
+    return measure_sp_cell(cell, Communicator())
+
+
+def measure_sp_cell(cell: SPCell, comm: Communicator) -> dict[str, Any]:
+    """One rank of a cell on `comm`'s group of P ranks: traffic, memory, errors against the
+    reference, step times."""
+    if comm.world_size != cell.sp:
+        raise ValueError(f"sp={cell.sp} but the cell runs on {comm.world_size} ranks")
+    block = parallel_block(cell, comm)
+    measured = _measured_pass(cell, block, comm)
+    return {"rank": comm.rank, **measured, "step_times_s": _step_times(cell, block, comm)}
