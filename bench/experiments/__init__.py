@@ -8,6 +8,7 @@ from bench.experiments import (
     allreduce_scaling,
     collectives,
     max_model_size,
+    parallelism_comparison,
     pipeline_utilization,
     sequence_parallel,
     tensor_parallel,
@@ -23,6 +24,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     max_model_size.EXPERIMENT.name: max_model_size.EXPERIMENT,
     tensor_parallel.EXPERIMENT.name: tensor_parallel.EXPERIMENT,
     sequence_parallel.EXPERIMENT.name: sequence_parallel.EXPERIMENT,
+    parallelism_comparison.EXPERIMENT.name: parallelism_comparison.EXPERIMENT,
 }
 
 __all__ = ["EXPERIMENTS", "Cell", "Experiment"]

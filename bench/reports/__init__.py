@@ -76,9 +76,10 @@ def format_seconds(seconds: float | None) -> str:
     if _is_missing(seconds):
         return "—"
     value = float(seconds)
-    if abs(value) < 1e-3:
+    # Pick the unit after rounding to 3 digits, so 0.9996 s reads "1 s", not "1e+03 ms".
+    if abs(float(f"{value:.3g}")) < 1e-3:
         return f"{value * 1e6:.3g} µs"
-    if abs(value) < 1:
+    if abs(float(f"{value:.3g}")) < 1:
         return f"{value * 1e3:.3g} ms"
     return f"{value:.3g} s"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -70,6 +70,9 @@ class Communicator:
         # Collective operations started over this group, by name ("all_reduce": 4): the
         # unit in which papers count communication (Megatron: two all-reduces per layer).
         self.calls: Counter[str] = Counter()
+        # What `round()` builds: a profiler may substitute a `Round` subclass that clocks
+        # each round on this communicator alone (`bench.hybrid_cells` does).
+        self.round_type: Callable[[Communicator], Round] = Round
         self._workspace: dict[tuple[torch.dtype, int], torch.Tensor] = {}  # on self.device
 
     def scratch(self, numel: int, dtype: torch.dtype, slot: int = 0) -> torch.Tensor:
@@ -93,7 +96,7 @@ class Communicator:
 
     def round(self) -> Round:
         """A new round: queue sends/receives on it, then `wait()` (or use it as a `with`)."""
-        return Round(self)
+        return self.round_type(self)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         with self.round() as rnd:

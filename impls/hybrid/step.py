@@ -25,6 +25,8 @@ every TP rank because their inputs and output gradients are replicated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -109,8 +111,18 @@ class HybridTrainer:
         mine = {id(p) for p in self.params}
         return [(n, p) for n, p in self.model.named_parameters() if id(p) in mine]
 
-    def step(self, inputs: Tensor, targets: Tensor) -> HybridStepResult:
-        """One training step on the global batch; every rank of the mesh calls it together."""
+    def step(
+        self,
+        inputs: Tensor,
+        targets: Tensor,
+        *,
+        compute_guard: Callable[[], AbstractContextManager] | None = None,
+    ) -> HybridStepResult:
+        """One training step on the global batch; every rank of the mesh calls it together.
+
+        `compute_guard` is handed to the pipeline executor, which enters it around each of
+        this rank's compute actions (a profiler's hook: see `PipelineExecutor.step`).
+        """
         for key, batch in (("inputs", inputs), ("targets", targets)):
             if tuple(batch.shape) != self.batch_shape:
                 raise ValueError(
@@ -121,7 +133,9 @@ class HybridTrainer:
         for p in self.params:
             p.grad = None
         result = self.executor.step(
-            shard_batch(inputs, dp_rank, dp), shard_batch(targets, dp_rank, dp)
+            shard_batch(inputs, dp_rank, dp),
+            shard_batch(targets, dp_rank, dp),
+            compute_guard=compute_guard,
         )
         # The replica's loss travels with its gradients: one all-reduce averages both.
         replica_loss = torch.tensor([result.loss or 0.0], device=self.dp_comm.device)
