@@ -9,13 +9,17 @@ from typing import Any
 
 import pandas as pd
 
+from impls.models import GPTConfig
+
 __all__ = [
     "Cell",
     "Experiment",
     "TimedGridConfig",
     "check_choices",
+    "check_gpt_model",
     "check_positive",
     "check_timed_grid",
+    "check_training",
     "collective_row",
     "parse_config",
 ]
@@ -67,6 +71,27 @@ def check_positive(key: str, values: Sequence[int], minimum: int = 1) -> None:
     bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or v < minimum]
     if bad or not values:
         raise ValueError(f"{key}={list(values)}: every value must be an integer ≥ {minimum}")
+
+
+def check_training(cfg, counts: Sequence[str]) -> None:
+    """Checks every training grid shares: each key of `counts` an integer ≥ 1, `warmup`
+    ≥ 0, `lr` (where the config has one) a finite number > 0, `timeout_s` > 0."""
+    for key in counts:
+        check_positive(key, [getattr(cfg, key)])
+    check_positive("warmup", [cfg.warmup], minimum=0)
+    lr = getattr(cfg, "lr", None)
+    if lr is not None and not (isinstance(lr, int | float) and lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"lr={lr}: must be a finite number > 0")
+    if cfg.timeout_s <= 0:
+        raise ValueError(f"timeout_s={cfg.timeout_s} must be > 0")
+
+
+def check_gpt_model(model: dict[str, Any], **extra: Any) -> GPTConfig:
+    """The `GPTConfig` a grid's `model` key describes, or a ValueError naming the key."""
+    try:
+        return GPTConfig(**model, **extra)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"model={model}: {error}") from error
 
 
 def check_message_bytes(message_bytes: Sequence[int], dtype: str) -> None:

@@ -44,7 +44,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.experiments.common import Cell, Experiment, check_choices, check_positive
+from bench.experiments.common import (
+    Cell,
+    Experiment,
+    check_choices,
+    check_gpt_model,
+    check_positive,
+    check_training,
+)
 from bench.hybrid_cells import AXES, PROBE_BYTES, HybridCell, run_hybrid_cell
 from bench.reports import parallelism_comparison as report
 from impls.models import GPTConfig
@@ -105,14 +112,8 @@ class ParallelismComparisonConfig:
 
     def __post_init__(self) -> None:
         check_positive("world_sizes", self.world_sizes)
-        for key in ("batch_size", "microbatches", "steps", "repeats", "profile_steps"):
-            check_positive(key, [getattr(self, key)])
-        check_positive("warmup", [self.warmup], minimum=0)
+        check_training(self, ("batch_size", "microbatches", "steps", "repeats", "profile_steps"))
         check_choices("schedule", [self.schedule], SCHEDULES)
-        if not (isinstance(self.lr, int | float) and self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr={self.lr}: must be a finite number > 0")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
         model = _gpt_config(self.model)
         if not isinstance(self.layouts, list) or not self.layouts:
             raise ValueError(f"layouts={self.layouts!r}: give a non-empty list such as [{{dp: 4}}]")
@@ -163,10 +164,7 @@ class ParallelismComparisonConfig:
 
 
 def _gpt_config(model: dict[str, Any]) -> GPTConfig:
-    try:
-        cfg = GPTConfig(**model)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"model={model}: {error}") from error
+    cfg = check_gpt_model(model)
     if cfg.dropout:
         raise ValueError(
             f"model dropout={cfg.dropout}: the 3D step draws no coordinated dropout masks "

@@ -35,7 +35,14 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.experiments.common import Cell, Experiment, check_choices, check_positive
+from bench.experiments.common import (
+    Cell,
+    Experiment,
+    check_choices,
+    check_gpt_model,
+    check_positive,
+    check_training,
+)
 from bench.reports import sequence_parallel as report
 from bench.sp_cells import METHODS, TOLERANCE, SPCell, run_sp_cell
 from impls.models import GPTConfig
@@ -81,11 +88,7 @@ class SequenceParallelConfig:
         check_choices("methods", self.methods, METHODS)
         check_positive("sp_degrees", self.sp_degrees)
         check_positive("seq_lens", self.seq_lens)
-        for key in ("batch_size", "repeats", "memory_budget_bytes"):
-            check_positive(key, [getattr(self, key)])
-        check_positive("warmup", [self.warmup], minimum=0)
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+        check_training(self, ("batch_size", "repeats", "memory_budget_bytes"))
         cfg = self._check_model()
         self._check_degrees(cfg)
 
@@ -100,10 +103,7 @@ class SequenceParallelConfig:
                 f"model.dropout={self.model['dropout']}: sequence-parallel attention runs "
                 "without dropout (a random mask could not match the reference); allowed: 0.0"
             )
-        try:
-            return GPTConfig(**self.model, seq_len=max(self.seq_lens))
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"model={self.model}: {error}") from error
+        return check_gpt_model(self.model, seq_len=max(self.seq_lens))
 
     def _check_degrees(self, cfg: GPTConfig) -> None:
         """P must split whole heads (Ulysses, Megatron-SP) and Megatron-SP's shards."""

@@ -21,7 +21,14 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.experiments.common import Cell, Experiment, check_choices, check_positive
+from bench.experiments.common import (
+    Cell,
+    Experiment,
+    check_choices,
+    check_gpt_model,
+    check_positive,
+    check_training,
+)
 from bench.reports import tensor_parallel as report
 from bench.tp_cells import METHODS, TWIN, TPCell, run_tp_cell
 from impls.models import GPTConfig
@@ -63,17 +70,8 @@ class TensorParallelConfig:
     def __post_init__(self) -> None:
         check_positive("tp_degrees", self.tp_degrees)
         check_choices("methods", self.methods, METHODS)
-        for key in ("batch_size", "steps", "repeats"):
-            check_positive(key, [getattr(self, key)])
-        check_positive("warmup", [self.warmup], minimum=0)
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr={self.lr}: must be a finite number > 0")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
-        try:
-            cfg = GPTConfig(**self.model)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"model={self.model}: {error}") from error
+        check_training(self, ("batch_size", "steps", "repeats"))
+        cfg = check_gpt_model(self.model)
         for t in self.tp_degrees:
             try:
                 check_tp_config(cfg, t)

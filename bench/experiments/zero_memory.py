@@ -25,7 +25,14 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.experiments.common import Cell, Experiment, check_choices, check_positive
+from bench.experiments.common import (
+    Cell,
+    Experiment,
+    check_choices,
+    check_gpt_model,
+    check_positive,
+    check_training,
+)
 from bench.reports import zero_memory as report
 from bench.zero_cells import (
     DISTBENCH_METHODS,
@@ -42,7 +49,6 @@ from impls.costmodel.memory import (
     comm_psi_multiple,
     model_state_bytes,
 )
-from impls.models import GPTConfig
 from impls.precision import PRECISIONS, check_precision
 
 __all__ = ["EXPERIMENT", "ZeroMemoryConfig", "cells", "to_row"]
@@ -109,23 +115,14 @@ class ZeroMemoryConfig:
             check_precision(precision, self.loss_scale if precision == "fp16" else None)
         if self.methods:
             check_choices("methods", self.methods, EXTRA_METHODS)
-        for key in ("batch_size", "steps", "repeats", "bucket_cap_bytes"):
-            check_positive(key, [getattr(self, key)])
-        check_positive("warmup", [self.warmup], minimum=0)
+        check_training(self, ("batch_size", "steps", "repeats", "bucket_cap_bytes"))
         uneven = [n for n in self.world_sizes if self.batch_size % n]
         if uneven:
             raise ValueError(
                 f"world_sizes={uneven} do not divide batch_size={self.batch_size}: every rank "
                 "trains on an equal share of the batch"
             )
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr={self.lr}: must be a finite number > 0")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
-        try:
-            GPTConfig(**self.model)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"model={self.model}: {error}") from error
+        check_gpt_model(self.model)
 
 
 def cells(cfg: ZeroMemoryConfig) -> list[Cell]:

@@ -69,12 +69,18 @@ def _setup_section(df: pd.DataFrame) -> str:
     cores = df["host_cores"].dropna() if "host_cores" in df.columns else pd.Series(dtype=float)
     stretched = [t for t in ts if len(cores) and t > int(cores.iloc[0])]
     caveat = (
-        f" At t ∈ {{{', '.join(map(str, stretched))}}} there are more ranks than the "
-        f"{int(cores.iloc[0])} cores of this host, so those step times are wall clock of "
-        "ranks taking turns on a core: compare methods at the same t, not across t."
-        if stretched
+        f" The host's {int(cores.iloc[0])} cores are split among the t ranks (each gets "
+        "cores/t intra-op threads), so a step's total compute does not shrink as t grows "
+        "here: step times across t show TP's communication and overheads, not its "
+        "speed-up. Compare the methods at the same t."
+        if len(cores)
         else ""
     )
+    if stretched:
+        caveat += (
+            f" At t ∈ {{{', '.join(map(str, stretched))}}} there are more ranks than cores: "
+            "ranks take turns on a core."
+        )
     return (
         "## What was measured, on what\n\n"
         f"Methods {methods} at t ∈ {{{', '.join(map(str, ts))}}}, on one GPT ({shape}, "
