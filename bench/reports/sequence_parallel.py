@@ -383,7 +383,8 @@ def _figures(comm: dict, ratio: dict | None, memory: dict, budget: dict, wrong: 
         figures.append(figure_row(
             f"{_name(method)}: longest s within {format_bytes(budget['memory_budget_bytes'])} "
             f"per rank, {budget['layers']} layers, P = {sp} (validated implementation model)",
-            f"{entry['paper']:,}", f"{PAPER_MEMORY} formula", f"{entry['model']:,}", gap))  # fmt: skip
+            f"{entry['paper']:,}", f"{PAPER_MEMORY} formula",
+            f"{entry['model']:,} (model, not run)", gap))  # fmt: skip
     figures.append(figure_row("wrong tensors", "0", "single-device block", str(wrong),
                               f"{wrong:+d}"))  # fmt: skip
     figures.append(figure_row("failed cells", "0", "grid", str(failed), f"{failed:+d}"))
