@@ -252,3 +252,21 @@ def test_small_run_end_to_end(tmp_path):
         assert (report / artefact).stat().st_size > 0, artefact
     for name in ours["trace_file"].dropna():
         assert (report / name).stat().st_size > 0, name
+
+
+def test_a_compute_action_costs_the_fastest_of_its_stage_and_kind():
+    # A disturbance only adds time: two profiling steps, one action slowed by a neighbour.
+    from types import SimpleNamespace
+
+    from bench.experiments.pipeline_utilization import _action_costs
+    from impls.pipeline import Action
+
+    def rec(action: str, cpu_s: float) -> SimpleNamespace:
+        return SimpleNamespace(action=action, kind=Action.parse(action).kind, cpu_s=cpu_s)
+
+    steps = [
+        {0: [rec("0F0", 2.0), rec("0F1", 9.0), rec("0SEND_F0", 5.0)], 1: [rec("1B0", 3.0)]},
+        {0: [rec("0F0", 2.5), rec("0F1", 2.1)], 1: [rec("1B0", 3.5)]},
+    ]
+    costs = _action_costs(steps)
+    assert costs == {Action(0, "F", 0): 2.0, Action(0, "F", 1): 2.0, Action(1, "B", 0): 3.0}

@@ -12,7 +12,7 @@ process starts.
 
 Each distbench row carries utilization measured two ways — wall clock, and replayed: the
 plan's dependency graph with each compute action costing its measured thread CPU time
-(the median over its stage's actions of its kind, in two profiling steps in which ranks
+(the fastest of its stage's actions of its kind, in two profiling steps in which ranks
 compute one at a time: `bench.pipeline_cells.HostComputeLock`) and each transfer the measured cost of
 one activation between two otherwise idle ranks (the fastest of its round trips), as if
 every rank had its own device —
@@ -301,11 +301,14 @@ def _timeline_columns(task: PipelineCell, per_rank: list[dict]) -> dict[str, Any
 
 
 def _action_costs(steps: list[dict[int, list]]) -> dict[Action, float]:
-    """Each compute action's cost: the median CPU time of its stage's actions of its kind.
+    """Each compute action's cost: the fastest CPU time of its stage's actions of its kind.
 
-    Every micro-batch of a stage does the same work on same-shaped tensors, so the median
-    over the cell's micro-batches and profiling steps is that work's cost; it drops the
-    odd action that the host's other processes still disturbed.
+    Every micro-batch of a stage does the same work on same-shaped tensors, so each sample
+    is that work's cost plus whatever the host added while it ran (another process on the
+    core, a cold cache): the disturbance only ever adds, so the fastest of the cell's
+    micro-batches and profiling steps is the closest to the cost, as the fastest ping-pong
+    prices a transfer. A median drifted with the host's load, and unevenly across stages
+    (CI measured GPipe 4 × 4 at 53% with stage costs 1.5× a quiet run's and ±15% apart).
     """
     seen: dict[tuple[int, str], list[float]] = {}
     actions: set[Action] = set()
@@ -316,7 +319,7 @@ def _action_costs(steps: list[dict[int, list]]) -> dict[Action, float]:
                     action = Action.parse(record.action)
                     actions.add(action)
                     seen.setdefault((action.stage, action.kind), []).append(record.cpu_s)
-    cost = {key: statistics.median(times) for key, times in seen.items()}
+    cost = {key: min(times) for key, times in seen.items()}
     return {action: cost[(action.stage, action.kind)] for action in actions}
 
 

@@ -106,7 +106,7 @@ def _setup_section(df: pd.DataFrame) -> str:
         f"{run_context(df)}\n\n"
         "- **replayed** utilization: the schedule's dependency graph, every rank running its "
         "list in order as soon as its inputs exist, each compute action costing its measured "
-        "thread CPU time (the median over that stage's actions of that kind — F, B, I or W — "
+        "thread CPU time (the fastest of that stage's actions of that kind — F, B, I or W — "
         "across micro-batches, in two extra profiling steps during which a host-wide lock "
         "lets one rank compute at a time, so no action shares a core) and each transfer "
         "the measured cost of one "
