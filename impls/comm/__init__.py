@@ -6,5 +6,6 @@ exact traffic (bytes, messages, rounds) before anyone looks at a clock.
 """
 
 from impls.comm.communicator import Communicator, Round, TrafficCounters
+from impls.comm.network import SimulatedNetwork
 
-__all__ = ["Communicator", "Round", "TrafficCounters"]
+__all__ = ["Communicator", "Round", "SimulatedNetwork", "TrafficCounters"]

@@ -12,12 +12,15 @@ same algorithm runs unchanged on the world group or on any sub-group of a device
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
+
+from impls.comm.network import SimulatedNetwork
 
 __all__ = ["Communicator", "Round", "TrafficCounters"]
 
@@ -48,9 +51,13 @@ class Communicator:
 
     `rank` and `world_size` are this process's coordinates inside `group`. Use `round()`
     to post a step's sends and receives together; `send`/`recv` are one-message rounds.
+    With a `network`, every round is also held for the modelled link's time (see
+    `impls.comm.network`), which `simulated_s` adds up.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self, group: dist.ProcessGroup | None = None, *, network: SimulatedNetwork | None = None
+    ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("Communicator needs torch.distributed.init_process_group first")
         self.group = group if group is not None else dist.group.WORLD
@@ -67,6 +74,8 @@ class Communicator:
             else torch.device("cpu")
         )
         self.counters = TrafficCounters()
+        self.network = network
+        self.simulated_s = 0.0  # seconds the simulated network added to this rank's rounds
         # Collective operations started over this group, by name ("all_reduce": 4): the
         # unit in which papers count communication (Megatron: two all-reduces per layer).
         self.calls: Counter[str] = Counter()
@@ -135,15 +144,18 @@ class Round:
         self._queued: list[dist.P2POp] = []
         self._works: list[dist.Work | None] = []
         self._ops = 0
+        self._sent = self._recv = 0  # this round's bytes, for the simulated network
         self._done = False
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         self._add(dist.isend, tensor, dst, tag)
+        self._sent += _nbytes(tensor)
         self._comm.counters.bytes_sent += _nbytes(tensor)
         self._comm.counters.messages_sent += 1
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
         self._add(dist.irecv, tensor, src, tag)
+        self._recv += _nbytes(tensor)
         self._comm.counters.bytes_recv += _nbytes(tensor)
         self._comm.counters.messages_recv += 1
 
@@ -173,6 +185,11 @@ class Round:
                 work.wait()
         if self._ops and not self._done:
             self._comm.counters.rounds += 1
+            network = self._comm.network
+            if network is not None:
+                delay = network.round_seconds(self._sent, self._recv)
+                time.sleep(delay)
+                self._comm.simulated_s += delay
         self._done = True
 
     def __enter__(self) -> Round:
