@@ -340,6 +340,8 @@ def run_hybrid_cell(cell: HybridCell) -> dict[str, Any]:
     with HostComputeLock() as lock:
         profile = [_profiled_step(trainer, clock, comms, lock, inputs, targets)
                    for _ in range(cell.profile_steps)]  # fmt: skip
+    probe_s = [probe_exchange_s(nbytes) for nbytes in PROBE_BYTES]
+    mesh.close()  # the pool serves more cells: leave no idle groups behind
     return {
         "rank": dist.get_rank(),
         "coords": {axis: mesh.coords()[axis] for axis in AXES},
@@ -355,5 +357,5 @@ def run_hybrid_cell(cell: HybridCell) -> dict[str, Any]:
         "median_step_s": statistics.median(timed["step_times_s"]),
         "tp_call_cpu_s": tp_call_cpu_s,
         "profile": profile,
-        "probe_s": [probe_exchange_s(nbytes) for nbytes in PROBE_BYTES],
+        "probe_s": probe_s,
     }

@@ -82,6 +82,7 @@ class DDP(DataParallelBase):
             [p.dtype for p in self.params],
             bucket_cap_bytes,
         )
+        self._owned_group: dist.ProcessGroup | None = None  # made here, destroyed by close
         self.sync_comm = self._sync_communicator(sync_group)
         broadcast_parameters(self.params, comm)
         self.updater = ReplicaOptimizer(self.params, optimizer, precision, loss_scale)
@@ -140,7 +141,8 @@ class DDP(DataParallelBase):
         return SyncTimeline(backward_end, timings)
 
     def close(self) -> None:
-        """Stop the communication thread and remove the gradient hooks."""
+        """Stop the communication thread, remove the gradient hooks, and destroy the sync
+        group if this DDP created it (its transport threads would outlive it otherwise)."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
@@ -148,6 +150,10 @@ class DDP(DataParallelBase):
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        if self._owned_group is not None:
+            dist.barrier(group=self._owned_group)  # no peer still sending on it
+            dist.destroy_process_group(self._owned_group)
+            self._owned_group = None
 
     def __enter__(self) -> DDP:
         return self
@@ -218,7 +224,9 @@ class DDP(DataParallelBase):
         if sync_group is None:
             if not self.overlap:
                 return comm
-            sync_group = dist.new_group(dist.get_process_group_ranks(comm.group))
+            sync_group = self._owned_group = dist.new_group(
+                dist.get_process_group_ranks(comm.group)
+            )
         sync = sync_group if isinstance(sync_group, Communicator) else Communicator(sync_group)
         if sync.world_size != comm.world_size or sync.rank != comm.rank:
             raise ValueError(

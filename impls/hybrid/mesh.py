@@ -168,6 +168,30 @@ class Mesh:
         for axis in AXES:
             self._process_groups[axis] = [dist.new_group(ranks) for ranks in self.groups(axis)]
 
+    def close(self) -> None:
+        """Destroy the groups `create_groups` made (collective over the default group).
+
+        Each gloo group keeps its own transport threads, which wake up even while idle: a
+        long-lived process that builds mesh after mesh (a rank pool serving many cells)
+        would otherwise accumulate them until they load the host. A barrier first, so no
+        rank tears down a group a peer is still using. The mesh can build them again.
+        """
+        if self._process_groups is None:
+            return
+        dist.barrier()
+        for groups in self._process_groups.values():
+            for group in groups:
+                if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
+                    dist.destroy_process_group(group)
+        self._process_groups = None
+        self._communicators = {}
+
+    def __enter__(self) -> Mesh:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def communicator(self, axis: str) -> Communicator:
         """A counting `Communicator` over this rank's group on `axis` (one per axis, kept).
 

@@ -25,6 +25,7 @@ def check_communicators() -> list[str]:
         mesh = Mesh(world, **degrees)
         if mesh.rank is None:
             mesh.create_groups()  # collective: processes outside the mesh take part too
+            mesh.close()
             continue
         for axis in AXES:
             comm = mesh.communicator(axis)
@@ -39,4 +40,5 @@ def check_communicators() -> list[str]:
                 all_reduce(value, comm)
             if value.item() != sum(group):
                 errors.append(f"{where}: all-reduce gave {value.item()}, want {sum(group)}")
+        mesh.close()
     return errors

@@ -83,6 +83,7 @@ def run_cases(cases: list[Case], tol: dict) -> list[str]:
         mesh = Mesh(case.world, dp=case.dp, pp=case.pp, tp=case.tp)
         if mesh.rank is None:
             mesh.create_groups()
+            mesh.close()
             continue
         trainer = HybridTrainer(
             GPT(case.config(), seed=0),
@@ -115,6 +116,7 @@ def run_cases(cases: list[Case], tol: dict) -> list[str]:
             errors += _mismatch(f"{where} {name}", param.detach(), want, tol)
         if not trainer.named_parameters():
             errors.append(f"{where}: the rank trains no parameters")
+        mesh.close()
     return errors
 
 
