@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from bench.pipeline_cells import HostComputeLock, lm_loss, seeded_batch
 from bench.timing import slowest
+from bench.zero_cells import held_bytes
 from impls.collectives import all_reduce
 from impls.comm import Communicator, Round
 from impls.hybrid import HybridTrainer, Mesh
@@ -147,20 +148,6 @@ def _axis_traffic(comms: dict[str, Communicator]) -> Iterator[dict[str, Any]]:
         measured = {axis: stack.enter_context(comm.measure()) for axis, comm in comms.items()}
         yield out
     out.update({axis: counters.as_dict() for axis, counters in measured.items()})
-
-
-def _held_bytes(trainer: HybridTrainer) -> dict[str, int]:
-    """Model states this rank holds: its parameters, their gradients, AdamW's state."""
-
-    def nbytes(tensors) -> int:
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-    state = trainer.optimizer.state.values()
-    return {
-        "params": nbytes(trainer.params),
-        "grads": nbytes(p.grad for p in trainer.params),
-        "optim": nbytes(v for s in state for v in s.values() if torch.is_tensor(v)),
-    }
 
 
 def _reference(cell: HybridCell, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
@@ -330,7 +317,7 @@ def run_hybrid_cell(cell: HybridCell) -> dict[str, Any]:
         losses.append(result.loss)
         traffic.append(counted)
         activations.append(result.pipeline.peak_activation_bytes)
-    held = _held_bytes(trainer)
+    held = held_bytes(trainer.params, trainer.optimizer)
     reference = [_reference(cell, inputs, targets) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(reference, src=0)
     checked = _compare(trainer, reference[0])

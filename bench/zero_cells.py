@@ -37,7 +37,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from bench.pipeline_cells import lm_loss, seeded_batch
 from bench.timing import slowest
@@ -50,6 +49,7 @@ __all__ = [
     "TORCH_METHODS",
     "TWINS",
     "ZeroCell",
+    "held_bytes",
     "paired_step_times",
     "run_zero_cell",
 ]
@@ -142,8 +142,10 @@ def _optim_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
-def _held_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    params = list(module.parameters())
+def held_bytes(params, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Model states a rank holds: `params`, their gradients and the optimizer's state
+    tensors (a DTensor counts its local shard)."""
+    params = list(params)
     return {
         "params": _tensor_bytes(params),
         "grads": _tensor_bytes(p.grad for p in params),
@@ -236,7 +238,7 @@ def _torch_trainer(cell: ZeroCell, model: GPT, x: torch.Tensor, y: torch.Tensor)
         loss = lm_loss(wrapped(x), y)
         loss.backward()
         optimizer.step()
-        held = _held_bytes(model, optimizer.optim if method == "torch_zero_redundancy"
+        held = held_bytes(model.parameters(), optimizer.optim if method == "torch_zero_redundancy"
                            else optimizer)  # fmt: skip
         optimizer.zero_grad(set_to_none=False)
         return {"loss": loss.item(), "bytes_sent": math.nan, "held": held}

@@ -63,6 +63,21 @@ CASES = [
         ["experiment=allreduce_scaling", "cluster.kind=bogus"],
         ["cluster.kind", "bogus", "local", "torchrun", "slurm"],
     ),
+    (
+        "tp_not_dividing_heads",
+        ["experiment=tensor_parallel", "tp_degrees=[3]"],
+        ["tp_degrees", "n_heads"],
+    ),
+    (
+        "sp_degree_ulysses_cannot_split",
+        ["experiment=sequence_parallel", "sp_degrees=[1,3]"],
+        ["sp_degrees=[3]", "n_heads"],
+    ),
+    (
+        "layout_degrees_missing_the_world_size",
+        ["experiment=parallelism_comparison", "world_sizes=[4]", "layouts=[{dp:2,tp:3}]"],
+        ["layouts[0]", "world_sizes"],
+    ),
 ]
 
 
