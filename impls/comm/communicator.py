@@ -76,6 +76,10 @@ class Communicator:
         self.counters = TrafficCounters()
         self.network = network
         self.simulated_s = 0.0  # seconds the simulated network added to this rank's rounds
+        # True: each round sleeps its simulated time (the caller waits, as on the link).
+        # False: the time is only added to `simulated_s`; a caller that lets several
+        # operations be in flight at once (delayed gradient averaging) waits for it itself.
+        self.hold_simulated = True
         # Collective operations started over this group, by name ("all_reduce": 4): the
         # unit in which papers count communication (Megatron: two all-reduces per layer).
         self.calls: Counter[str] = Counter()
@@ -188,7 +192,8 @@ class Round:
             network = self._comm.network
             if network is not None:
                 delay = network.round_seconds(self._sent, self._recv)
-                time.sleep(delay)
+                if self._comm.hold_simulated:
+                    time.sleep(delay)
                 self._comm.simulated_s += delay
         self._done = True
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from impls.comm import Communicator
+
 __all__ = ["Compressor", "Payload", "pack_bits", "unpack_bits"]
 
 
@@ -65,6 +67,16 @@ class Compressor(ABC):
     def decompress(self, payload: Payload) -> torch.Tensor:
         """The dense float32 estimate of the gradient a payload carries."""
         return self.decode(payload)
+
+    def aggregate(
+        self, named_grads: list[tuple[str, torch.Tensor]], comm: Communicator
+    ) -> list[torch.Tensor]:
+        """The average over `comm`'s ranks of every rank's decoded gradients, one float32
+        tensor per entry of `named_grads` ((key, gradient) pairs, the same keys and shapes
+        on every rank). Default: all-gather the payloads (`exchange.all_gather_average`)."""
+        from impls.compression.exchange import all_gather_average
+
+        return all_gather_average(self, named_grads, comm)
 
     def ratio(self, payload: Payload) -> float:
         """Dense float32 bytes over payload bytes (the compression ratio)."""

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from impls.comm import Communicator
 from impls.compression.base import Compressor, Payload, pack_bits, unpack_bits
+from impls.compression.exchange import all_reduce_average
 
 __all__ = ["QSGD", "Cast", "OneBit", "TernGrad", "check_levels"]
 
@@ -117,6 +119,12 @@ class Cast(Compressor):
         if precision not in self.DTYPES:
             raise ValueError(f"precision={precision!r}: allowed {', '.join(self.DTYPES)}")
         self.name, self.dtype = precision, self.DTYPES[precision]
+
+    def aggregate(
+        self, named_grads: list[tuple[str, torch.Tensor]], comm: Communicator
+    ) -> list[torch.Tensor]:
+        """A cast is linear: one ring all-reduce in fp16/bf16 (torch's `fp16_compress_hook`)."""
+        return all_reduce_average([g for _, g in named_grads], comm, self.dtype)
 
     def encode(self, x: torch.Tensor) -> Payload:
         return Payload({"values": x.to(self.dtype)}, x.shape)

@@ -25,6 +25,7 @@ from impls.compression import (
     pack_bits,
     unpack_bits,
 )
+from impls.compression.sparsify import BLOCK, decode_index, sparse_nbytes
 
 
 def _grad(n: int = 257, seed: int = 0) -> torch.Tensor:
@@ -42,14 +43,38 @@ def test_bits_round_trip_and_take_n_bits_each(bits, n):
 
 def test_topk_sends_the_largest_k_as_index_value_pairs():
     g = _grad()
-    payload = TopK(0.1, error_feedback=False).compress(g)
+    payload = TopK(0.1, error_feedback=False, value_dtype="fp32").compress(g)
     k = kept(g.numel(), 0.1)
-    assert k == 26 and payload.nbytes == 8 * k  # int32 index + float32 value
+    # 26 of 256: one uint8 count per block of 255 (2 blocks) + one uint8 offset each,
+    # float32 values.
+    assert k == 26 and payload.nbytes == 2 + k + 4 * k == sparse_nbytes(g.numel(), k, 4)
     dense = TopK(0.1).decompress(payload)
     assert torch.equal(
         dense.abs().topk(k).values.sort().values, g.abs().topk(k).values.sort().values
     )
     assert (dense != 0).sum() == k and torch.equal(dense[dense != 0], g[dense != 0])
+
+
+@pytest.mark.parametrize("numel", [1, 254, 255, 256, 5000, 70000])
+@pytest.mark.parametrize("density", [0.0005, 0.01, 0.3, 1.0])
+def test_both_index_encodings_round_trip_and_the_smaller_is_used(numel, density):
+    g = _grad(numel, seed=numel)
+    k = kept(numel, density)
+    payload = TopK(density, error_feedback=False, value_dtype="fp32").compress(g)
+    assert payload.nbytes == sparse_nbytes(numel, k, 4)
+    assert payload.nbytes <= 8 * k  # never worse than int32 + float32 pairs
+    assert ("index" in payload.tensors) == (math.ceil(numel / BLOCK) + k >= 4 * k)
+    dense = TopK(density).decompress(payload)
+    keep = g.abs().topk(k).indices
+    assert torch.equal(dense[keep], g[keep]) and (dense != 0).sum() == k
+
+
+def test_fp16_values_are_clamped_and_error_feedback_keeps_the_rounding():
+    g = torch.tensor([1e6, 1.0 / 3.0, 0.0, 0.0])
+    compressor = TopK(0.5)
+    sent = compressor.decompress(compressor.compress(g, key="w"))
+    assert sent[0] == torch.finfo(torch.float16).max and sent[1] != g[1]
+    assert torch.allclose(sent + compressor.memory["w"], g)
 
 
 @pytest.mark.parametrize("make", [lambda: TopK(0.05), lambda: RandomK(0.05), OneBit])
@@ -74,8 +99,8 @@ def test_randomk_draws_k_elements_reproducibly():
     g = _grad()
     a = RandomK(0.2, error_feedback=False, seed=3).compress(g)
     b = RandomK(0.2, error_feedback=False, seed=3).compress(g)
-    assert torch.equal(a.tensors["index"], b.tensors["index"])
-    assert a.tensors["index"].unique().numel() == kept(g.numel(), 0.2)
+    assert torch.equal(decode_index(a), decode_index(b))
+    assert decode_index(a).unique().numel() == kept(g.numel(), 0.2)
 
 
 def test_onebit_decodes_each_sign_to_its_mean():
@@ -90,7 +115,8 @@ def test_quantizer_bytes():
     assert TernGrad().compress(g).nbytes == 250 + 4  # 2 bits each, one float32 scale
     assert QSGD(4).compress(g).nbytes == 1000 + 4  # one signed byte each, the norm
     assert Cast("fp16").compress(g).nbytes == Cast("bf16").compress(g).nbytes == 2000
-    assert TopK(0.01).ratio(TopK(0.01).compress(g)) == pytest.approx(4000 / 80)
+    # 10 kept: 4 block counts + 10 offsets (one byte each) + 10 fp16 values.
+    assert TopK(0.01).ratio(TopK(0.01).compress(g)) == pytest.approx(4000 / (4 + 10 + 20))
 
 
 class _FloorQSGD(QSGD):
