@@ -7,6 +7,7 @@ report states how well the cost model matched zero_memory's measured runs.
 from bench.experiments import (
     allreduce_scaling,
     collectives,
+    gradient_compression,
     max_model_size,
     parallelism_comparison,
     pipeline_utilization,
@@ -25,6 +26,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     tensor_parallel.EXPERIMENT.name: tensor_parallel.EXPERIMENT,
     sequence_parallel.EXPERIMENT.name: sequence_parallel.EXPERIMENT,
     parallelism_comparison.EXPERIMENT.name: parallelism_comparison.EXPERIMENT,
+    gradient_compression.EXPERIMENT.name: gradient_compression.EXPERIMENT,
 }
 
 __all__ = ["EXPERIMENTS", "Cell", "Experiment"]

@@ -18,6 +18,10 @@ Every variant wraps one rank's full replica of a module and exposes the same ste
 - `DDP(module, comm, optimizer, *, bucket_cap_bytes, algorithm, overlap, sync_group,
   precision, loss_scale)`: buckets all-reduced during backward on a communication
   thread over `sync_group`; `overlap=False` all-reduces the same buckets after backward.
+- `DelayedAveragingDP(module, comm, optimizer, *, delay, algorithm, sync_group, network)`:
+  delayed gradient averaging (Zhu et al., NeurIPS 2021): each rank steps on its own
+  gradient at once and swaps in the rank average `delay` steps later; `finish()` applies
+  the averages still in flight (fp32).
 
 `optimizer` is a factory: it receives the parameters to update (the model's in fp32, the
 fp32 master copy in fp16/bf16) and returns a `torch.optim.Optimizer`. The module is cast
@@ -45,6 +49,7 @@ from impls.data_parallel.common import (
     shard_batch,
 )
 from impls.data_parallel.ddp import DDP, DEFAULT_BUCKET_CAP_BYTES
+from impls.data_parallel.delayed import DelayedAveragingDP, DelayedStepStats
 from impls.data_parallel.parameter_server import ParameterServerDP
 
 __all__ = [
@@ -52,6 +57,8 @@ __all__ = [
     "DEFAULT_BUCKET_CAP_BYTES",
     "AllReduceDP",
     "BucketTiming",
+    "DelayedAveragingDP",
+    "DelayedStepStats",
     "LossFn",
     "OptimizerFactory",
     "ParameterServerDP",

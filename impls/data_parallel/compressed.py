@@ -12,6 +12,8 @@ gradients (DP 1.1), so both paths count their bytes through the same `Communicat
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -54,6 +56,7 @@ class CompressedDP(DataParallelBase):
         self.algorithm = algorithm
         broadcast_parameters(self.params, comm)
         self.updater = ReplicaOptimizer(self.params, optimizer, "fp32", None)
+        self.last_sync_s = 0.0  # the last step's exchange: compress + collectives + decode
 
     @property
     def loss_scale(self) -> float | None:
@@ -61,12 +64,14 @@ class CompressedDP(DataParallelBase):
 
     def synchronize_and_step(self) -> tuple[bool, SyncTimeline | None]:
         grads = self.local_grads()
+        start = time.perf_counter()
         if self.compressor is None:
             averaged = all_reduce_average(grads, self.comm, torch.float32, self.algorithm)
         else:
             averaged = self.compressor.aggregate(
                 list(zip(self.param_names, grads, strict=True)), self.comm
             )
+        self.last_sync_s = time.perf_counter() - start
         for p, avg in zip(self.params, averaged, strict=True):
             p.grad = avg.view_as(p).to(p.dtype)
         return self.updater.step(self.comm), None

@@ -7,6 +7,7 @@ explicit generator, so every rank holds identical weights. `split_into_stages` a
 parameters.
 """
 
+from impls.models.classifier import Classifier
 from impls.models.gpt import GPT, Block, CausalSelfAttention, FeedForward, GPTConfig, GPTEmbedding
 from impls.models.mlp import MLP, DenseLayer, MLPConfig
 from impls.models.stages import (
@@ -22,6 +23,7 @@ __all__ = [
     "GPT",
     "MLP",
     "Block",
+    "Classifier",
     "CausalSelfAttention",
     "DenseLayer",
     "FeedForward",
