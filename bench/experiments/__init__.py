@@ -7,6 +7,7 @@ report states how well the cost model matched zero_memory's measured runs.
 from bench.experiments import (
     allreduce_scaling,
     collectives,
+    delayed_averaging,
     gradient_compression,
     max_model_size,
     parallelism_comparison,
@@ -27,6 +28,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     sequence_parallel.EXPERIMENT.name: sequence_parallel.EXPERIMENT,
     parallelism_comparison.EXPERIMENT.name: parallelism_comparison.EXPERIMENT,
     gradient_compression.EXPERIMENT.name: gradient_compression.EXPERIMENT,
+    delayed_averaging.EXPERIMENT.name: delayed_averaging.EXPERIMENT,
 }
 
 __all__ = ["EXPERIMENTS", "Cell", "Experiment"]
