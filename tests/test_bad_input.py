@@ -78,6 +78,36 @@ CASES = [
         ["experiment=parallelism_comparison", "world_sizes=[4]", "layouts=[{dp:2,tp:3}]"],
         ["layouts[0]", "world_sizes"],
     ),
+    (
+        "compression_zero_density",
+        ["experiment=gradient_compression", "ratios=[0]"],
+        ["ratio=0", "(0, 1]"],
+    ),
+    (
+        "compression_density_above_one",
+        ["experiment=gradient_compression", "ratios=[0.01,1.5]"],
+        ["ratio=1.5", "(0, 1]"],
+    ),
+    (
+        "compression_zero_powersgd_rank",
+        ["experiment=gradient_compression", "ranks=[0]"],
+        ["ranks=[0]", "rank=0", ">= 1"],
+    ),
+    (
+        "compression_zero_qsgd_levels",
+        ["experiment=gradient_compression", "levels=[0]"],
+        ["levels=[0]", "[1, 127]"],
+    ),
+    (
+        "compression_unknown_method",
+        ["experiment=gradient_compression", "methods=[dp,nope]"],
+        ["methods", "nope", "allowed values", "topk", "powersgd", "torch_fp16"],
+    ),
+    (
+        "compression_negative_latency",
+        ["experiment=gradient_compression", "network={latency_ms:-1}"],
+        ["latency_ms=-1", "≥ 0"],
+    ),
 ]
 
 

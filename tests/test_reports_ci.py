@@ -307,3 +307,37 @@ def test_parallelism_comparison_fills_the_lecture_table(reports):
     ratios = headline["by_world_size"]["4"]
     assert ratios["pp_model_states_vs_dp"] == pytest.approx(0.25, rel=1e-3)
     assert ratios["tp_comm_vs_dp"] > 0
+
+
+def test_gradient_compression_counts_the_bytes_it_saves(reports):
+    df, headline = load(reports, "gradient_compression")
+    required = "method setting seed bytes_per_step compression_ratio step_time_s comm_time_s "
+    required += "final_loss final_accuracy baseline_accuracy loss_curve eval_curve"
+    assert set(required.split()) <= set(df.columns)
+    assert (df["status"] == "ok").all(), df.loc[df["status"] != "ok", "error"].tolist()
+    by = df.set_index("method")
+    dense = 4 * by.loc["dp", "params"]
+    # DP's ring all-reduce sends 2(N−1)/N of the fp32 gradient per rank.
+    n = by.loc["dp", "world_size"]
+    assert by.loc["dp", "bytes_per_step"] == pytest.approx(2 * (n - 1) / n * dense, rel=1e-3)
+    # Top-K 1%: each rank all-gathers its ~3.4 bytes per kept element to N−1 peers.
+    assert by.loc["topk", "compression_ratio"] >= 50
+    assert by.loc["topk", "bytes_per_step"] == by.loc["topk_noef", "bytes_per_step"]
+    assert by.loc["powersgd", "bytes_per_step"] < by.loc["dp", "bytes_per_step"] / 4
+    assert math.isnan(by.loc["torch_powersgd", "bytes_per_step"]), "torch's bytes are not ours"
+    for quantizer in ("qsgd", "terngrad"):
+        assert 0.5 < by.loc[quantizer, "quant_bias_stat"] < 2.0, "unbiased: S ≈ 1"
+        assert by.loc[quantizer, "quant_variance"] <= by.loc[quantizer, "quant_variance_bound"]
+    assert headline["done_when"]["topk_1pct"]["compression_ratio"] >= 50
+    assert (reports / "gradient_compression" / "pareto.png").stat().st_size > 0
+
+
+def test_delayed_averaging_hides_the_latency(reports):
+    df, headline = load(reports, "delayed_averaging")
+    assert (df["status"] == "ok").all(), df.loc[df["status"] != "ok", "error"].tolist()
+    for row in df.itertuples():
+        # One one-round all-reduce per step: the link adds exactly steps × latency.
+        assert row.simulated_s == pytest.approx(row.steps * row.latency_ms / 1e3, rel=1e-6)
+    slow = df[df["latency_ms"] == df["latency_ms"].max()].set_index("method")
+    assert slow.loc["dga", "train_time_s"] < slow.loc["sync", "train_time_s"] / 2
+    assert headline["at_largest_latency"]["speedup"] > 1

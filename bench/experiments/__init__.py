@@ -10,6 +10,7 @@ from bench.experiments import (
     delayed_averaging,
     gradient_compression,
     max_model_size,
+    overlap,
     parallelism_comparison,
     pipeline_utilization,
     sequence_parallel,
@@ -28,6 +29,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     sequence_parallel.EXPERIMENT.name: sequence_parallel.EXPERIMENT,
     parallelism_comparison.EXPERIMENT.name: parallelism_comparison.EXPERIMENT,
     gradient_compression.EXPERIMENT.name: gradient_compression.EXPERIMENT,
+    overlap.EXPERIMENT.name: overlap.EXPERIMENT,
     delayed_averaging.EXPERIMENT.name: delayed_averaging.EXPERIMENT,
 }
 

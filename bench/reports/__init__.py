@@ -167,10 +167,12 @@ def run_context(df: pd.DataFrame) -> str:
     return text
 
 
-def markdown_table(df: pd.DataFrame) -> str:
+def markdown_table(df: pd.DataFrame, *, numparse: bool = True) -> str:
+    """A pipe table. `numparse=False` keeps formatted strings as written (tabulate would
+    otherwise read "+0.50" back as the number 0.5 and drop the sign)."""
     if df.empty:
         return "_(no rows)_"
-    return df.to_markdown(index=False)
+    return df.to_markdown(index=False, disable_numparse=not numparse)
 
 
 def figure_row(figure: str, theory: str, source: str, measured: str, gap: str) -> dict[str, str]:

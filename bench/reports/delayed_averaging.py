@@ -129,7 +129,7 @@ def write_report(df: pd.DataFrame, report_dir: Path) -> dict[str, Any]:
             "`vs sync`: sync DP's time to the target at the same latency over this row's. "
             "`waited for averages`: the exposed communication (sync DP waits the whole "
             "link time inside each step; for DGA, the part of the in-flight latency its D "
-            f"steps of compute did not cover).\n\n{markdown_table(table)}\n"
+            f"steps of compute did not cover).\n\n{markdown_table(table, numparse=False)}\n"
         )
         top = float(rows["latency_ms"].max())
         at_top = rows[rows["latency_ms"] == top]

@@ -84,11 +84,12 @@ def _settings(ok: pd.DataFrame) -> pd.DataFrame:
     out["seeds"] = grouped["seed"].nunique()
     out["accuracy_sd"] = grouped["final_accuracy"].std()
     out["impl"] = grouped["impl"].first()
+    out["task"] = grouped["task"].first()
     return _order(out.reset_index())
 
 
 def _pts(value: float) -> str:
-    return "—" if not math.isfinite(value) else f"{100 * value:+.2f}"
+    return "—" if not math.isfinite(value) else f"{round(100 * value, 2) + 0.0:+.2f}"  # no −0.00
 
 
 def _acc(value: float) -> str:
@@ -140,8 +141,10 @@ def _summary_section(settings: pd.DataFrame) -> str:
     })  # fmt: skip
     return (
         "## Every method\n\nMeans over seeds. `vs DP` is the accuracy difference from "
-        "uncompressed DP of the same seeds, in percentage points (one held-out image is "
-        f"{100 / 359:.2f} points on digits).\n\n{markdown_table(table)}\n"
+        "uncompressed DP of the same seeds, in percentage points"
+        + (f" (one of the 359 held-out images is {100 / 359:.2f} points)"
+           if set(settings.get("task", [])) == {"digits"} else "")
+        + f".\n\n{markdown_table(table, numparse=False)}\n"
     )
 
 
@@ -251,7 +254,7 @@ def _quantizer_section(ok: pd.DataFrame) -> tuple[str, list[dict]]:
         "biased by even a few percent of its noise gives S ≫ 1 (the unit tests show a "
         "floor-rounding QSGD failing the same kind of test). Variance: the mean of "
         "‖Q(g) − g‖² over the draws, beside the bound of each paper "
-        f"({QSGD_SOURCE}; {TERN_SOURCE}).\n\n{markdown_table(table)}\n"
+        f"({QSGD_SOURCE}; {TERN_SOURCE}).\n\n{markdown_table(table, numparse=False)}\n"
     )
     return text, entries
 
@@ -293,7 +296,7 @@ def _torch_section(settings: pd.DataFrame, ok: pd.DataFrame) -> tuple[str, list[
         "smallest with those on, so its first two steps are uncompressed) and "
         "`fp16_compress_hook`. " + noise_text + " torch's step time overlaps its "
         "all-reduces with backward and runs no simulated link; distbench's includes its "
-        f"exchange.\n\n{markdown_table(pd.DataFrame(lines))}\n"
+        f"exchange.\n\n{markdown_table(pd.DataFrame(lines), numparse=False)}\n"
     ), out
 
 

@@ -106,8 +106,10 @@ class Batches:
                     f"batch_size={batch_size} exceeds the {len(data.y_train)} training rows"
                 )
             self._per_epoch = len(data.y_train) // batch_size
-        elif seq_len is None or seq_len < 1 or data.numel() <= seq_len + 1:
-            raise ValueError(f"seq_len={seq_len!r}: token batches need 1 ≤ seq_len < len(tokens)")
+        elif type(seq_len) is not int or not 1 <= seq_len < data.numel() - 1:  # bools too
+            raise ValueError(
+                f"seq_len={seq_len!r}: token batches need 1 ≤ seq_len ≤ len(tokens) − 2"
+            )
 
     def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(self.data, Split):
