@@ -69,8 +69,9 @@ def run_dga_cell(cell: DGACell) -> dict[str, Any]:
         return torch.optim.SGD(params, lr=cell.lr)
 
     if cell.method == "sync":
-        dp = AllReduceDP(task.model, Communicator(network=network), optimizer,
-                         algorithm="parallel")  # fmt: skip
+        comm = Communicator()
+        dp = AllReduceDP(task.model, comm, optimizer, algorithm="parallel")
+        comm.network = network  # the link carries training only, not the setup broadcast
     else:
         dp = DelayedAveragingDP(task.model, Communicator(), optimizer, delay=cell.delay,
                                 algorithm="parallel", network=network)  # fmt: skip
