@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator
 
 from bench.reports import (
     failed_cells_markdown,
@@ -177,6 +177,7 @@ def _plot_curves(ok: pd.DataFrame, path: Path) -> None:
     for i, ((method, setting), (loss, evals)) in enumerate(curves.items()):
         style = "--" if method.startswith("torch_") or method == "topk_noef" else "-"
         colour = f"C{i % 10}"
+        style = ("-", "-.", ":")[(i // 10) % 3] if style == "-" else style  # > 10 lines: new dash
         smooth = _smooth(loss, window)
         loss_ax.plot(np.arange(len(smooth)) + window, smooth, style, color=colour,
                      label=_label(method, setting), linewidth=1.2)  # fmt: skip
@@ -207,11 +208,13 @@ def _plot_pareto(settings: pd.DataFrame, path: Path) -> pd.DataFrame:
     frontier = _pareto(pts)
     fig, (ax,) = new_figure(8.5, 5.5)
     for i, row in enumerate(pts.itertuples()):
+        # 10 colours × 7 markers: no two of up to 70 settings look alike
         ax.scatter(row.bytes_per_step, 100 * row.final_accuracy, s=55, color=f"C{i % 10}",
-                   marker="osD^v<>P*X"[i % 10], zorder=5, label=_label(row.method, row.setting))  # fmt: skip
+                   marker="osD^v<>"[i % 7], zorder=5, label=_label(row.method, row.setting))  # fmt: skip
     ax.step(frontier["bytes_per_step"], 100 * frontier["final_accuracy"], where="post",
             color="grey", alpha=0.6, label="Pareto frontier")  # fmt: skip
-    ax.set_xscale("log")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(LogLocator(base=2))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
     ax.set(xlabel="bytes on the wire per step (busiest rank, counted)",
            ylabel="final held-out accuracy (%)",
