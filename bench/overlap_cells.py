@@ -48,6 +48,7 @@ from bench.pipeline_cells import lm_loss
 from bench.timing import slowest
 from impls.comm import Communicator, SimulatedNetwork
 from impls.data_parallel import DDP, SyncTimeline
+from impls.data_parallel.common import release_group
 from impls.models import GPT, GPTConfig
 
 __all__ = ["OverlapCell", "hidden_seconds", "run_overlap_cell"]
@@ -170,8 +171,7 @@ class _Side:
 
     def close(self) -> None:
         self.ddp.close()
-        dist.barrier(group=self.group)  # no peer still sending on it
-        dist.destroy_process_group(self.group)
+        release_group(self.group)
 
 
 def run_overlap_cell(cell: OverlapCell) -> dict[str, Any]:

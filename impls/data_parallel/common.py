@@ -19,10 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from impls.collectives import all_reduce, broadcast
-from impls.comm import Communicator, TrafficCounters
+from impls.comm import Communicator, SimulatedNetwork, TrafficCounters
 from impls.precision import (
     MasterWeights,
     check_precision,
@@ -38,7 +39,9 @@ __all__ = [
     "ReplicaOptimizer",
     "StepStats",
     "SyncTimeline",
+    "release_group",
     "shard_batch",
+    "thread_communicator",
 ]
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -167,6 +170,49 @@ def broadcast_parameters(params: Sequence[nn.Parameter], comm: Communicator, src
         flat = torch.cat([p.detach().reshape(-1) for p in params])
         broadcast(flat, comm, src=src)
         unflatten_into([p.data for p in params], flat)
+
+
+def thread_communicator(
+    comm: Communicator,
+    sync_group: dist.ProcessGroup | Communicator | None,
+    *,
+    network: SimulatedNetwork | None = None,
+    exclusive: bool = True,
+) -> tuple[Communicator, dist.ProcessGroup | None]:
+    """The communicator a communication thread works on, beside `comm`'s training thread,
+    and the process group created for it here (None when `sync_group` was given).
+
+    `sync_group`: a `ProcessGroup` or `Communicator` holding the ranks of `comm`; None
+    creates one with `dist.new_group`, which is collective over the *whole* job (every
+    process must call, in the same order). With `exclusive` it must not be `comm`'s own
+    group: two threads must never share a group's message stream. Release a created
+    group with `release_group` once no thread uses it.
+    """
+    owned = None
+    if sync_group is None:
+        sync_group = owned = dist.new_group(dist.get_process_group_ranks(comm.group))
+    if isinstance(sync_group, Communicator):
+        sync = sync_group
+    else:
+        sync = Communicator(sync_group, network=network)
+    if sync.world_size != comm.world_size or sync.rank != comm.rank:
+        raise ValueError(
+            f"sync_group has this process as rank {sync.rank} of {sync.world_size}; it must "
+            f"hold the ranks of comm (rank {comm.rank} of {comm.world_size})"
+        )
+    if exclusive and sync.group is comm.group:
+        raise ValueError(
+            "sync_group must be a different process group from comm's: the communication "
+            "thread and the training thread would interleave messages"
+        )
+    return sync, owned
+
+
+def release_group(group: dist.ProcessGroup) -> None:
+    """Destroy a process group this process created (its gloo transport threads would
+    outlive it otherwise), after a barrier so no peer is still sending on it."""
+    dist.barrier(group=group)
+    dist.destroy_process_group(group)
 
 
 def unflatten_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:

@@ -43,6 +43,8 @@ from impls.data_parallel.common import (
     ReplicaOptimizer,
     SyncTimeline,
     broadcast_parameters,
+    release_group,
+    thread_communicator,
 )
 
 __all__ = ["DDP", "DEFAULT_BUCKET_CAP_BYTES"]
@@ -151,8 +153,7 @@ class DDP(DataParallelBase):
             hook.remove()
         self._hooks = []
         if self._owned_group is not None:
-            dist.barrier(group=self._owned_group)  # no peer still sending on it
-            dist.destroy_process_group(self._owned_group)
+            release_group(self._owned_group)
             self._owned_group = None
 
     def __enter__(self) -> DDP:
@@ -220,22 +221,7 @@ class DDP(DataParallelBase):
     def _sync_communicator(
         self, sync_group: dist.ProcessGroup | Communicator | None
     ) -> Communicator:
-        comm = self.comm
-        if sync_group is None:
-            if not self.overlap:
-                return comm
-            sync_group = self._owned_group = dist.new_group(
-                dist.get_process_group_ranks(comm.group)
-            )
-        sync = sync_group if isinstance(sync_group, Communicator) else Communicator(sync_group)
-        if sync.world_size != comm.world_size or sync.rank != comm.rank:
-            raise ValueError(
-                f"sync_group has this process as rank {sync.rank} of {sync.world_size}; it must "
-                f"hold the ranks of comm (rank {comm.rank} of {comm.world_size})"
-            )
-        if self.overlap and sync.group is comm.group:
-            raise ValueError(
-                "sync_group must be a different process group from comm's when overlap=True: "
-                "the communication thread and the training thread would interleave messages"
-            )
+        if sync_group is None and not self.overlap:
+            return self.comm  # no second thread: the training thread's group serves
+        sync, self._owned_group = thread_communicator(self.comm, sync_group, exclusive=self.overlap)
         return sync

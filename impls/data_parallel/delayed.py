@@ -63,6 +63,8 @@ from impls.data_parallel.common import (
     StepStats,
     SyncTimeline,
     broadcast_parameters,
+    release_group,
+    thread_communicator,
     unflatten_into,
 )
 
@@ -233,8 +235,7 @@ class DelayedAveragingDP(DataParallelBase):
             self._thread = None
         self._pending.clear()
         if self._owned_group is not None:
-            dist.barrier(group=self._owned_group)  # no peer still sending on it
-            dist.destroy_process_group(self._owned_group)
+            release_group(self._owned_group)
             self._owned_group = None
 
     def __enter__(self) -> DelayedAveragingDP:
@@ -283,21 +284,6 @@ class DelayedAveragingDP(DataParallelBase):
     def _sync_communicator(
         self, sync_group: dist.ProcessGroup | None, network: SimulatedNetwork | None
     ) -> Communicator:
-        comm = self.comm
-        if sync_group is None:
-            sync_group = self._owned_group = dist.new_group(
-                dist.get_process_group_ranks(comm.group)
-            )
-        if sync_group is comm.group:
-            raise ValueError(
-                "sync_group must be a different process group from comm's: the "
-                "communication thread and the training thread would interleave messages"
-            )
-        sync = Communicator(sync_group, network=network)
+        sync, self._owned_group = thread_communicator(self.comm, sync_group, network=network)
         sync.hold_simulated = False  # charged by availability times, not by sleeping
-        if sync.world_size != comm.world_size or sync.rank != comm.rank:
-            raise ValueError(
-                f"sync_group has this process as rank {sync.rank} of {sync.world_size}; it must "
-                f"hold the ranks of comm (rank {comm.rank} of {comm.world_size})"
-            )
         return sync
