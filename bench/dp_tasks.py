@@ -28,7 +28,7 @@ from impls.models import GPT, Classifier, GPTConfig
 __all__ = ["TASKS", "Task", "build_task", "cosine"]
 
 TASKS = ("digits", "chargpt")
-DEFAULT_LR = {"digits": 0.05, "chargpt": 0.5}
+DEFAULT_LR = {"digits": 0.05, "chargpt": 0.05}
 DEFAULT_BATCH = {"digits": 64, "chargpt": 32}
 CHAR_CFG = {"seq_len": 64, "d_model": 64, "n_heads": 4, "n_layers": 2}
 EVAL_WINDOWS = 32

@@ -252,3 +252,19 @@ def test_classifier_shapes_and_seeded_weights():
 def test_classifier_bad_dims_are_refused_naming_the_key(args, key):
     with pytest.raises(ValueError, match=key.replace("[", r"\[").replace("]", r"\]")):
         Classifier(*args)
+
+
+def test_chargpt_trains_at_its_default_learning_rate():
+    # The default must not diverge (a too-large SGD step sends the char GPT's loss to NaN).
+    from bench.dp_tasks import DEFAULT_BATCH, DEFAULT_LR
+
+    task = build_task("chargpt", DEFAULT_BATCH["chargpt"], seed=0)
+    before, _ = task.evaluate()
+    opt = torch.optim.SGD(task.model.parameters(), lr=DEFAULT_LR["chargpt"], momentum=0.9)
+    for step in range(40):
+        x, y = task.batches(step)
+        opt.zero_grad()
+        task.loss(task.model(x), y).backward()
+        opt.step()
+    after, _ = task.evaluate()
+    assert math.isfinite(after) and after < before - 0.5, (before, after)
