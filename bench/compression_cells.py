@@ -31,9 +31,8 @@ biased), and E‖Q(g) − g‖² against the paper's bound.
 from __future__ import annotations
 
 import math
-import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -83,7 +82,6 @@ class CompressionCell:
     dgc_warmup_steps: int = 0
     draws: int = 200
     """Quantizations drawn for the unbiasedness/variance check (qsgd, terngrad)."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def make_compressor(
@@ -268,7 +266,3 @@ def quantizer_check(cell: CompressionCell, task) -> dict[str, float]:
         "variance_expected": expected,
         "grad_norm2": norm2,
     }
-
-
-def summary(values: list[float]) -> float:
-    return statistics.median(values) if values else math.nan
