@@ -15,6 +15,7 @@ __all__ = [
     "Cell",
     "Experiment",
     "TimedGridConfig",
+    "check_batch_split",
     "check_choices",
     "check_gpt_model",
     "check_positive",
@@ -75,15 +76,22 @@ def check_positive(key: str, values: Sequence[int], minimum: int = 1) -> None:
 
 def check_training(cfg, counts: Sequence[str]) -> None:
     """Checks every training grid shares: each key of `counts` an integer ≥ 1, `warmup`
-    ≥ 0, `lr` (where the config has one) a finite number > 0, `timeout_s` > 0."""
+    ≥ 0 and `lr` a finite number > 0 (where the config has them), `timeout_s` > 0."""
     for key in counts:
         check_positive(key, [getattr(cfg, key)])
-    check_positive("warmup", [cfg.warmup], minimum=0)
+    if hasattr(cfg, "warmup"):
+        check_positive("warmup", [cfg.warmup], minimum=0)
     lr = getattr(cfg, "lr", None)
     if lr is not None and not (isinstance(lr, int | float) and lr > 0 and math.isfinite(lr)):
         raise ValueError(f"lr={lr}: must be a finite number > 0")
     if cfg.timeout_s <= 0:
         raise ValueError(f"timeout_s={cfg.timeout_s} must be > 0")
+
+
+def check_batch_split(batch_size: int, world_size: int) -> None:
+    """A global batch every rank gets an equal shard of (`shard_batch`'s rule)."""
+    if batch_size % world_size:
+        raise ValueError(f"batch_size={batch_size} is not divisible by world_size={world_size}")
 
 
 def check_gpt_model(model: dict[str, Any], **extra: Any) -> GPTConfig:

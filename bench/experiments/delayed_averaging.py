@@ -12,10 +12,16 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from bench.dga_cells import DGACell, run_dga_cell
-from bench.experiments.common import Cell, Experiment, check_choices, check_positive
+from bench.experiments.common import (
+    Cell,
+    Experiment,
+    check_batch_split,
+    check_choices,
+    check_positive,
+    check_training,
+)
 from bench.reports import delayed_averaging as report
 from impls.comm import SimulatedNetwork
 
@@ -61,15 +67,8 @@ class DelayedAveragingConfig:
             check_positive("delays", self.delays)
         if not (isinstance(self.target_accuracy, int | float) and 0 < self.target_accuracy <= 1):
             raise ValueError(f"target_accuracy={self.target_accuracy}: must be in (0, 1]")
-        for key in ("steps", "batch_size", "world_size", "eval_every"):
-            check_positive(key, [getattr(self, key)])
-        if self.batch_size % self.world_size:
-            raise ValueError(f"batch_size={self.batch_size} is not divisible by "
-                             f"world_size={self.world_size}")  # fmt: skip
-        if not (isinstance(self.lr, int | float) and 0 < self.lr < math.inf):
-            raise ValueError(f"lr={self.lr}: must be a finite number > 0")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+        check_training(self, ("steps", "batch_size", "world_size", "eval_every"))
+        check_batch_split(self.batch_size, self.world_size)
 
 
 def cells(cfg: DelayedAveragingConfig) -> list[Cell]:
@@ -119,15 +118,11 @@ def to_row(cell: Cell, per_rank: list[dict]) -> dict:
     }
 
 
-def _write_report(df, report_dir) -> dict[str, Any]:
-    return report.write_report(df, report_dir)
-
-
 EXPERIMENT = Experiment(
     name="delayed_averaging",
     schema=DelayedAveragingConfig,
     key_columns=["method", "delay", "latency_ms"],
     cells=cells,
     to_row=to_row,
-    write_report=_write_report,
+    write_report=report.write_report,
 )

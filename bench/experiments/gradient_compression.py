@@ -34,7 +34,14 @@ from bench.compression_cells import (
     run_compression_cell,
 )
 from bench.dp_tasks import DEFAULT_BATCH, DEFAULT_LR, TASKS
-from bench.experiments.common import Cell, Experiment, check_choices, check_positive
+from bench.experiments.common import (
+    Cell,
+    Experiment,
+    check_batch_split,
+    check_choices,
+    check_positive,
+    check_training,
+)
 from bench.reports import gradient_compression as report
 from bench.reports import write_text_atomic
 from impls.comm import SimulatedNetwork
@@ -98,24 +105,15 @@ class GradientCompressionConfig:
                 raise ValueError(f"network has unknown key(s) {sorted(unknown)}; allowed: "
                                  "latency_ms, bandwidth_mbps")  # fmt: skip
             SimulatedNetwork.from_units(**self.network)
-        check_positive("steps", [self.steps])
-        check_positive("world_size", [self.world_size])
-        check_positive("eval_every", [self.eval_every])
         check_positive("draws", [self.draws], minimum=2)
         check_positive("dgc_warmup_steps", [self.dgc_warmup_steps], minimum=0)
         check_positive("seeds", self.seeds, minimum=0)
         if self.batch_size is None:
             self.batch_size = DEFAULT_BATCH[self.task]
-        check_positive("batch_size", [self.batch_size])
-        if self.batch_size % self.world_size:
-            raise ValueError(f"batch_size={self.batch_size} is not divisible by "
-                             f"world_size={self.world_size}")  # fmt: skip
         if self.lr is None:
             self.lr = DEFAULT_LR[self.task]
-        if not (isinstance(self.lr, int | float) and 0 < self.lr < math.inf):
-            raise ValueError(f"lr={self.lr}: must be a finite number > 0")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+        check_training(self, ("steps", "world_size", "eval_every", "batch_size"))
+        check_batch_split(self.batch_size, self.world_size)
 
 
 def _settings(cfg: GradientCompressionConfig, method: str) -> list[Any]:
