@@ -25,8 +25,6 @@ Each step records every bucket's ready / start / finish times and the end of bac
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 
 import torch
@@ -36,6 +34,7 @@ from torch import nn
 from impls.collectives import all_reduce, check_algorithm
 from impls.comm import Communicator
 from impls.data_parallel.buckets import Bucket, assign_buckets
+from impls.data_parallel.comm_thread import CommThread
 from impls.data_parallel.common import (
     BucketTiming,
     DataParallelBase,
@@ -96,12 +95,11 @@ class DDP(DataParallelBase):
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.params
         ]
-        self._queue: queue.Queue[Bucket | None] = queue.Queue()
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: CommThread[Bucket] | None = None
         if overlap:
-            self._thread = threading.Thread(target=self._serve, name="ddp-bucket-sync", daemon=True)
-            self._thread.start()
+            self._thread = CommThread(
+                self._all_reduce, name="ddp-bucket-sync", failure="a bucket all-reduce"
+            )
 
     @property
     def loss_scale(self) -> float | None:
@@ -119,11 +117,7 @@ class DDP(DataParallelBase):
         """
         backward_end = time.perf_counter()
         if self._thread is not None:
-            self._queue.join()
-            if self._error is not None:
-                raise RuntimeError(
-                    "a bucket all-reduce failed on the communication thread"
-                ) from self._error
+            self._thread.wait_all()
         missing = [
             n for n, arrived in zip(self.param_names, self._arrived, strict=True) if not arrived
         ]
@@ -146,8 +140,7 @@ class DDP(DataParallelBase):
         """Stop the communication thread, remove the gradient hooks, and destroy the sync
         group if this DDP created it (its transport threads would outlive it otherwise)."""
         if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
+            self._thread.close()
             self._thread = None
         for hook in self._hooks:
             hook.remove()
@@ -192,20 +185,8 @@ class DDP(DataParallelBase):
             self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0
         ):
             if self._thread is not None:
-                self._queue.put(self.buckets[self._next_bucket])
+                self._thread.submit(self.buckets[self._next_bucket])
             self._next_bucket += 1
-
-    def _serve(self) -> None:
-        """The communication thread: all-reduce buckets in arrival order until told to stop."""
-        while (bucket := self._queue.get()) is not None:
-            try:
-                if self._error is None:  # after a failure the ranks' streams no longer match
-                    self._all_reduce(bucket)
-            except BaseException as err:  # re-raised on the training thread
-                self._error = err
-            finally:
-                self._queue.task_done()
-        self._queue.task_done()
 
     def _all_reduce(self, bucket: Bucket) -> None:
         bucket.started = time.perf_counter()

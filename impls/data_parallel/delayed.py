@@ -42,7 +42,6 @@ the replicas need not agree at the end; the paper's guarantee is for the update 
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections import deque
@@ -55,6 +54,7 @@ from torch import nn
 from impls.collectives import all_reduce, check_algorithm
 from impls.comm import Communicator, TrafficCounters
 from impls.comm.network import SimulatedNetwork
+from impls.data_parallel.comm_thread import CommThread
 from impls.data_parallel.common import (
     DataParallelBase,
     LossFn,
@@ -91,7 +91,7 @@ class _InFlight:
     step: int
     local: torch.Tensor  # g_t, this rank's own gradient (flat), kept for the correction
     buffer: torch.Tensor  # g_t / N, summed over ranks in place: ḡ_t once done
-    done: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(init=False)  # `CommThread.submit`'s: set once it has run
     started: float = 0.0  # perf_counter when its all-reduce began
     finished: float = 0.0  # ... and when it returned
     simulated_s: float = 0.0  # what the simulated network added to it
@@ -146,12 +146,9 @@ class DelayedAveragingDP(DataParallelBase):
         self._pending: deque[_InFlight] = deque()  # handed over, average not yet applied
         self._step = 0
         self._last: tuple[_InFlight | None, float] = (None, 0.0)  # applied this step, waited
-        self._queue: queue.Queue[_InFlight | None] = queue.Queue()
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = threading.Thread(
-            target=self._serve, name="dga-average", daemon=True
+        self._thread: CommThread[_InFlight] | None = CommThread(
+            self._all_reduce, name="dga-average", failure="a gradient all-reduce"
         )
-        self._thread.start()
 
     @property
     def loss_scale(self) -> float | None:
@@ -187,7 +184,7 @@ class DelayedAveragingDP(DataParallelBase):
         job = _InFlight(self._step, local, local / self.comm.world_size)
         self._step += 1
         self._pending.append(job)
-        self._queue.put(job)
+        job.done = self._thread.submit(job)
         applied, waited = None, 0.0
         step_with = local
         if len(self._pending) > self.delay:  # the average of step t − D is due now
@@ -230,8 +227,7 @@ class DelayedAveragingDP(DataParallelBase):
         destroy the sync group if this instance created it. Averages not yet applied
         are dropped: call `finish()` first to apply them."""
         if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
+            self._thread.close()
             self._thread = None
         self._pending.clear()
         if self._owned_group is not None:
@@ -251,26 +247,11 @@ class DelayedAveragingDP(DataParallelBase):
     def _wait(self, job: _InFlight) -> float:
         """Block until `job`'s average is done and available; the seconds blocked."""
         start = time.perf_counter()
-        job.done.wait()
-        if self._error is not None:
-            raise RuntimeError(
-                "a gradient all-reduce failed on the communication thread"
-            ) from self._error
+        self._thread.wait(job.done)
         remaining = job.available_at - time.perf_counter()
         if remaining > 0:
             time.sleep(remaining)
         return time.perf_counter() - start
-
-    def _serve(self) -> None:
-        """The communication thread: all-reduce gradients in step order until told to stop."""
-        while (job := self._queue.get()) is not None:
-            try:
-                if self._error is None:  # after a failure the ranks' streams no longer match
-                    self._all_reduce(job)
-            except BaseException as err:  # re-raised on the training thread
-                self._error = err
-            finally:
-                job.done.set()
 
     def _all_reduce(self, job: _InFlight) -> None:
         sync = self.sync_comm

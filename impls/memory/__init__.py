@@ -4,5 +4,6 @@ transient gathered parameters, saved activations and communication buffers, with
 """
 
 from impls.memory.ledger import CATEGORIES, MemoryLedger
+from impls.memory.saved import SavedStorages, storage_key
 
-__all__ = ["CATEGORIES", "MemoryLedger"]
+__all__ = ["CATEGORIES", "MemoryLedger", "SavedStorages", "storage_key"]

@@ -8,8 +8,9 @@ so it can report the ZeRO paper's breakdown (Rajbhandari et al., 2020, figure 1)
 - `params`, `grads`, `optim` (optimizer state, fp32 master weights included): model states;
 - `gathered`: the transient full parameters of a ZeRO-3 unit;
 - `activations`: tensors autograd saves for backward, counted by a `saved_tensors_hooks`
-  pack hook, each storage once, parameters and tracked buffers excluded, and released when
-  autograd drops the saved tensor (a `weakref.finalize` on the packed handle);
+  pack hook (`impls.memory.saved`), each storage once, parameters and tracked buffers
+  excluded, and released when autograd drops the saved tensor (a `weakref.finalize` on
+  the packed handle);
 - `buffers`: communication buckets and other transient gradient buffers.
 
 Besides the current bytes it keeps the peak of the running total since `reset_peak()`,
@@ -19,25 +20,16 @@ the breakdown at that peak, and each category's own peak.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Iterable, Iterator
+from functools import partial
 
 import torch
-from torch import nn
+
+from impls.memory.saved import SavedStorages, storage_key
 
 __all__ = ["CATEGORIES", "MemoryLedger"]
 
 CATEGORIES = ("params", "grads", "optim", "gathered", "activations", "buffers")
-
-
-class _SavedActivation:
-    """What the pack hook hands autograd instead of the tensor: when autograd drops it, a
-    finalizer gives the tensor's bytes back to the ledger."""
-
-    __slots__ = ("tensor", "__weakref__")
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
 
 
 class MemoryLedger:
@@ -54,7 +46,10 @@ class MemoryLedger:
         self.peak_total = 0
         self.at_peak = dict.fromkeys(CATEGORIES, 0)
         self._tracked: dict[int, tuple[str, int]] = {}  # storage data_ptr -> (category, bytes)
-        self._saved: dict[int, list[int]] = {}  # activation storage -> [references, bytes]
+        self._saved = SavedStorages(
+            on_count=partial(self.alloc, "activations"),
+            on_release=partial(self.free, "activations"),
+        )
 
     @property
     def total(self) -> int:
@@ -116,39 +111,9 @@ class MemoryLedger:
         tracked buffers and the storages of `exclude` (e.g. a plain model's parameters,
         whose transposed views autograd saves) are not activations and are skipped.
         """
-        excluded = {_local_storage(t).data_ptr() for t in exclude}
-
-        def pack(tensor: torch.Tensor) -> torch.Tensor | _SavedActivation:
-            storage = _local_storage(tensor)
-            key = storage.data_ptr()
-            if (
-                isinstance(tensor, nn.Parameter)
-                or storage.nbytes() == 0
-                or key in excluded
-                or key in self._tracked
-            ):
-                return tensor
-            if key in self._saved:
-                self._saved[key][0] += 1
-            else:
-                self._saved[key] = [1, storage.nbytes()]
-                self.alloc("activations", storage.nbytes())
-            handle = _SavedActivation(tensor)
-            weakref.finalize(handle, self._release_saved, key).atexit = False
-            return handle
-
-        def unpack(packed: torch.Tensor | _SavedActivation) -> torch.Tensor:
-            return packed.tensor if isinstance(packed, _SavedActivation) else packed
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        excluded = {storage_key(t) for t in exclude}
+        with self._saved.counting(excluded, self._tracked):
             yield
-
-    def _release_saved(self, key: int) -> None:
-        entry = self._saved[key]
-        entry[0] -= 1
-        if entry[0] == 0:
-            del self._saved[key]
-            self.free("activations", entry[1])
 
     def reset_peak(self) -> None:
         """Start a new peak window (e.g. a step) from what is held now."""
@@ -174,15 +139,6 @@ class MemoryLedger:
         if self.device.type == "cuda":
             snap["cuda_max_allocated"] = torch.cuda.max_memory_allocated(self.device)
         return snap
-
-
-def _local_storage(tensor: torch.Tensor) -> torch.UntypedStorage:
-    """The storage that holds `tensor`'s bytes on this rank: for a DTensor (what autograd
-    saves inside torch's tensor-parallel layers), the storage of its local shard."""
-    to_local = getattr(tensor, "to_local", None)
-    if to_local is not None:
-        tensor = to_local()
-    return tensor.untyped_storage()
 
 
 def _check_category(category: str) -> None:

@@ -24,15 +24,19 @@ Per action (stage s, micro-batch m):
 
 Activation memory is an exact accounting, not an allocator reading: while (s, m) is held
 (from its `F` until its `B`, or its `W` when split), it counts the bytes of every tensor
-autograd saved for its backward (`saved_tensors_hooks`), each storage once, parameters
-and the caller's batch excluded (they are held whatever the schedule). `peak_activation_bytes` is the largest sum over the step; `max_inflight` the
-most (stage, micro-batch) pairs held at once — the same count as the plan-side
-`max_inflight_microbatches`, so with virtual stages a pair is one chunk.
+autograd saved for its backward (`impls.memory.SavedStorages`, as `MemoryLedger` counts
+them), each storage once within that forward, parameters and the caller's batch excluded
+(they are held whatever the schedule). `peak_activation_bytes` is the largest sum over the
+step; `max_inflight` the most (stage, micro-batch) pairs held at once — the same count as
+the plan-side `max_inflight_microbatches`, so with virtual stages a pair is one chunk.
+
+The step's parts live beside this file: `transfers` (the plan's messages, grouped into
+rounds and tagged), `shapes` (the receive buffers' shapes, learnt by messages when not
+given) and `records` (the timed `ActionRecord`s and the `StepResult`).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -41,39 +45,16 @@ import torch
 from torch import Tensor, nn
 
 from impls.collectives import barrier
-from impls.comm import Communicator, TrafficCounters
+from impls.comm import Communicator
+from impls.memory import SavedStorages, storage_key
 from impls.pipeline.actions import Action, Plan
 from impls.pipeline.dataflow import message_peer, rank_of
-from impls.pipeline.validate import PlanError, dry_run, insert_communication, validate
+from impls.pipeline.records import ActionRecord, ActionTimer, StepResult
+from impls.pipeline.shapes import BoundaryShapes, exchange_shapes, uniform_shapes
+from impls.pipeline.transfers import boundary, message_tag, segments, with_transfers
+from impls.pipeline.validate import PlanError
 
 __all__ = ["ActionRecord", "PipelineExecutor", "StepResult"]
-
-# Activation dtypes a shape header can name (index in this tuple is sent).
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-_MAX_DIMS = 8
-
-
-@dataclass
-class ActionRecord:
-    """One executed action on this rank; times in seconds from the step's start."""
-
-    action: str  # str(Action), e.g. "1F0" or "0SEND_F2"
-    kind: str  # F B I W SEND_F RECV_F SEND_B RECV_B
-    start_s: float  # time.perf_counter() since the post-barrier start of the step
-    end_s: float
-    cpu_s: float  # compute: thread CPU time; transfer: wall time of its whole round
-
-
-@dataclass
-class StepResult:
-    """What one `PipelineExecutor.step` did on this rank."""
-
-    loss: float | None  # mean loss over micro-batches (last stage's rank only)
-    records: list[ActionRecord]
-    peak_activation_bytes: int  # saved-for-backward bytes, max over the step
-    max_inflight: int  # most (stage, micro-batch) pairs forwarded, not yet fully backwarded
-    step_time_s: float  # wall time from the post-barrier start to the last action's end
-    traffic: TrafficCounters = field(default_factory=TrafficCounters)  # step's messages only
 
 
 @dataclass
@@ -90,38 +71,17 @@ class _Held:
 class _StepState:
     batch: list[Tensor] | None  # micro-batch inputs of stage 0
     targets: list[Tensor] | None
-    guard: Callable[[], AbstractContextManager] = nullcontext  # entered around each compute
+    guard: Callable[[], AbstractContextManager]  # entered around each compute
+    caller_storages: set[int]  # the batch: held regardless
+    timer: ActionTimer = field(default_factory=ActionTimer)  # its origin: the step's start
     ready_inputs: dict[tuple[int, int], Tensor] = field(default_factory=dict)
     ready_grads: dict[tuple[int, int], Tensor] = field(default_factory=dict)  # d loss/d output
     outbox: dict[Action, Tensor] = field(default_factory=dict)  # send action -> its tensor
     held: dict[tuple[int, int], _Held] = field(default_factory=dict)
     losses: list[Tensor] = field(default_factory=list)
-    records: list[ActionRecord] = field(default_factory=list)
-    caller_storages: set[int] = field(default_factory=set)  # the batch: held regardless
     held_bytes: int = 0
     peak_bytes: int = 0
     max_inflight: int = 0
-
-
-class _SavedBytes:
-    """A pack hook that adds up the storages autograd saves, each once, parameters excluded."""
-
-    def __init__(self, parameter_storages: set[int]) -> None:
-        self.excluded = parameter_storages
-        self.seen: set[int] = set()
-        self.nbytes = 0
-
-    def pack(self, tensor: Tensor) -> Tensor:
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key not in self.excluded and key not in self.seen:
-            self.seen.add(key)
-            self.nbytes += storage.nbytes()
-        return tensor
-
-    @staticmethod
-    def unpack(tensor: Tensor) -> Tensor:
-        return tensor
 
 
 class PipelineExecutor:
@@ -164,21 +124,18 @@ class PipelineExecutor:
         self.comm, self.rank, self.ranks = comm, rank, ranks
         self.num_stages, self.microbatches, self.loss_fn = num_stages, microbatches, loss_fn
         self.stage_modules = stage_modules
-        self.plan = _with_transfers(plan, ranks, microbatches, virtual)
+        self.plan = with_transfers(plan, ranks, microbatches, virtual)
         self.actions = self.plan[rank]
-        self._segments = _segments(self.actions)
+        self._segments = segments(self.actions)
         self._params = {
             s: [p for p in m.parameters() if p.requires_grad] for s, m in stage_modules.items()
         }
         self._param_storages = {
-            p.untyped_storage().data_ptr() for m in stage_modules.values() for p in m.parameters()
+            storage_key(p) for m in stage_modules.values() for p in m.parameters()
         }
-        self._shapes: dict[int, tuple[torch.Size, torch.dtype]] | None = None
+        self._shapes: BoundaryShapes | None = None
         if activation_shape is not None:
-            size = torch.Size(activation_shape)
-            self._shapes = {b: (size, activation_dtype) for b in range(num_stages - 1)}
-
-    # ---- the step -------------------------------------------------------------------
+            self._shapes = uniform_shapes(activation_shape, activation_dtype, num_stages)
 
     def step(
         self,
@@ -199,33 +156,29 @@ class PipelineExecutor:
         each compute action, outside its timing (e.g. a host-wide lock, so that ranks
         sharing cores compute one at a time and each action's cost is measured alone).
         """
-        state = _StepState(
-            batch=self._split("inputs", inputs, 0),
-            targets=self._split("targets", targets, -1),
-            guard=compute_guard or nullcontext,
-        )
-        for given in (inputs, targets):
-            if given is not None:
-                state.caller_storages.add(given.untyped_storage().data_ptr())
+        batch = self._split("inputs", inputs, 0)
+        targets_mb = self._split("targets", targets, -1)
         if self._shapes is None:
-            self._shapes = self._exchange_shapes(state)
+            example = batch[0] if batch is not None else None
+            self._shapes = exchange_shapes(self.comm, self.stage_modules, self.num_stages, example)
         if align_clocks:
             barrier(self.comm)  # one time origin for every rank's records
+        given = {storage_key(t) for t in (inputs, targets) if t is not None}
         with self.comm.measure() as traffic:
-            start = time.perf_counter()
+            state = _StepState(batch, targets_mb, compute_guard or nullcontext, given)
             for segment in self._segments:
                 if isinstance(segment, Action):
-                    self._compute(state, segment, start)
+                    self._compute(state, segment)
                 else:
-                    self._round(state, segment, start)
-            step_time = time.perf_counter() - start
+                    self._round(state, segment)
+            step_time = state.timer.elapsed()
         leftover = list(state.held) + list(state.outbox) + list(state.ready_grads)
         if leftover:
             raise PlanError(f"rank {self.rank} ended the step still holding {leftover[:4]}")
         loss = float(torch.stack(state.losses).sum()) if state.losses else None
         return StepResult(
             loss=loss,
-            records=state.records,
+            records=state.timer.records,
             peak_activation_bytes=state.peak_bytes,
             max_inflight=state.max_inflight,
             step_time_s=step_time,
@@ -245,23 +198,19 @@ class PipelineExecutor:
             )
         return list(batch.tensor_split(self.microbatches))
 
-    def _compute(self, state: _StepState, action: Action, origin: float) -> None:
-        with state.guard():
-            start, cpu = time.perf_counter(), time.thread_time()
+    def _compute(self, state: _StepState, action: Action) -> None:
+        with state.guard(), state.timer.compute(action):
             if action.kind == "F":
                 self._forward(state, action.stage, action.microbatch)
             else:
                 self._backward(state, action)
-            end, cpu = time.perf_counter(), time.thread_time() - cpu
-        state.records.append(
-            ActionRecord(str(action), action.kind, start - origin, end - origin, cpu)
-        )
 
     def _forward(self, state: _StepState, s: int, m: int) -> None:
         last = s == self.num_stages - 1
         inputs = state.batch[m] if s == 0 else state.ready_inputs.pop((s, m))
-        saved = _SavedBytes(self._param_storages | state.caller_storages)
-        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        # `_backward` frees these bytes at this pair's B (or W): no finalizer per saved tensor.
+        saved = SavedStorages()
+        with saved.counting(self._param_storages, state.caller_storages, until_dropped=False):
             output = self.stage_modules[s](inputs)
             if last:
                 output = self.loss_fn(output, state.targets[m]) / self.microbatches
@@ -293,13 +242,7 @@ class PipelineExecutor:
         elif action.kind == "W":
             params = self._params[s]
             grads = torch.autograd.grad(held.output, params, held.grad_output, allow_unused=True)
-            for param, grad in zip(params, grads, strict=True):
-                if grad is None:
-                    continue
-                if param.grad is None:
-                    param.grad = grad
-                else:
-                    param.grad.add_(grad)
+            _accumulate(params, grads)
         if action.kind in ("B", "W"):
             del state.held[(s, m)]
             state.held_bytes -= held.saved_bytes
@@ -310,112 +253,36 @@ class PipelineExecutor:
         else:
             state.outbox[Action(s, "SEND_B", m)] = input_grad.contiguous()
 
-    def _round(self, state: _StepState, actions: tuple[Action, ...], origin: float) -> None:
+    def _round(self, state: _StepState, actions: tuple[Action, ...]) -> None:
         """Post every send and receive of the round, then wait for all of them."""
-        start = time.perf_counter()
-        rnd = self.comm.round()
-        arriving: list[tuple[Action, Tensor]] = []
-        for action in actions:
-            peer, tag = message_peer(action, self.ranks), self._tag(action)
-            if action.kind.startswith("SEND"):
-                rnd.send(state.outbox.pop(action), peer, tag)
-            else:
-                size, dtype = self._shapes[self._boundary(action)]
-                buffer = torch.empty(size, dtype=dtype, device=self.comm.device)
-                rnd.recv(buffer, peer, tag)
-                arriving.append((action, buffer))
-        rnd.wait()
-        for action, buffer in arriving:
-            key = (action.stage, action.microbatch)
-            if action.kind == "RECV_F":
-                state.ready_inputs[key] = buffer.requires_grad_()
-            else:
-                state.ready_grads[key] = buffer
-        end = time.perf_counter()
-        for action in actions:
-            state.records.append(
-                ActionRecord(str(action), action.kind, start - origin, end - origin, end - start)
-            )
-
-    @staticmethod
-    def _boundary(action: Action) -> int:
-        """The stage whose output the transfer carries (or the gradient of it)."""
-        return action.stage - 1 if action.kind in ("RECV_F", "SEND_B") else action.stage
-
-    def _tag(self, action: Action) -> int:
-        """The same tag at both ends, distinct per message, so no pairing relies on order."""
-        gradient = int(action.kind.endswith("_B"))
-        return (self._boundary(action) * self.microbatches + action.microbatch) * 2 + gradient
-
-    # ---- shapes ---------------------------------------------------------------------
-
-    def _exchange_shapes(self, state: _StepState) -> dict[int, tuple[torch.Size, torch.dtype]]:
-        """Learn each stage boundary's tensor shape once, walking the stages in model order.
-
-        Stage b's rank runs stage b without autograd on an example input (micro-batch 0 on
-        stage 0, zeros of the received shape after) and sends the output's shape to stage
-        b+1's rank. The RNG state is restored, so dropout draws are unaffected.
-        """
-        shapes: dict[int, tuple[torch.Size, torch.dtype]] = {}
-        device = self.comm.device
-        rng_devices = [device] if device.type == "cuda" else []
-        for b in range(self.num_stages - 1):
-            sender, receiver = rank_of(b, self.ranks), rank_of(b + 1, self.ranks)
-            if self.rank == sender:
-                if b == 0:
-                    example = state.batch[0]
+        with state.timer.round(actions):
+            rnd = self.comm.round()
+            arriving: list[tuple[Action, Tensor]] = []
+            for action in actions:
+                peer = message_peer(action, self.ranks)
+                tag = message_tag(action, self.microbatches)
+                if action.kind.startswith("SEND"):
+                    rnd.send(state.outbox.pop(action), peer, tag)
                 else:
-                    example = torch.zeros(shapes[b - 1][0], dtype=shapes[b - 1][1], device=device)
-                with torch.no_grad(), torch.random.fork_rng(devices=rng_devices):
-                    output = self.stage_modules[b](example)
-                shapes[b] = (output.shape, output.dtype)
-                if receiver != sender:
-                    self.comm.send(_shape_header(*shapes[b]).to(device), receiver)
-            elif self.rank == receiver:
-                header = torch.empty(_MAX_DIMS + 2, dtype=torch.int64, device=device)
-                self.comm.recv(header, sender)
-                shapes[b] = _read_header(header)
-        return shapes
+                    size, dtype = self._shapes[boundary(action)]
+                    buffer = torch.empty(size, dtype=dtype, device=self.comm.device)
+                    rnd.recv(buffer, peer, tag)
+                    arriving.append((action, buffer))
+            rnd.wait()
+            for action, buffer in arriving:
+                key = (action.stage, action.microbatch)
+                if action.kind == "RECV_F":
+                    state.ready_inputs[key] = buffer.requires_grad_()
+                else:
+                    state.ready_grads[key] = buffer
 
 
-def _shape_header(size: torch.Size, dtype: torch.dtype) -> Tensor:
-    if len(size) > _MAX_DIMS or dtype not in _DTYPES:
-        raise ValueError(
-            f"stage output {tuple(size)} {dtype}: activations must have <= {_MAX_DIMS} dims "
-            f"and a dtype in {_DTYPES}; pass activation_shape/activation_dtype instead"
-        )
-    padded = list(size) + [0] * (_MAX_DIMS - len(size))
-    return torch.tensor([len(size), *padded, _DTYPES.index(dtype)], dtype=torch.int64)
-
-
-def _read_header(header: Tensor) -> tuple[torch.Size, torch.dtype]:
-    values = header.tolist()
-    return torch.Size(values[1 : 1 + values[0]]), _DTYPES[values[-1]]
-
-
-def _with_transfers(plan: Plan, ranks: int, microbatches: int, virtual: int) -> Plan:
-    """Validate `plan` and return it with its transfers (inserted unless already there)."""
-    has_transfers = any(a.is_comm for actions in plan.values() for a in actions)
-    compute_only = {r: [a for a in actions if a.is_compute] for r, actions in plan.items()}
-    validate(compute_only, ranks, microbatches, virtual)
-    if not has_transfers:
-        return insert_communication(plan, ranks, virtual)
-    dry_run(plan, ranks, virtual)
-    return plan
-
-
-def _segments(actions: list[Action]) -> list[Action | tuple[Action, ...]]:
-    """Compute actions one by one; each run of consecutive transfers as one round."""
-    segments: list[Action | tuple[Action, ...]] = []
-    pending: list[Action] = []
-    for action in actions:
-        if action.is_comm:
-            pending.append(action)
+def _accumulate(params: list[nn.Parameter], grads: tuple[Tensor | None, ...]) -> None:
+    """Add `grads` into the parameters' `.grad`, as a backward would (None: unused)."""
+    for param, grad in zip(params, grads, strict=True):
+        if grad is None:
             continue
-        if pending:
-            segments.append(tuple(pending))
-            pending = []
-        segments.append(action)
-    if pending:
-        segments.append(tuple(pending))
-    return segments
+        if param.grad is None:
+            param.grad = grad
+        else:
+            param.grad.add_(grad)
