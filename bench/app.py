@@ -15,8 +15,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from bench.experiments import EXPERIMENTS
-from bench.experiments.common import parse_config
+from bench.experiments import experiments
 from bench.runner import CLUSTER_KINDS
 from bench.wandb_log import MODES as WANDB_MODES
 
@@ -28,14 +27,15 @@ CONFIG_DIR = str(REPO_ROOT / "experiments")
 def build(cfg: DictConfig):
     """Split the composed config into (experiment, typed config, run options)."""
     name = HydraConfig.get().runtime.choices.get("experiment")
-    if name not in EXPERIMENTS:
-        allowed = ", ".join(EXPERIMENTS)
+    known = experiments()
+    if name not in known:
+        allowed = ", ".join(known)
         raise ValueError(f"experiment={name!r} is unknown; allowed values: {allowed}")
     OmegaConf.set_readonly(cfg, True)
     values = OmegaConf.to_container(cfg, resolve=True)
     run = {key: values.pop(key, None) for key in RUN_KEYS}
-    experiment = EXPERIMENTS[name]
-    typed = parse_config(experiment, values)
+    experiment = known[name]
+    typed = experiment.parse(values)
     _check_choice("cluster.kind", (run["cluster"] or {}).get("kind", "local"), CLUSTER_KINDS)
     _check_choice("wandb.mode", (run["wandb"] or {}).get("mode", "offline"), WANDB_MODES)
     report_dir = Path(run["report_dir"] or REPO_ROOT / "reports" / name)
@@ -45,6 +45,9 @@ def build(cfg: DictConfig):
 def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{key}={value!r} is unknown; allowed values: {', '.join(allowed)}")
+
+
+experiments()  # registers every experiment's schema before Hydra composes a config
 
 
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="config")

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.dp_tasks import build_task, cosine
+from bench.kit.tasks import build_task, cosine
 from impls.comm import Communicator, SimulatedNetwork
 from impls.compression import QSGD, Cast, OneBit, RandomK, TernGrad, TopK
 from impls.data_parallel import shard_batch

@@ -45,9 +45,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.pipeline_cells import HostComputeLock, lm_loss, seeded_batch
-from bench.timing import slowest
-from bench.zero_cells import held_bytes
+from bench.kit.host import HostComputeLock
+from bench.kit.memory import held_bytes
+from bench.kit.timing import slowest
+from bench.kit.workloads import lm_loss, seeded_batch
 from impls.collectives import all_reduce
 from impls.comm import Communicator, Round
 from impls.hybrid import HybridTrainer, Mesh

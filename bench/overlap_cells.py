@@ -44,8 +44,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.pipeline_cells import lm_loss
-from bench.timing import slowest
+from bench.kit.timing import slowest
+from bench.kit.workloads import lm_loss
 from impls.comm import Communicator, SimulatedNetwork
 from impls.data_parallel import DDP, SyncTimeline
 from impls.data_parallel.common import release_group

@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from bench.timing import slowest
+from bench.kit.timing import slowest
 from impls.models import GPT, GPTConfig, Stage, split_into_virtual_stages, stages_of_rank
 
 __all__ = [

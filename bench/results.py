@@ -22,7 +22,6 @@ import os
 import platform
 import re
 import socket
-import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
@@ -31,39 +30,11 @@ from typing import Any
 
 import pandas as pd
 
+from bench.provenance import git_sha
+
 __all__ = ["ResultStore", "run_metadata"]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-# Regenerating reports modifies committed files under reports/; that must not mark the
-# code that produced them as dirty.
-_DIRTY_IGNORES = (":(exclude)reports",)
 _INT_TEXT = re.compile(r"[+-]?\d+")
-
-
-def _git(repo: Path, *args: str) -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(repo), *args],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def git_sha(repo: str | Path = REPO_ROOT) -> str:
-    """Short SHA of `repo`'s HEAD, ``+dirty`` if tracked files changed; ``unknown`` without git."""
-    sha = _git(Path(repo), "rev-parse", "--short", "HEAD")
-    if not sha:
-        return "unknown"
-    # Untracked files are ignored: new report folders appear on every run.
-    status = _git(
-        Path(repo), "status", "--porcelain", "--untracked-files=no", "--", ".", *_DIRTY_IGNORES
-    )
-    return f"{sha}+dirty" if status else sha
 
 
 def run_metadata(*, backend: str, device: str, world_size: int | None = None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from bench.experiments import Cell, Experiment
+from bench.experiments.base import Cell, Experiment
 from bench.launch import RankFailure, RankPool
 from bench.results import ResultStore, run_metadata
 from bench.wandb_log import WandbLogger
@@ -69,7 +69,7 @@ def run_experiment(
         # reading every row written so far.
         with store.locked():
             df = store.read()
-            headline = experiment.write_report(df, Path(report_dir))
+            headline = experiment.report_on(df, Path(report_dir), cfg)
         logger.log_report(df, headline, Path(report_dir))
         return df
     finally:
@@ -99,9 +99,10 @@ def _is_one_rank(kind: str) -> bool:
     return True
 
 
-def _row(experiment: Experiment, cell: Cell, per_rank, error: str | None, meta: dict) -> dict:
+def _row(experiment: Experiment, cfg, cell: Cell, per_rank, error: str | None, meta: dict,
+         report_dir: Path) -> dict:  # fmt: skip
     if error is None:
-        row = {**experiment.to_row(cell, per_rank), "status": "ok", "error": ""}
+        row = {**experiment.row(cfg, cell, per_rank, report_dir), "status": "ok", "error": ""}
     else:
         row = {**cell.key, "status": "failed", "error": error}
     return {**row, **meta}
@@ -120,12 +121,13 @@ def _run_local(experiment, cfg, todo, total, store, logger, cluster) -> None:
                     bar.set_postfix_str(" ".join(f"{v}" for v in cell.key.values()))
                     per_rank, error = None, None
                     try:
-                        per_rank = pool.run(cell.fn, cell.task, timeout_s=cfg.timeout_s)
+                        fn, args = experiment.rank_call(cfg, cell)
+                        per_rank = pool.run(fn, *args, timeout_s=cfg.timeout_s)
                     except RankFailure as failure:
                         error = str(failure).splitlines()[0][:500]
                     except Exception as exc:  # a cell that cannot even be shipped
                         error = f"{type(exc).__name__}: {exc}"[:500]
-                    row = _row(experiment, cell, per_rank, error, meta)
+                    row = _row(experiment, cfg, cell, per_rank, error, meta, store.report_dir)
                     store.write([row])
                     logger.log_row(row)
                     bar.update()
@@ -157,7 +159,8 @@ def _run_as_rank(experiment, cfg, cells, todo, store, logger, cluster) -> None:
     meta = run_metadata(backend=dist.get_backend(), device=device, world_size=world)
     for cell in tqdm(mine, desc=experiment.name, unit="cell", disable=rank != 0):
         try:
-            outcome = (True, cell.fn(cell.task))
+            fn, args = experiment.rank_call(cfg, cell)
+            outcome = (True, fn(*args))
         except Exception:
             outcome = (False, f"rank {rank}: {traceback.format_exc().splitlines()[-1]}")
         gathered = [None] * world
@@ -165,7 +168,8 @@ def _run_as_rank(experiment, cfg, cells, todo, store, logger, cluster) -> None:
         if rank == 0:
             errors = [value for ok, value in gathered if not ok]
             per_rank = [value for _, value in gathered] if not errors else None
-            row = _row(experiment, cell, per_rank, "; ".join(errors) or None, meta)
+            error = "; ".join(errors) or None
+            row = _row(experiment, cfg, cell, per_rank, error, meta, store.report_dir)
             store.write([row])
             logger.log_row(row)
     dist.barrier()

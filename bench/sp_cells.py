@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.timing import slowest
+from bench.kit.timing import slowest
 from impls.comm import Communicator
 from impls.memory import MemoryLedger
 from impls.models import GPT, Block, GPTConfig

@@ -44,8 +44,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.pipeline_cells import lm_loss, seeded_batch
-from bench.timing import slowest
+from bench.kit.timing import slowest
+from bench.kit.workloads import lm_loss, seeded_batch
 from impls.comm import Communicator
 from impls.memory import MemoryLedger
 from impls.models import GPT, GPTConfig

@@ -67,6 +67,10 @@ class WandbLogger:
         for key, value in headline.items():
             if isinstance(value, int | float | str) and not isinstance(value, bool):
                 self.run.summary[f"headline/{key}"] = value
+        for target in headline.get("targets", []):  # each judged on its worst cell
+            for field in ("met", "cells", "median", "worst"):
+                if target.get(field) is not None:
+                    self.run.summary[f"targets/{target['figure']}/{field}"] = target[field]
 
     def finish(self) -> None:
         if self.run:

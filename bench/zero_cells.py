@@ -38,8 +38,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.pipeline_cells import lm_loss, seeded_batch
-from bench.timing import slowest
+from bench.kit.timing import slowest
+from bench.kit.workloads import lm_loss, seeded_batch
 from impls.models import GPT, GPTConfig
 
 __all__ = [

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 import torch.distributed as dist
 
+from bench.kit.timing import alternate
 from impls.collectives import all_reduce
 from impls.comm import Communicator
 
@@ -33,23 +31,12 @@ def one_call(algorithm: str, numel: int) -> None:
 
 
 def interleaved_ratio(numel: int, repeats: int) -> dict:
-    """ring and torch timed in alternating windows (drift hits both): medians and ratio."""
+    """ring and torch timed in alternating steps (drift hits both): medians and ratio."""
     x, comm = _buffer(numel), Communicator()
-    calls = {"torch": lambda: dist.all_reduce(x), "ring": lambda: all_reduce(x, comm)}
-    for call in calls.values():
-        call()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            dist.barrier()
-            start = time.perf_counter()
-            call()
-            t = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            times[name].append(float(t.item()))
-    med = {name: statistics.median(v) for name, v in times.items()}
+    sides = {"torch": lambda: dist.all_reduce(x), "ring": lambda: all_reduce(x, comm)}
+    timed = alternate(sides, warmup=1, repeats=repeats)
     return {
-        "torch_s": med["torch"],
-        "ring_s": med["ring"],
-        "ring_vs_torch": med["torch"] / med["ring"],
+        "torch_s": timed["torch"].median,
+        "ring_s": timed["ring"].median,
+        "ring_vs_torch": timed["torch"].median / timed["ring"].median,
     }

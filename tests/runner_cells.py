@@ -39,24 +39,25 @@ def _mark(task: FakeTask) -> int:
     return rank
 
 
-def succeed(task: FakeTask) -> dict:
-    return {"rank": _mark(task), "pid": os.getpid()}
+# Each runs on every rank as `fn(cfg, cell)`; the cell carries its FakeTask.
+def succeed(cfg: FakeConfig, cell) -> dict:
+    return {"rank": _mark(cell.carry), "pid": os.getpid()}
 
 
-def raise_on_rank1(task: FakeTask) -> dict:
-    if _mark(task) == 1:
-        raise ValueError(f"cell {task.cell} refuses to run on rank 1")
+def raise_on_rank1(cfg: FakeConfig, cell) -> dict:
+    if _mark(cell.carry) == 1:
+        raise ValueError(f"cell {cell.carry.cell} refuses to run on rank 1")
     return {"rank": 0, "pid": os.getpid()}
 
 
-def exit_on_rank1(task: FakeTask) -> dict:
-    if _mark(task) == 1:
+def exit_on_rank1(cfg: FakeConfig, cell) -> dict:
+    if _mark(cell.carry) == 1:
         os._exit(7)  # no exception, no message: the process is simply gone
     return {"rank": 0, "pid": os.getpid()}
 
 
-def hang(task: FakeTask) -> dict:
-    _mark(task)
+def hang(cfg: FakeConfig, cell) -> dict:
+    _mark(cell.carry)
     time.sleep(600)
     return {}
 
@@ -74,26 +75,29 @@ class FakeConfig:
 
 def fake_experiment():
     """The `Experiment` of a `FakeConfig` grid: one 2-rank cell per entry, keyed by name."""
-    from bench.experiments.common import Cell, Experiment
+    from bench.experiments.base import Cell, Experiment
+    from bench.report import Report
 
     def cells(cfg: FakeConfig) -> list[Cell]:
         out = []
         for spec in cfg.cells:
             name, behaviour = spec.split(":")
             task = FakeTask(cell=name, marker_dir=cfg.marker_dir)
-            out.append(Cell(world_size=2, key={"cell": name}, fn=BEHAVIOURS[behaviour], task=task))
+            out.append(Cell(world_size=2, key={"cell": name}, fn=BEHAVIOURS[behaviour],
+                            carry=task))  # fmt: skip
         return out
 
-    def to_row(cell: Cell, per_rank: list[dict]) -> dict:
+    def to_row(cfg: FakeConfig, cell: Cell, per_rank: list[dict]) -> dict:
         return {**cell.key, "pids": " ".join(str(r["pid"]) for r in per_rank)}
 
     return Experiment(
         name="runner_faults",
+        summary="cells that succeed, raise, exit or hang, for the runner's fault tests",
         schema=FakeConfig,
-        key_columns=["cell"],
+        key_columns=("cell",),
         cells=cells,
         to_row=to_row,
-        write_report=lambda df, report_dir: {},
+        report=Report(title="runner faults", intro=""),
     )
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.analysis import (
+from bench.experiments.allreduce_scaling.fits import (
     EXTRAPOLATION_BASIS,
     AlphaBetaFit,
     extrapolate,

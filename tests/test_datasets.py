@@ -1,7 +1,7 @@
 """The real data sets, the batches drawn from them, and the tasks built on them.
 
 `digits()` and `char_corpus()` load data that ships inside installed packages; `Batches`
-gives step t's global batch, the same on every rank; `bench.dp_tasks.build_task` puts a
+gives step t's global batch, the same on every rank; `bench.kit.tasks.build_task` puts a
 model, its loss, its batches and a held-out evaluation together for the
 `gradient_compression` experiment.
 
@@ -19,7 +19,7 @@ from collections import Counter
 import pytest
 import torch
 
-from bench.dp_tasks import EVAL_WINDOWS, TASKS, build_task, cosine
+from bench.kit.tasks import EVAL_WINDOWS, TASKS, build_task, cosine
 from impls.datasets import Batches, Split, char_corpus, digits
 from impls.models import Classifier
 
@@ -256,7 +256,7 @@ def test_classifier_bad_dims_are_refused_naming_the_key(args, key):
 
 def test_chargpt_trains_at_its_default_learning_rate():
     # The default must not diverge (a too-large SGD step sends the char GPT's loss to NaN).
-    from bench.dp_tasks import DEFAULT_BATCH, DEFAULT_LR
+    from bench.kit.tasks import DEFAULT_BATCH, DEFAULT_LR
 
     task = build_task("chargpt", DEFAULT_BATCH["chargpt"], seed=0)
     before, _ = task.evaluate()

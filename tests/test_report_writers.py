@@ -16,8 +16,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.reports import allreduce_scaling, collectives, format_bytes
-from bench.reports.index import write_index
+from bench.experiments.allreduce_scaling import experiment as allreduce_experiment
+from bench.experiments.allreduce_scaling import report as allreduce_scaling
+from bench.experiments.collectives import experiment as collectives_experiment
+from bench.report import format_bytes
+from bench.report.index import write_index
 
 ALPHA_S = 40e-6
 BETA_S_PER_BYTE = 1 / 2e9
@@ -55,6 +58,7 @@ def _allreduce_row(algorithm: str, n: int, m: int) -> dict:
             ["rounds", "max_rank_bytes_sent", "max_rank_bytes_recv", "total_bytes_sent"], np.nan
         )
         counters["messages"] = np.nan
+        paired = np.nan
     else:
         rounds, peak, total = _traffic(algorithm, n, m)
         time = ALPHA_S * rounds + BETA_S_PER_BYTE * peak
@@ -65,6 +69,8 @@ def _allreduce_row(algorithm: str, n: int, m: int) -> dict:
             "total_bytes_sent": total,
             "messages": rounds,
         }
+        # torch timed beside it: its time is 0.8 × ring's, so ring's busbw is 0.8× torch's
+        paired = 0.8 if algorithm == "ring" else np.nan
     algbw = m / time / 1e9
     return {
         "algorithm": algorithm,
@@ -75,6 +81,7 @@ def _allreduce_row(algorithm: str, n: int, m: int) -> dict:
         "algbw_gbps": algbw,
         "busbw_gbps": algbw * 2 * (n - 1) / n,
         **counters,
+        "busbw_vs_torch": paired,
         "wrong": 0,
         "status": "ok",
         "error": "",
@@ -95,27 +102,39 @@ def allreduce_frame(world_sizes=(2, 4, 8), failed: bool = True) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def write_allreduce(frame: pd.DataFrame, report_dir: Path) -> dict:
+    return allreduce_experiment.EXPERIMENT.report_on(frame, report_dir, None)
+
+
+def write_collectives(frame: pd.DataFrame, report_dir: Path) -> dict:
+    return collectives_experiment.EXPERIMENT.report_on(frame, report_dir, None)
+
+
 def test_allreduce_report_files_and_headline(tmp_path: Path) -> None:
-    headline = allreduce_scaling.write_report(allreduce_frame(), tmp_path)
+    headline = write_allreduce(allreduce_frame(), tmp_path)
     for name in ("report.md", "headline.json", "busbw_vs_n.png", "traffic_vs_n.png",
                  "time_vs_size.png"):  # fmt: skip
         assert (tmp_path / name).stat().st_size > 0, name
     assert json.loads((tmp_path / "headline.json").read_text()) == headline
-    assert headline["ring_vs_torch_busbw_ratio"] == pytest.approx(0.8)
-    assert headline["ring_vs_torch_world_size"] == 4
-    assert headline["ring_vs_torch_message_bytes"] == 64 * 2**20
+    (target,) = headline["targets"]  # ring ≥ 0.9× torch at 64 MiB, judged on every N
+    assert target["where"] == {"algorithm": "ring", "message_bytes": 64 * 2**20}
+    assert (target["cells"], target["measured"]) == (3, 3)
+    assert target["median"] == pytest.approx(0.8) and target["worst"] == pytest.approx(0.8)
+    assert not target["met"] and target["status"].startswith("not met in 3 of 3 cells")
+    assert "8 ranks" not in target["worst_text"] or "cores" in target["worst_text"]
+    assert headline["ring_vs_torch_by_world_size"] == pytest.approx({"2": 0.8, "4": 0.8, "8": 0.8})
     assert headline["wrong_total"] == 0
     assert headline["failed_cells"] == 1
     assert headline["alpha_s"] == pytest.approx(ALPHA_S, rel=1e-6)
     assert headline["beta_gbps"] == pytest.approx(2.0, rel=1e-6)
-    assert {f["figure"] for f in headline["figures"]} >= {"wrong elements", "failed cells"}
+    assert {f["figure"] for f in headline["figures"]} >= {"α–β fit, all algorithms"}
     report = (tmp_path / "report.md").read_text()
     assert "`testhost` (2 cores" in report and "git `abc1234`" in report
     assert "ranks share cores" in report  # 8 ranks on 2 cores
 
 
 def test_allreduce_growth_matches_every_lecture_row(tmp_path: Path) -> None:
-    headline = allreduce_scaling.write_report(allreduce_frame(), tmp_path)
+    headline = write_allreduce(allreduce_frame(), tmp_path)
     matches = headline["growth_matches_lecture"]
     assert set(matches) == set(allreduce_scaling.LECTURE_ORDERS)
     for algorithm, lecture in allreduce_scaling.LECTURE_ORDERS.items():
@@ -123,6 +142,7 @@ def test_allreduce_growth_matches_every_lecture_row(tmp_path: Path) -> None:
     report = (tmp_path / "report.md").read_text()
     section = report.split("## The lecture's comparison table")[1].split("\n## ")[0]
     assert "✗" not in section
+    assert all(f["holds"] for f in headline["findings"])
     for algorithm, lecture in allreduce_scaling.LECTURE_ORDERS.items():
         rows = [line for line in section.splitlines() if line.startswith(f"| {algorithm} ")]
         summary, details = rows[0], rows[1:]
@@ -131,36 +151,44 @@ def test_allreduce_growth_matches_every_lecture_row(tmp_path: Path) -> None:
 
 
 def test_allreduce_report_lists_failed_cells(tmp_path: Path) -> None:
-    allreduce_scaling.write_report(allreduce_frame(), tmp_path)
+    write_allreduce(allreduce_frame(), tmp_path)
     report = (tmp_path / "report.md").read_text()
     assert "Failed cells (1)" in report
     assert "rank 3 hung past timeout_s=60" in report
     assert "extrapolation, not a measurement" in report.lower()
 
 
-def test_allreduce_report_falls_back_when_headline_cell_missing(tmp_path: Path) -> None:
+def test_allreduce_target_without_its_cells_is_not_measured(tmp_path: Path) -> None:
     frame = allreduce_frame(failed=False)
     frame = frame[frame["message_bytes"] < 64 * 2**20]
-    headline = allreduce_scaling.write_report(frame, tmp_path)
-    assert headline["ring_vs_torch_message_bytes"] == 16 * 2**20
+    headline = write_allreduce(frame, tmp_path)
+    (target,) = headline["targets"]
+    assert target["cells"] == 0 and not target["met"]
+    assert target["status"].startswith("not measured")
+    assert headline["ring_vs_torch_by_world_size"] == pytest.approx({"2": 0.8, "4": 0.8, "8": 0.8})
     assert headline["failed_cells"] == 0
 
 
 def test_allreduce_report_flags_wrong_elements(tmp_path: Path) -> None:
     frame = allreduce_frame(failed=False)
     frame.loc[frame.index[0], "wrong"] = 7
-    headline = allreduce_scaling.write_report(frame, tmp_path)
-    assert headline["wrong_total"] == 7
-    assert "7 wrong elements" in (tmp_path / "report.md").read_text()
+    headline = write_allreduce(frame, tmp_path)
+    assert headline["wrong_total"] == 7 and headline["wrong_cells"] == 1
+    report = (tmp_path / "report.md").read_text()
+    assert "**1 wrong**" in report
+    assert (
+        "| algorithm=parameter_server, world_size=2, message_bytes=4096, dtype=float32 | 7"
+        in report
+    )
 
 
 def test_allreduce_report_survives_an_all_failed_grid(tmp_path: Path) -> None:
     frame = allreduce_frame(failed=False)
     frame = frame.assign(status="failed", error="RuntimeError: no ranks started", time_s=np.nan)
-    headline = allreduce_scaling.write_report(frame, tmp_path)
+    headline = write_allreduce(frame, tmp_path)
     assert headline["failed_cells"] == len(frame)
-    assert headline["ring_vs_torch_busbw_ratio"] is None
-    assert headline["alpha_s"] is None
+    assert headline["targets"][0]["measured"] == 0
+    assert headline.get("alpha_s") is None
     assert "no ranks started" in (tmp_path / "report.md").read_text()
 
 
@@ -192,6 +220,7 @@ def collectives_frame() -> pd.DataFrame:
                         "rounds": np.nan if impl == "torch" else n - 1,
                         "max_rank_bytes_sent": np.nan if impl == "torch" else m,
                         "total_bytes_sent": np.nan if impl == "torch" else m * n,
+                        "busbw_vs_torch": np.nan if impl == "torch" else 0.5,
                         "wrong": 0, "status": "ok", "error": "", **METADATA,
                     })  # fmt: skip
     rows[-1].update(status="failed", error="RuntimeError: gloo connection reset", time_s=np.nan)
@@ -200,13 +229,14 @@ def collectives_frame() -> pd.DataFrame:
 
 
 def test_collectives_report(tmp_path: Path) -> None:
-    headline = collectives.write_report(collectives_frame(), tmp_path)
+    headline = write_collectives(collectives_frame(), tmp_path)
     for name in ("report.md", "headline.json", "busbw_by_collective.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert headline["min_ratio"] == pytest.approx(0.5)
-    assert set(headline["median_ratio_largest_size"]) == set(BUS_FACTORS)
-    for ratio in headline["median_ratio_largest_size"].values():
-        assert ratio == pytest.approx(0.5)
+    per_collective = [f for f in headline["figures"] if "median over N" in f["figure"]]
+    assert {f["figure"].split()[0] for f in per_collective} == set(BUS_FACTORS)
+    for figure in per_collective:  # median and worst cell both shown
+        assert figure["measured"].startswith("0.50× (worst 0.50×, N="), figure
     assert headline["wrong_total"] == 0
     assert headline["failed_cells"] == 1
     report = (tmp_path / "report.md").read_text()
@@ -217,10 +247,13 @@ def test_collectives_report(tmp_path: Path) -> None:
 
 
 def test_index_collects_every_headline(tmp_path: Path) -> None:
-    allreduce_scaling.write_report(allreduce_frame(), tmp_path / "allreduce_scaling")
-    collectives.write_report(collectives_frame(), tmp_path / "collectives")
+    write_allreduce(allreduce_frame(), tmp_path / "allreduce_scaling")
+    write_collectives(collectives_frame(), tmp_path / "collectives")
     readme = write_index(tmp_path).read_text()
     assert "(allreduce_scaling/report.md)" in readme
     assert "(collectives/report.md)" in readme
-    assert "ring all-reduce busbw" in readme
-    assert readme.count("| allreduce_scaling") >= 4
+    # The target's row shows its median and its worst cell, with the cell's key.
+    target = next(line for line in readme.splitlines() if "ring all-reduce busbw" in line)
+    assert "0.80× over 3 cells" in target and "algorithm=ring" in target
+    assert "not met in 3 of 3 cells" in target
+    assert readme.count("| allreduce_scaling") >= 5

@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.results import ResultStore, git_sha, run_metadata
+from bench.provenance import git_sha
+from bench.results import ResultStore, run_metadata
 
 KEYS = ["world_size", "algorithm", "lr"]
 
@@ -149,7 +150,8 @@ def test_git_sha_marks_a_dirty_tree(tmp_path: Path) -> None:
     git("init", "-q")
     git("config", "user.email", "t@example.com")
     git("config", "user.name", "t")
-    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "impls").mkdir()
+    (tmp_path / "impls" / "code.py").write_text("x = 1\n")
     (tmp_path / "reports").mkdir()
     (tmp_path / "reports" / "results.csv").write_text("a\n1\n")
     git("add", ".")
@@ -157,7 +159,11 @@ def test_git_sha_marks_a_dirty_tree(tmp_path: Path) -> None:
     clean = git_sha(tmp_path)
     assert clean != "unknown" and not clean.endswith("+dirty")
     (tmp_path / "reports" / "results.csv").write_text("a\n2\n")  # regenerated reports
-    (tmp_path / "untracked.txt").write_text("new\n")
+    (tmp_path / "untracked.txt").write_text("new\n")  # not measuring code
+    (tmp_path / "notes.md").write_text("docs\n")
     assert git_sha(tmp_path) == clean
-    (tmp_path / "code.py").write_text("x = 2\n")
+    (tmp_path / "impls" / "code.py").write_text("x = 2\n")
+    assert git_sha(tmp_path) == f"{clean}+dirty"
+    git("checkout", "--", "impls/code.py")
+    (tmp_path / "impls" / "new_module.py").write_text("y = 1\n")  # new, untracked code
     assert git_sha(tmp_path) == f"{clean}+dirty"

@@ -125,9 +125,13 @@ def test_headline_figures_are_in_the_summary(offline_run):
         for k, v in headline.items()
         if isinstance(v, int | float | str) and not isinstance(v, bool)
     }
-    assert "ring_vs_torch_busbw_ratio" in scalars and "wrong_total" in scalars
+    assert "wrong_total" in scalars and "failed_cells" in scalars
     for key, value in scalars.items():
         assert summary[f"headline/{key}"] == value, key
+    # Every target's verdict, judged on its worst cell (this grid has none of its cells).
+    for target in headline["targets"]:
+        assert summary[f"targets/{target['figure']}/met"] is target["met"]
+        assert summary[f"targets/{target['figure']}/cells"] == target["cells"]
     # The summary also holds the last cell's metrics, as wandb does for every logged key.
     assert summary["time_s"] == float(offline_run["rows"]["time_s"].iloc[-1])
 

@@ -1,36 +1,52 @@
-"""The experiments `python -m bench experiment=NAME` can run, by name.
+"""The experiments `python -m bench experiment=NAME` can run, found by their folders.
 
-`make reports` runs them in this order: `zero_memory` before `max_model_size`, whose
-report states how well the cost model matched zero_memory's measured runs.
+Each folder `bench/experiments/<name>/` with an `experiment.py` defining `EXPERIMENT` is
+an experiment (see README.md beside this file): adding one is adding a folder, its YAML
+and its tests, with no registry to edit. Discovery imports the experiment modules only
+when asked (`experiments()`): rank processes import a folder's rank-side module alone.
 """
 
-from bench.experiments import (
-    allreduce_scaling,
-    collectives,
-    delayed_averaging,
-    gradient_compression,
-    max_model_size,
-    overlap,
-    parallelism_comparison,
-    pipeline_utilization,
-    sequence_parallel,
-    tensor_parallel,
-    zero_memory,
-)
-from bench.experiments.common import Cell, Experiment
+from __future__ import annotations
 
-EXPERIMENTS: dict[str, Experiment] = {
-    allreduce_scaling.EXPERIMENT.name: allreduce_scaling.EXPERIMENT,
-    collectives.EXPERIMENT.name: collectives.EXPERIMENT,
-    pipeline_utilization.EXPERIMENT.name: pipeline_utilization.EXPERIMENT,
-    zero_memory.EXPERIMENT.name: zero_memory.EXPERIMENT,
-    max_model_size.EXPERIMENT.name: max_model_size.EXPERIMENT,
-    tensor_parallel.EXPERIMENT.name: tensor_parallel.EXPERIMENT,
-    sequence_parallel.EXPERIMENT.name: sequence_parallel.EXPERIMENT,
-    parallelism_comparison.EXPERIMENT.name: parallelism_comparison.EXPERIMENT,
-    gradient_compression.EXPERIMENT.name: gradient_compression.EXPERIMENT,
-    overlap.EXPERIMENT.name: overlap.EXPERIMENT,
-    delayed_averaging.EXPERIMENT.name: delayed_averaging.EXPERIMENT,
-}
+import importlib
+import pkgutil
+from functools import cache
+from pathlib import Path
 
-__all__ = ["EXPERIMENTS", "Cell", "Experiment"]
+from bench.experiments.base import Cell, Experiment
+
+__all__ = ["Cell", "Experiment", "experiments"]
+
+_HERE = Path(__file__).resolve().parent
+_NOT_EXPERIMENTS = {"base", "common"}
+
+
+@cache
+def experiments() -> dict[str, Experiment]:
+    """Every experiment by name, in name order; each schema registered with Hydra."""
+    from bench.config import register
+
+    found: dict[str, Experiment] = {}
+    for info in sorted(pkgutil.iter_modules([str(_HERE)]), key=lambda i: i.name):
+        if info.name in _NOT_EXPERIMENTS or info.name.startswith("_"):
+            continue
+        if info.ispkg:
+            if not (_HERE / info.name / "experiment.py").exists():
+                continue
+            module = importlib.import_module(f"{__name__}.{info.name}.experiment")
+        else:  # a module not yet moved into a folder of its own
+            module = importlib.import_module(f"{__name__}.{info.name}")
+        experiment = module.EXPERIMENT
+        if experiment.name != info.name:
+            raise RuntimeError(f"{module.__name__} defines experiment {experiment.name!r}")
+        found[experiment.name] = experiment
+        if info.ispkg:
+            register(experiment.name, experiment.schema)
+    return found
+
+
+def __getattr__(name: str):
+    # Legacy spelling (`from bench.experiments import EXPERIMENTS`), while tests move over.
+    if name == "EXPERIMENTS":
+        return experiments()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

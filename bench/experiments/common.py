@@ -46,6 +46,22 @@ class Experiment:
     cells: Callable[[Any], list[Cell]]
     to_row: Callable[[Cell, list[dict]], dict]
     write_report: Callable[[pd.DataFrame, Any], dict]
+    summary: str = ""
+    reads: tuple[str, ...] = ()
+
+    # The runner's interface (`bench.experiments.base.Experiment`), for modules not yet
+    # moved into a folder of their own.
+    def parse(self, values: dict[str, Any]) -> Any:
+        return parse_config(self, values)
+
+    def rank_call(self, cfg: Any, cell: Cell) -> tuple[Callable[..., dict], tuple]:
+        return cell.fn, (cell.task,)
+
+    def row(self, cfg: Any, cell: Cell, per_rank: list[dict], report_dir: Any = None) -> dict:
+        return self.to_row(cell, per_rank)
+
+    def report_on(self, df: pd.DataFrame, report_dir: Any, cfg: Any) -> dict:
+        return self.write_report(df, report_dir)
 
 
 def parse_config(experiment: Experiment, values: dict[str, Any]):

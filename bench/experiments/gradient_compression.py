@@ -33,7 +33,6 @@ from bench.compression_cells import (
     CompressionCell,
     run_compression_cell,
 )
-from bench.dp_tasks import DEFAULT_BATCH, DEFAULT_LR, TASKS
 from bench.experiments.common import (
     Cell,
     Experiment,
@@ -42,6 +41,7 @@ from bench.experiments.common import (
     check_positive,
     check_training,
 )
+from bench.kit.tasks import DEFAULT_BATCH, DEFAULT_LR, TASKS
 from bench.reports import gradient_compression as report
 from bench.reports import write_text_atomic
 from impls.comm import SimulatedNetwork

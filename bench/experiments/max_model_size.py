@@ -186,4 +186,5 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     write_report=report.write_report,
+    reads=("zero_memory",),
 )

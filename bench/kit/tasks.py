@@ -1,4 +1,4 @@
-"""The data-parallel training tasks on real data (issue 6): what a cell trains and scores.
+"""Training tasks on real data (issue 6): what a data-parallel cell trains and scores.
 
 - `digits`: scikit-learn's 8×8 digits, a 64-256-256-10 MLP classifier (85k parameters);
   accuracy on the 359 held-out images.
@@ -59,10 +59,6 @@ class Task:
         return loss, (flat.argmax(-1) == targets).float().mean().item()
 
 
-def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
 def build_task(name: str, batch_size: int, seed: int) -> Task:
     """The task's model from `seed` (identical on every rank) and its data."""
     if name == "digits":
@@ -75,7 +71,7 @@ def build_task(name: str, batch_size: int, seed: int) -> Task:
         cfg = GPTConfig(vocab_size=corpus.vocab_size, **CHAR_CFG)
         held_out = Batches(corpus.test, EVAL_WINDOWS, seq_len=cfg.seq_len, seed=12345)
         x, y = held_out(0)
-        return Task(name, GPT(cfg, seed=seed), _lm_loss,
+        return Task(name, GPT(cfg, seed=seed), GPT.loss,
                     Batches(corpus.train, batch_size, seq_len=cfg.seq_len, seed=seed), x, y)  # fmt: skip
     raise ValueError(f"task={name!r} is unknown; allowed values: {', '.join(TASKS)}")
 

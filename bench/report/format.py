@@ -1,55 +1,47 @@
-"""Report writers: turn a results DataFrame into `report.md`, PNGs and `headline.json`.
-
-Each experiment has one module here with `write_report(df, report_dir) -> dict`; `index`
-gathers every `headline.json` into `reports/README.md`. Writers read results only (they
-never import `impls`), and every number they print is either taken from the DataFrame or is
-theory labelled with its source. This module holds the formatting and file helpers they
-share.
-"""
+"""Formatting and file helpers every report uses: numbers as people read them (bytes in
+KiB/MiB, seconds in µs/ms/s, ratios as 1.23×), pipe tables, JSON-safe values, the run's
+metadata as a sentence, and files written atomically."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
 __all__ = [
     "METADATA_COLUMNS",
-    "PLOT_DPI",
     "failed_cells_markdown",
     "failed_rows",
     "failures_list",
     "figure_row",
     "format_bytes",
+    "format_percent",
     "format_ratio",
     "format_seconds",
-    "log2_axis",
+    "host_cores",
+    "is_missing",
     "markdown_table",
     "metadata_summary",
-    "new_figure",
     "ok_rows",
     "run_context",
-    "save_figure",
     "to_jsonable",
     "write_headline",
     "write_text_atomic",
 ]
 
 METADATA_COLUMNS = ("git_sha", "torch_version", "backend", "device", "host", "host_cores")
-PLOT_DPI = 120
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
-def _is_missing(value: Any) -> bool:
+def is_missing(value: Any) -> bool:
     if value is None:
         return True
     try:
@@ -60,7 +52,7 @@ def _is_missing(value: Any) -> bool:
 
 def format_bytes(n_bytes: float | None) -> str:
     """`4096 -> "4 KiB"`, `1.5 * 2**20 -> "1.5 MiB"`; missing values print as "—"."""
-    if _is_missing(n_bytes):
+    if is_missing(n_bytes):
         return "—"
     value = float(n_bytes)
     unit = _BYTE_UNITS[0]
@@ -73,7 +65,7 @@ def format_bytes(n_bytes: float | None) -> str:
 
 def format_seconds(seconds: float | None) -> str:
     """Three significant digits in µs, ms or s."""
-    if _is_missing(seconds):
+    if is_missing(seconds):
         return "—"
     value = float(seconds)
     # Pick the unit after rounding to 3 digits, so 0.9996 s reads "1 s", not "1e+03 ms".
@@ -85,7 +77,12 @@ def format_seconds(seconds: float | None) -> str:
 
 
 def format_ratio(ratio: float | None) -> str:
-    return "—" if _is_missing(ratio) else f"{float(ratio):.2f}×"
+    return "—" if is_missing(ratio) else f"{float(ratio):.2f}×"
+
+
+def format_percent(fraction: float | None, digits: int = 1) -> str:
+    """`0.571 -> "57.1%"`; missing values print as "—"."""
+    return "—" if is_missing(fraction) else f"{100 * float(fraction):.{digits}f}%"
 
 
 def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -109,7 +106,7 @@ def failures_list(df: pd.DataFrame, keys: Iterable[str]) -> list[dict[str, Any]]
     for _, row in failed.iterrows():
         record = {key: to_jsonable(row[key]) for key in columns}
         error = row.get("error", "")
-        record["error"] = "" if _is_missing(error) else str(error)
+        record["error"] = "" if is_missing(error) else str(error)
         records.append(record)
     return records
 
@@ -149,6 +146,13 @@ def metadata_summary(df: pd.DataFrame) -> dict[str, str]:
     return summary
 
 
+def host_cores(df: pd.DataFrame) -> float:
+    """The host's core count the rows recorded (NaN when none did)."""
+    if "host_cores" not in df.columns or not len(df):
+        return math.nan
+    return float(pd.to_numeric(df["host_cores"], errors="coerce").max())
+
+
 def run_context(df: pd.DataFrame) -> str:
     """Where and when the run happened, plus the core-sharing caveat when it applies."""
     meta = metadata_summary(df)
@@ -157,7 +161,7 @@ def run_context(df: pd.DataFrame) -> str:
         f"{meta['torch_version']}, backend {meta['backend']}, git `{meta['git_sha']}`, run "
         f"{meta['timestamp']}."
     )
-    cores = pd.to_numeric(pd.Series([meta["host_cores"]]), errors="coerce").iloc[0]
+    cores = host_cores(df)
     largest = pd.to_numeric(df.get("world_size"), errors="coerce").max() if len(df) else 0
     if np.isfinite(cores) and largest > cores:
         text += (
@@ -196,40 +200,24 @@ def to_jsonable(value: Any) -> Any:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file, so an interrupted run never leaves half a report."""
+    """Write through a temporary file of a unique name in the same directory, then rename
+    it over `path`: an interrupted run never leaves half a report, and a link planted at
+    `path` (or at a guessable temporary name) is replaced, never written through."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the report from its readers
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def write_headline(report_dir: Path, headline: Mapping[str, Any]) -> Path:
     path = Path(report_dir) / "headline.json"
     write_text_atomic(path, json.dumps(to_jsonable(headline), indent=2, ensure_ascii=False) + "\n")
     return path
-
-
-def save_figure(fig: Any, path: Path) -> Path:
-    """Save a `matplotlib.figure.Figure` (built without pyplot, so no global state)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=PLOT_DPI, bbox_inches="tight")
-    return path
-
-
-def new_figure(
-    width: float, height: float = 4.5, rows: int = 1, cols: int = 1, **subplots: Any
-) -> tuple[Figure, np.ndarray]:
-    """A pyplot-free Figure with a flat array of whitegrid axes."""
-    with sns.axes_style("whitegrid"):
-        fig = Figure(figsize=(width, height))
-        axes = fig.subplots(rows, cols, squeeze=False, **subplots)
-    return fig, np.asarray(axes).ravel()
-
-
-def log2_axis(ax: Any, ticks: Iterable[float], as_bytes: bool = False) -> None:
-    """Log-2 x axis with ticks only at `ticks`, labelled as plain numbers or KiB/MiB."""
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(ticks))
-    label = format_bytes if as_bytes else (lambda v: f"{v:g}")
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: label(v)))
-    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))

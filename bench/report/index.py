@@ -1,64 +1,131 @@
-"""`reports/README.md`: every experiment's headline figures in one table.
+"""`reports/README.md`: every experiment's targets, figures and findings in one page.
 
-Each report writer leaves `reports/<experiment>/headline.json` with a `figures` list of
-`{figure, theory, source, measured, gap}`; this module only collects them, so the index
-can never show a number its report does not.
+Each report leaves `reports/<experiment>/headline.json` (`bench.report.skeleton`); this
+module only collects them, so the index can never show a number its report does not:
+
+- Targets: each judged on its worst cell, shown with that cell's key beside the median;
+- Figures: the lecture's or theory's value beside distbench's — measured values in one
+  column, a model's outputs (never measured) in a column of their own;
+- Findings that do not hold: what a run checked and found false;
+- Reports: each report's commit, and whether the code it depends on moved since.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
-from bench.reports import markdown_table, write_text_atomic
+from bench.report.format import markdown_table, write_text_atomic
 
 __all__ = ["write_index"]
 
-_FIELDS = ("figure", "theory", "source", "measured", "gap")
+# Given a report's name and commit: the files changed since that commit in the code it
+# depends on (None when the commit is not a clean, known one). The default knows no code.
+Staleness = Callable[[str, str | None], list[str] | None]
 
 
-def _rows(experiment: str, headline: dict) -> list[dict[str, str]]:
-    rows = []
-    for entry in headline.get("figures", []):
-        row = {"experiment": experiment}
-        row.update({field: str(entry.get(field, "—")) for field in _FIELDS})
-        row["theory"] = f"{row.pop('theory')} ({row.pop('source')})"
-        rows.append(row)
-    return rows
+def _no_staleness(_name: str, _sha: str | None) -> list[str] | None:
+    return []
 
 
-def write_index(reports_root: Path) -> Path:
+def _load(path: Path) -> dict | str:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        return f"headline.json unreadable ({error})"
+
+
+def _target_rows(name: str, headline: dict) -> list[dict[str, str]]:
+    return [
+        {
+            "experiment": name,
+            "target": t.get("figure", "—"),
+            "bound (source)": f"{t.get('bound_text', '—')} ({t.get('source', '—')})",
+            "median": t.get("median_text", "—"),
+            "worst cell": t.get("worst_text", "—"),
+            "verdict": t.get("status", "—"),
+        }
+        for t in headline.get("targets", [])
+    ]
+
+
+def _figure_rows(name: str, headline: dict) -> list[dict[str, str]]:
+    return [
+        {
+            "experiment": name,
+            "figure": str(f.get("figure", "—")),
+            "lecture / theory (source)": f"{f.get('theory', '—')} ({f.get('source', '—')})",
+            "measured": str(f.get("measured", "—")),
+            "model output (not measured)": str(f.get("model", "—")),
+            "gap": str(f.get("gap", "—")),
+        }
+        for f in headline.get("figures", [])
+    ]
+
+
+def _report_row(name: str, headline: dict, staleness: Staleness) -> dict[str, str]:
+    sha = headline.get("git_sha")
+    commits = headline.get("commits") or []
+    changed = staleness(name, sha)
+    if sha is None:
+        state = f"mixed commits ({', '.join(commits)})" if commits else "commit unknown"
+    elif changed is None:
+        state = "made from uncommitted or unknown code"
+    elif changed:
+        shown = ", ".join(f"`{c}`" for c in changed[:3]) + (" …" if len(changed) > 3 else "")
+        state = f"older than its code: {len(changed)} file(s) changed since ({shown})"
+    else:
+        state = "current"
+    failed = headline.get("failed_cells", "—")
+    return {
+        "report": f"[{name}]({name}/report.md)",
+        "commit": f"`{sha}`" if sha else "—",
+        "cells": f"{headline.get('cells', '—')} ({failed} failed)",
+        "state": state,
+    }
+
+
+def write_index(reports_root: Path, staleness: Staleness = _no_staleness) -> Path:
     """Scan `reports_root/*/headline.json`; write and return `reports_root/README.md`."""
     reports_root = Path(reports_root)
-    rows: list[dict[str, str]] = []
-    links: list[str] = []
-    unreadable: list[str] = []
+    targets, figures, findings, reports, unreadable = [], [], [], [], []
     for path in sorted(reports_root.glob("*/headline.json")):
-        experiment = path.parent.name
-        try:
-            headline = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as error:
-            unreadable.append(f"- `{experiment}`: headline.json unreadable ({error})")
+        name = path.parent.name
+        headline = _load(path)
+        if isinstance(headline, str):
+            unreadable.append(f"- `{name}`: {headline}")
             continue
-        rows.extend(_rows(experiment, headline))
-        if (path.parent / "report.md").exists():
-            links.append(f"- [{experiment}]({experiment}/report.md)")
-    table = pd.DataFrame(rows, columns=["experiment", "figure", "theory", "measured", "gap"])
-    table = table.rename(columns={"theory": "lecture / theory (source)", "measured": "measured"})
+        targets += _target_rows(name, headline)
+        figures += _figure_rows(name, headline)
+        findings += [
+            f"- **{name}**: {f.get('claim', '—')}"
+            + (f" — {f['detail']}" if f.get("detail") else "")
+            for f in headline.get("findings", [])
+            if not f.get("holds", True)
+        ]
+        reports.append(_report_row(name, headline, staleness))
     parts = [
         "# distbench reports\n",
-        "Generated by `make reports`. Each row is one headline figure: the lecture's or "
-        "theory's value with its source, distbench's value measured in that experiment's "
-        'run, and the gap between them. "—" means there is no theoretical value to compare '
-        "against.\n",
-        markdown_table(table) + "\n",
+        "Generated by `make reports`. Every number below comes from a report's own "
+        "`headline.json`: measured in that experiment's run, or a model's output in a column "
+        "of its own, beside the lecture's or theory's value and its source.\n",
+        "## Targets\n",
+        "A target is met only if its worst cell meets it: each row shows the median over the "
+        "cells it applies to and the worst cell with its key.\n",
+        markdown_table(pd.DataFrame(targets), numparse=False) + "\n",
+        "## Figures\n",
+        '"—" means there is no value of that kind for the figure.\n',
+        markdown_table(pd.DataFrame(figures), numparse=False) + "\n",
+        "## Findings that do not hold\n",
+        ("\n".join(findings) if findings else "None: every checked claim held.") + "\n",
         "## Reports\n",
-        "\n".join(links) if links else "_(none)_",
+        markdown_table(pd.DataFrame(reports), numparse=False) + "\n",
     ]
     if unreadable:
-        parts += ["\n## Skipped\n", "\n".join(unreadable)]
+        parts += ["## Skipped\n", "\n".join(unreadable) + "\n"]
     out = reports_root / "README.md"
-    write_text_atomic(out, "\n".join(parts) + "\n")
+    write_text_atomic(out, "\n".join(parts))
     return out

@@ -1,20 +1,19 @@
-"""Experiment `allreduce_scaling`: every all-reduce algorithm × world size × message size,
-with torch.distributed.all_reduce as the baseline (the lecture's comparison table)."""
+"""`allreduce_scaling`: every all-reduce algorithm × world size × message size, with
+torch.distributed.all_reduce as the baseline (the lecture's comparison table)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.collective_specs import COLLECTIVES
-from bench.experiments.common import (
-    Cell,
-    Experiment,
+from bench.config import check_choices
+from bench.experiments.allreduce_scaling import report
+from bench.experiments.base import Cell, Experiment
+from bench.kit.collectives import (
+    CollectiveCall,
     TimedGridConfig,
-    check_choices,
     collective_row,
+    measure_collective,
 )
-from bench.reports import allreduce_scaling as report
-from bench.timing import CollectiveCell, measure_collective
 from impls.collectives import ALGORITHMS
 
 __all__ = ["EXPERIMENT", "AllReduceScalingConfig"]
@@ -27,7 +26,7 @@ class AllReduceScalingConfig(TimedGridConfig):
     algorithms: list[str] = field(default_factory=lambda: list(ALLOWED))
     """All-reduce algorithms to compare; `torch` is torch.distributed.all_reduce."""
     message_bytes: list[int] = field(default_factory=lambda: [4 << 10 << 2 * i for i in range(8)])
-    """Buffer sizes S in bytes (multiples of the dtype's size)."""
+    """Buffer sizes S in bytes (multiples of the dtype's size): 4 KiB … 64 MiB."""
 
     def __post_init__(self) -> None:
         check_choices("algorithms", self.algorithms, ALLOWED)
@@ -35,35 +34,34 @@ class AllReduceScalingConfig(TimedGridConfig):
 
 
 def cells(cfg: AllReduceScalingConfig) -> list[Cell]:
+    """Every (N, algorithm, S), N ascending (the runner reuses one pool per N)."""
     return [
         Cell(
             world_size=n,
             key={"algorithm": alg, "world_size": n, "message_bytes": m, "dtype": cfg.dtype},
             fn=measure_collective,
-            task=CollectiveCell(
-                collective="all_reduce",
-                impl="torch" if alg == "torch" else "distbench",
-                algorithm=alg if alg != "torch" else "ring",
-                message_bytes=m,
-                **cfg.timing(),
+            carry=CollectiveCall(
+                "all_reduce",
+                "torch" if alg == "torch" else "distbench",
+                "ring" if alg == "torch" else alg,
             ),
         )
-        for n in cfg.world_sizes
+        for n in sorted(set(cfg.world_sizes))
         for alg in cfg.algorithms
         for m in cfg.message_bytes
     ]
 
 
-def to_row(cell: Cell, per_rank: list[dict]) -> dict:
-    factor = COLLECTIVES["all_reduce"].bus_factor(cell.world_size)
-    return collective_row(cell, per_rank, factor, traffic=cell.key["algorithm"] != "torch")
+def to_row(cfg: AllReduceScalingConfig, cell: Cell, per_rank: list[dict]) -> dict:
+    return collective_row(cell, per_rank, traffic=cell.key["algorithm"] != "torch")
 
 
 EXPERIMENT = Experiment(
     name="allreduce_scaling",
+    summary="all-reduce algorithms vs torch: rounds, traffic growth with N, busbw, α–β fit",
     schema=AllReduceScalingConfig,
-    key_columns=["algorithm", "world_size", "message_bytes", "dtype"],
+    key_columns=("algorithm", "world_size", "message_bytes", "dtype"),
     cells=cells,
     to_row=to_row,
-    write_report=report.write_report,
+    report=report.REPORT,
 )

@@ -1,28 +1,28 @@
-"""Experiment `collectives`: the nccl-tests table for every primitive, distbench's
-implementation beside torch.distributed's, with algbw, busbw and `wrong`."""
+"""`collectives`: the nccl-tests table for every primitive, distbench's implementation
+beside torch.distributed's, with algbw, busbw and `wrong`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.collective_specs import COLLECTIVES
-from bench.experiments.common import (
+from bench.config import check_choices
+from bench.experiments.base import Cell, Experiment
+from bench.experiments.collectives import report
+from bench.kit.collective_specs import COLLECTIVES
+from bench.kit.collectives import (
     DTYPE_BYTES,
-    Cell,
-    Experiment,
+    CollectiveCall,
     TimedGridConfig,
-    check_choices,
     collective_row,
+    measure_collective,
 )
-from bench.reports import collectives as report
-from bench.timing import CollectiveCell, measure_collective
 
 __all__ = ["EXPERIMENT", "CollectivesConfig"]
 
-# The report module owns the order collectives are shown in; the grid is that list less
+# The report owns the order collectives are shown in; the grid is that list less
 # all_reduce (which has its own experiment), so the two cannot drift apart.
 PRIMITIVES = [c for c in report.COLLECTIVE_ORDER if c != "all_reduce"]
-IMPLS = list(report.IMPLS)
+IMPLS = ["distbench", "torch"]
 
 
 @dataclass(kw_only=True)
@@ -30,8 +30,10 @@ class CollectivesConfig(TimedGridConfig):
     collectives: list[str] = field(default_factory=lambda: list(PRIMITIVES))
     """Which collectives to time (all_reduce is allowed too: ring vs torch)."""
     impls: list[str] = field(default_factory=lambda: list(IMPLS))
+    """distbench's implementation and/or torch.distributed's."""
     message_bytes: list[int] = field(default_factory=lambda: [64 << 10 << 2 * i for i in range(5)])
-    """Sizes S as nccl-tests defines them per collective; rounded down to N equal blocks."""
+    """Sizes S as nccl-tests defines them per collective (64 KiB … 16 MiB); rounded down to N
+    equal blocks where the collective splits S."""
 
     def __post_init__(self) -> None:
         check_choices("collectives", self.collectives, list(COLLECTIVES))
@@ -48,34 +50,30 @@ def _size(name: str, message_bytes: int, n: int, dtype: str) -> int:
 
 
 def cells(cfg: CollectivesConfig) -> list[Cell]:
+    """Every (N, collective, impl, S), N ascending (the runner reuses one pool per N)."""
     out = []
-    for n in cfg.world_sizes:
+    for n in sorted(set(cfg.world_sizes)):
         for name in cfg.collectives:
             for impl in cfg.impls:
                 for m in cfg.message_bytes:
                     size = _size(name, m, n, cfg.dtype)
                     key = {"collective": name, "impl": impl, "world_size": n}
                     key |= {"message_bytes": size, "dtype": cfg.dtype}
-                    task = CollectiveCell(
-                        collective=name,
-                        impl=impl,
-                        message_bytes=size,
-                        **cfg.timing(),
-                    )
-                    out.append(Cell(world_size=n, key=key, fn=measure_collective, task=task))
+                    call = CollectiveCall(name, impl)
+                    out.append(Cell(world_size=n, key=key, fn=measure_collective, carry=call))
     return out
 
 
-def to_row(cell: Cell, per_rank: list[dict]) -> dict:
-    factor = COLLECTIVES[cell.key["collective"]].bus_factor(cell.world_size)
-    return collective_row(cell, per_rank, factor, traffic=cell.key["impl"] == "distbench")
+def to_row(cfg: CollectivesConfig, cell: Cell, per_rank: list[dict]) -> dict:
+    return collective_row(cell, per_rank, traffic=cell.key["impl"] == "distbench")
 
 
 EXPERIMENT = Experiment(
     name="collectives",
+    summary="the nccl-tests table: every collective, distbench vs torch.distributed",
     schema=CollectivesConfig,
-    key_columns=["collective", "impl", "world_size", "message_bytes", "dtype"],
+    key_columns=("collective", "impl", "world_size", "message_bytes", "dtype"),
     cells=cells,
     to_row=to_row,
-    write_report=report.write_report,
+    report=report.REPORT,
 )

@@ -1,0 +1,71 @@
+"""What an experiment is: a typed config, a grid of cells, rank-side code, a row per
+cell, and a report. The runner (`bench.runner`) needs nothing else.
+
+A `Cell` is one measured configuration: its key (the row's identity), its world size,
+the function every rank runs (`fn(cfg, cell) -> dict`, given the typed config and the
+cell itself) and `carry`, anything the parent built once for the cell (a pipeline plan, a
+derived setting) that the ranks and `to_row` then share instead of rebuilding it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.config import parse_config
+from bench.report.skeleton import Report, write_report
+
+__all__ = ["Cell", "Experiment"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    """One grid cell: `fn(cfg, cell)` runs on `world_size` ranks; `key` identifies its row."""
+
+    world_size: int
+    key: dict[str, Any]
+    fn: Callable[[Any, Cell], dict]
+    carry: Any = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment:
+    """Everything that is one experiment's own; see `bench/experiments/README.md`."""
+
+    name: str
+    summary: str
+    """One line: what the experiment measures."""
+    schema: type
+    """The typed config (a kw_only dataclass): every key, its default and its checks."""
+    key_columns: tuple[str, ...]
+    cells: Callable[[Any], list[Cell]]
+    to_row: Callable[[Any, Cell, list[dict]], dict]
+    """(cfg, cell, every rank's result) -> the cell's row."""
+    report: Report
+    reads: tuple[str, ...] = ()
+    """Experiments whose results this one's report reads (`make reports` runs them first)."""
+    artefacts: Callable[[Any, Cell, list[dict], Path], dict] | None = None
+    """(cfg, cell, every rank's result, report_dir) -> columns naming the files it wrote
+    there for the cell (traces); kept apart from `to_row`, which only builds the row."""
+
+    def parse(self, values: Mapping[str, Any]) -> Any:
+        return parse_config(self.name, self.schema, values)
+
+    def rank_call(self, cfg: Any, cell: Cell) -> tuple[Callable[..., dict], tuple]:
+        """What every rank of `cell` runs: (function, arguments)."""
+        return cell.fn, (cfg, cell)
+
+    def row(self, cfg: Any, cell: Cell, per_rank: list[dict], report_dir: Path) -> dict:
+        row = self.to_row(cfg, cell, per_rank)
+        if self.artefacts is not None:
+            row.update(self.artefacts(cfg, cell, per_rank, Path(report_dir)))
+        return row
+
+    def report_on(self, df: pd.DataFrame, report_dir: Path, cfg: Any) -> dict:
+        settings = asdict(cfg) if cfg is not None else {}
+        return write_report(self.report, df, report_dir, experiment=self.name,
+                            key_columns=self.key_columns, settings=settings)  # fmt: skip

@@ -1,0 +1,148 @@
+"""Timed collectives, nccl-tests style, shared by `allreduce_scaling` and `collectives`.
+
+Per cell, on every rank: warm-up calls; `iters` calibrated once so a window lasts about
+`window_s` (agreed on by all ranks: the slowest rank's probe); then `repeats` windows,
+the cell's own collective alternating with torch's on the same buffers when `paired`
+(`bench.kit.timing.alternate`). A window's time is the slowest rank's, per call; the
+reported time is the median window. Timed calls run on zeroed buffers (sums stay finite
+however many calls); then one more call on the known-answer pattern is checked (`wrong`
+counts the elements that differ) and its traffic read from the counters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from bench.config import check_choices, check_positive
+from bench.kit.collective_specs import COLLECTIVES
+from bench.kit.timing import alternate, calibrate_iters
+from impls.comm import Communicator
+
+__all__ = [
+    "DTYPE_BYTES",
+    "CollectiveCall",
+    "TimedGridConfig",
+    "collective_row",
+    "measure_collective",
+]
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """What a cell calls: the collective, whose implementation, and (all-reduce) how."""
+
+    collective: str
+    impl: str  # "distbench" or "torch"
+    algorithm: str = "ring"
+
+
+@dataclass(kw_only=True)
+class TimedGridConfig:
+    """Keys shared by every grid of timed collectives (subclasses add `message_bytes`)."""
+
+    world_sizes: list[int] = field(default_factory=lambda: [2, 4, 8])
+    """Numbers of ranks (N)."""
+    dtype: str = "float32"
+    repeats: int = 5
+    """Timed windows per cell; the median is reported."""
+    warmup: int = 2
+    window_s: float = 0.1
+    """Target length of one timed window; sets the calls per window."""
+    max_iters: int = 200
+    """At most this many calls per window."""
+    paired: bool = True
+    """Also time torch's collective on the same buffers, in windows alternating with ours,
+    so the speed ratio is measured side by side (drift hits both alike)."""
+    timeout_s: float = 300.0
+    """A cell whose ranks have not all finished by then is recorded as failed."""
+
+    def __post_init__(self) -> None:
+        check_positive("world_sizes", self.world_sizes)
+        check_choices("dtype", [self.dtype], list(DTYPE_BYTES))
+        check_positive("message_bytes", self.message_bytes)
+        size = DTYPE_BYTES[self.dtype]
+        bad = [m for m in self.message_bytes if m % size]
+        if bad:
+            raise ValueError(
+                f"message_bytes={bad} is not a multiple of the {self.dtype} element size "
+                f"({size} bytes)"
+            )
+        check_positive("repeats", [self.repeats])
+        check_positive("warmup", [self.warmup], minimum=0)
+        check_positive("max_iters", [self.max_iters])
+        for key in ("window_s", "timeout_s"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{key}={value} must be a finite number > 0")
+
+
+def measure_collective(cfg: TimedGridConfig, cell: Any) -> dict[str, Any]:
+    """One rank of a cell (all ranks of the default group call it together)."""
+    call: CollectiveCall = cell.carry
+    comm = Communicator()
+    spec = COLLECTIVES[call.collective]
+    dtype = getattr(torch, cfg.dtype)
+    bufs = spec.build(comm, cell.key["message_bytes"] // dtype.itemsize, dtype, call.algorithm)
+    own = bufs.run_distbench if call.impl == "distbench" else bufs.run_torch
+    sides = {"time_s": own}
+    if cfg.paired and call.impl == "distbench":
+        sides["torch_time_s"] = bufs.run_torch
+    bufs.fill(False)
+    iters = {}
+    for name, step in sides.items():
+        for _ in range(cfg.warmup):
+            step()
+        iters[name] = calibrate_iters(step, cfg.window_s, cfg.max_iters, comm.group)
+    timed = alternate(sides, warmup=0, repeats=cfg.repeats, group=comm.group, iters=iters)
+    bufs.fill(True)
+    comm.reset_counters()
+    own()
+    wrong = 0
+    if bufs.expected is not None:
+        wrong = int((bufs.result().cpu() != bufs.expected).sum().item())
+    return {
+        **{name: t.median for name, t in timed.items()},
+        "iters": iters["time_s"],
+        "wrong": wrong,
+        **comm.counters.as_dict(),
+    }
+
+
+def collective_row(cell: Any, per_rank: list[dict], traffic: bool) -> dict[str, Any]:
+    """The tidy row of a timed collective: nccl-tests' columns plus traffic counters."""
+    first = per_rank[0]
+    size = cell.key["message_bytes"]
+    factor = COLLECTIVES[cell.carry.collective].bus_factor(cell.world_size)
+    algbw = size / first["time_s"] / 1e9 if first["time_s"] > 0 else math.nan
+    torch_s = first.get("torch_time_s", math.nan)
+    row = {
+        **cell.key,
+        "time_s": first["time_s"],
+        "iters": first["iters"],
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * factor,
+        "bus_factor": factor,
+        "wrong": sum(r["wrong"] for r in per_rank),
+        # Side by side with torch's collective (alternating windows, same buffers): the
+        # busbw ratio equals the inverse time ratio, since both move the same S.
+        "torch_time_s": torch_s,
+        "busbw_vs_torch": torch_s / first["time_s"] if first["time_s"] > 0 else math.nan,
+    }
+    counted = traffic and any(r["messages_sent"] or r["messages_recv"] for r in per_rank)
+    no_traffic = cell.world_size == 1 or size == 0
+    for column, value in {
+        "rounds": max(r["rounds"] for r in per_rank),
+        "max_rank_bytes_sent": max(r["bytes_sent"] for r in per_rank),
+        "max_rank_bytes_recv": max(r["bytes_recv"] for r in per_rank),
+        "total_bytes_sent": sum(r["bytes_sent"] for r in per_rank),
+        "messages": max(r["messages_sent"] for r in per_rank),
+    }.items():
+        # torch's own collectives are opaque to our counters: NaN, never a made-up zero.
+        row[column] = value if counted or (traffic and no_traffic) else math.nan
+    return row

@@ -1,0 +1,49 @@
+"""The models and batches experiments train, built the same way on every rank.
+
+Every rank builds the GPT from one seed and draws the batch from one generator, so ranks
+start identical without a broadcast and a single-process reference can rebuild both.
+The loss is the model's own (`GPT.loss`: mean next-token cross-entropy); the training
+tasks on real data are in `bench.kit.tasks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from impls.data_parallel import shard_batch
+from impls.models import GPT, GPTConfig
+
+__all__ = ["gpt", "lm_loss", "rank_shard", "seeded_batch", "seeded_gpt_and_batch"]
+
+lm_loss = GPT.loss
+
+
+def gpt(model: Mapping[str, Any], seed: int) -> GPT:
+    """The GPT a grid's `model` key describes (`GPTConfig` keywords), weights from `seed`."""
+    return GPT(GPTConfig(**model), seed=seed)
+
+
+def seeded_batch(cfg: GPTConfig, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) token ids of shape (batch_size, seq_len), the same on every rank."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    shape = (batch_size, cfg.seq_len)
+    inputs = torch.randint(0, cfg.vocab_size, shape, generator=generator)
+    targets = torch.randint(0, cfg.vocab_size, shape, generator=generator)
+    return inputs, targets
+
+
+def seeded_gpt_and_batch(
+    model: Mapping[str, Any], batch_size: int, seed: int
+) -> tuple[GPT, torch.Tensor, torch.Tensor]:
+    """The seeded GPT and its seeded whole batch."""
+    net = gpt(model, seed)
+    return net, *seeded_batch(net.cfg, batch_size, seed)
+
+
+def rank_shard(batch: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """This rank's contiguous 1/N of `batch` (N the group's size)."""
+    return shard_batch(batch, dist.get_rank(group), dist.get_world_size(group))
