@@ -17,9 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
 from impls.models import GPTConfig
 
 __all__ = [
@@ -44,6 +41,9 @@ def register(name: str, schema: type) -> None:
 def parse_config(name: str, schema: type, values: Mapping[str, Any]) -> Any:
     """The schema object for `values`, refusing unknown keys and values of the wrong type;
     the schema's own checks (`__post_init__`) run as it is built."""
+    from omegaconf import OmegaConf  # the parent's job: rank processes never parse
+    from omegaconf.errors import OmegaConfBaseException
+
     allowed = [f.name for f in fields(schema)]
     unknown = sorted(set(values) - set(allowed))
     if unknown:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # rank processes unpickle `Cell` from here: keep pandas and plots out
+    import pandas as pd
 
-from bench.config import parse_config
-from bench.report.skeleton import Report, write_report
+    from bench.report.skeleton import Report
 
 __all__ = ["Cell", "Experiment"]
 
@@ -53,6 +53,8 @@ class Experiment:
     there for the cell (traces); kept apart from `to_row`, which only builds the row."""
 
     def parse(self, values: Mapping[str, Any]) -> Any:
+        from bench.config import parse_config
+
         return parse_config(self.name, self.schema, values)
 
     def rank_call(self, cfg: Any, cell: Cell) -> tuple[Callable[..., dict], tuple]:
@@ -66,6 +68,8 @@ class Experiment:
         return row
 
     def report_on(self, df: pd.DataFrame, report_dir: Path, cfg: Any) -> dict:
+        from bench.report.skeleton import write_report
+
         settings = asdict(cfg) if cfg is not None else {}
         return write_report(self.report, df, report_dir, experiment=self.name,
                             key_columns=self.key_columns, settings=settings)  # fmt: skip

@@ -1,0 +1,55 @@
+"""What a rank process imports to run a cell: torch, `impls` and the kit, never pandas,
+plotting or Hydra.
+
+Every rank of a pool unpickles each cell it runs (the cell's function, its typed config,
+its carry), which imports the modules they are defined in. A failure here means a rank
+drags in a report's plotting stack or the config machinery: seconds per rank on a shared
+host, paid by every rank of every pool, and enough to push a short cell past its timeout.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from bench.experiments import experiments
+from bench.provenance import REPO_ROOT
+
+HEAVY = ("pandas", "matplotlib", "seaborn", "hydra", "omegaconf", "wandb")
+RUN_KEYS = ("report_dir", "resume", "cluster", "wandb", "profile")
+FOLDERS = [n for n in sorted(experiments()) if (REPO_ROOT / "bench/experiments" / n).is_dir()]
+
+
+def ci_cells(name: str) -> tuple[object, list]:
+    """The typed config and the cells of `name`'s CI grid, composed as the CLI does."""
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "experiments"), version_base=None):
+        cfg = compose("config", overrides=[f"experiment={name}", "profile=ci"])
+    from omegaconf import OmegaConf
+
+    values = OmegaConf.to_container(cfg, resolve=True)
+    for key in RUN_KEYS:
+        values.pop(key, None)
+    experiment = experiments()[name]
+    typed = experiment.parse(values)
+    return typed, experiment.cells(typed)
+
+
+@pytest.mark.parametrize("name", FOLDERS)
+def test_a_rank_unpickles_a_cell_without_heavy_imports(name, tmp_path: Path):
+    cfg, cells = ci_cells(name)
+    assert cells, f"{name}'s CI grid has no cell"
+    path = tmp_path / "call.pkl"
+    path.write_bytes(pickle.dumps(experiments()[name].rank_call(cfg, cells[0])))
+    probe = (
+        "import pickle, sys; pickle.loads(open(sys.argv[1], 'rb').read()); "
+        f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(path)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "", f"a rank of {name} imports {done.stdout.strip()}"
