@@ -3,34 +3,16 @@ torch.distributed.all_reduce as the baseline (the lecture's comparison table).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from bench.config import check_choices
 from bench.experiments.allreduce_scaling import report
+from bench.experiments.allreduce_scaling.config import AllReduceScalingConfig
 from bench.experiments.base import Cell, Experiment
 from bench.kit.collectives import (
     CollectiveCall,
-    TimedGridConfig,
     collective_row,
     measure_collective,
 )
-from impls.collectives import ALGORITHMS
 
 __all__ = ["EXPERIMENT", "AllReduceScalingConfig"]
-
-ALLOWED = [*ALGORITHMS, "torch"]
-
-
-@dataclass(kw_only=True)
-class AllReduceScalingConfig(TimedGridConfig):
-    algorithms: list[str] = field(default_factory=lambda: list(ALLOWED))
-    """All-reduce algorithms to compare; `torch` is torch.distributed.all_reduce."""
-    message_bytes: list[int] = field(default_factory=lambda: [4 << 10 << 2 * i for i in range(8)])
-    """Buffer sizes S in bytes (multiples of the dtype's size): 4 KiB … 64 MiB."""
-
-    def __post_init__(self) -> None:
-        check_choices("algorithms", self.algorithms, ALLOWED)
-        super().__post_init__()
 
 
 def cells(cfg: AllReduceScalingConfig) -> list[Cell]:

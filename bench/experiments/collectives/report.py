@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from bench.experiments.collectives.config import PRIMITIVES
 from bench.report import (
     Context,
     Report,
@@ -26,16 +27,7 @@ from bench.report import (
 
 __all__ = ["BUS_FACTORS", "COLLECTIVE_ORDER", "REPORT"]
 
-COLLECTIVE_ORDER = (
-    "broadcast",
-    "reduce",
-    "scatter",
-    "gather",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "all_reduce",
-)
+COLLECTIVE_ORDER = (*PRIMITIVES, "all_reduce")
 # collective -> (factor, why), after nccl-tests doc/PERFORMANCE.md; n ranks, S bytes.
 BUS_FACTORS: dict[str, tuple[str, str]] = {
     "broadcast": (
