@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from impls.models import GPTConfig
+if TYPE_CHECKING:
+    from impls.models import GPTConfig
 
 __all__ = [
     "check_batch_split",
@@ -105,6 +106,8 @@ def check_batch_split(batch_size: int, world_size: int) -> None:
 
 def check_gpt_model(model: Mapping[str, Any], **extra: Any) -> GPTConfig:
     """The `GPTConfig` a grid's `model` key describes, or a ValueError naming the key."""
+    from impls.models import GPTConfig
+
     try:
         return GPTConfig(**model, **extra)
     except (TypeError, ValueError) as error:

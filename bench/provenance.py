@@ -72,10 +72,16 @@ def experiment_paths(name: str, others: Iterable[str]) -> list[str]:
     return [*SOURCE_PATHS, *excluded]
 
 
-def changed_since(sha: str | None, paths: Sequence[str], repo: Path = REPO_ROOT) -> list[str] | None:
+def changed_since(
+    sha: str | None, paths: Sequence[str], repo: Path = REPO_ROOT
+) -> list[str] | None:
     """Files under `paths` that changed between commit `sha` and HEAD; None when `sha` is
     not a clean commit this repository knows (unknown, ``+dirty``, or not fetched)."""
-    if not sha or sha.endswith("+dirty") or _git("cat-file", "-e", f"{sha}^{{commit}}", repo=repo) is None:
+    if (
+        not sha
+        or sha.endswith("+dirty")
+        or _git("cat-file", "-e", f"{sha}^{{commit}}", repo=repo) is None
+    ):
         return None
     names = _git("diff", "--name-only", sha, "HEAD", "--", *paths, repo=repo)
     return None if names is None else [n for n in names.splitlines() if n]

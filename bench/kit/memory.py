@@ -60,10 +60,11 @@ def ledger_over_pass(
     ledger = MemoryLedger()
     for p in params:
         ledger.track("params", local(p))
-    hooks = [
-        p.register_post_accumulate_grad_hook(lambda q: ledger.track("grads", local(q.grad)))
-        for p in params
-    ]
+
+    def count_grad(param: torch.Tensor) -> None:  # a grad hook must return None
+        ledger.track("grads", local(param.grad))
+
+    hooks = [p.register_post_accumulate_grad_hook(count_grad) for p in params]
     try:
         ledger.reset_peak()
         with ledger.saved_activations(exclude=[local(p) for p in params]):

@@ -62,6 +62,9 @@ class Report:
     """Derives columns (e.g. a ratio a target reads) before targets and sections."""
     correctness: str = ""
     """What `wrong` counts in this experiment (prose shown under Correctness)."""
+    persist: Sequence[str] = ()
+    """Columns `prepare` derives from several rows (a baseline from another cell) that
+    results.csv keeps too: rows are stored one cell at a time, before those exist."""
 
 
 @dataclass(kw_only=True)
@@ -242,6 +245,7 @@ def write_report(
     report_dir.mkdir(parents=True, exist_ok=True)
     if report.prepare is not None:
         df = report.prepare(df.copy())
+        _persist(report.persist, df, report_dir / "results.csv", key_columns)
     ctx = Context(df=df, ok=ok_rows(df), report_dir=report_dir, key_columns=list(key_columns),
                   settings=dict(settings or {}))  # fmt: skip
     verdicts = [target.judge(ctx.ok, ctx.key_columns) for target in report.targets]
@@ -255,6 +259,25 @@ def write_report(
         report_dir / "headline.json", json.dumps(headline, indent=2, ensure_ascii=False) + "\n"
     )
     return headline
+
+
+def _persist(columns: Sequence[str], df: pd.DataFrame, path: Path, keys: Sequence[str]) -> None:
+    """Write `columns` of `df` into results.csv beside it, when it holds the same cells in
+    the same order (the runner hands the report what it just read from there)."""
+    if not columns or not path.exists():
+        return
+    stored = pd.read_csv(path, dtype=str, keep_default_na=False)
+    same = len(stored) == len(df) and all(
+        k in stored.columns and list(stored[k]) == [canonical(v) if v == v else "" for v in df[k]]
+        for k in keys
+    )
+    if not same:
+        return
+    for column in columns:
+        if column in df.columns:
+            stored[column] = [("" if v != v else repr(float(v)) if isinstance(v, float) else str(v))
+                              for v in df[column]]  # fmt: skip
+    write_text_atomic(path, stored.to_csv(index=False))
 
 
 def _headline(ctx: Context, experiment: str, report: Report, verdicts, failures) -> dict:

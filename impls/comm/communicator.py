@@ -84,7 +84,7 @@ class Communicator:
         # unit in which papers count communication (Megatron: two all-reduces per layer).
         self.calls: Counter[str] = Counter()
         # What `round()` builds: a profiler may substitute a `Round` subclass that clocks
-        # each round on this communicator alone (`bench.hybrid_cells` does).
+        # each round on this communicator alone (as parallelism_comparison's ranks do).
         self.round_type: Callable[[Communicator], Round] = Round
         self._workspace: dict[tuple[torch.dtype, int], torch.Tensor] = {}  # on self.device
 

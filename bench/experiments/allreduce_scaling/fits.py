@@ -239,8 +239,10 @@ def _alpha_beta_rows(df: pd.DataFrame) -> pd.DataFrame:
     if "status" in rows:
         rows = rows[rows["status"] == "ok"]
     peak = np.fmax(rows["max_rank_bytes_sent"], rows.get("max_rank_bytes_recv", np.nan))
-    rows = rows.assign(peak_bytes=peak.astype(float))
-    return rows.dropna(subset=["time_s", "rounds", "peak_bytes"])
+    rows = rows.assign(peak_bytes=peak.astype(float)).dropna(
+        subset=["time_s", "rounds", "peak_bytes"]
+    )
+    return rows[rows["time_s"] > 0]  # a time of zero was not measured (and has no weight)
 
 
 def _fit_rows(rows: pd.DataFrame, scope: str) -> AlphaBetaFit:

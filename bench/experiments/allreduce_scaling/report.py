@@ -250,7 +250,7 @@ def plots(ctx: Context) -> str | None:
 
     busbw against N at the largest message, the counted traffic against N (log–log), and
     time per call against message size, one panel per N."""
-    ok = ctx.ok.dropna(subset=["busbw_gbps", "time_s"])
+    ok = ctx.ok[(ctx.ok["busbw_gbps"] > 0) & (ctx.ok["time_s"] > 0)]  # log axes: measured only
     if ok.empty:
         return None
     palette = _palette(_algorithms(ok))
