@@ -3,7 +3,7 @@
 A failure here means a pipeline grid that cannot work would start ranks (or fail minutes
 in) instead of being refused naming the key; a grid that silently runs a combination a
 schedule cannot take, or drops one it can; a results row whose utilization is not what
-its records say; or the command line no longer producing results, traces and a report.
+its records say, or whose gradients are not checked against one process's; or the command line no longer producing results, traces and a report.
 """
 
 from __future__ import annotations
@@ -18,13 +18,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.experiments import EXPERIMENTS
-from bench.experiments.common import parse_config
-from bench.experiments.pipeline_utilization import (
+from bench.experiments import experiments
+from bench.experiments.pipeline_utilization.experiment import (
     EXPERIMENT,
     PipelineUtilizationConfig,
     cells,
-    grid,
     to_row,
 )
 from impls.pipeline import build_plan
@@ -35,16 +33,21 @@ TINY = {"d_model": 32, "n_layers": 4, "n_heads": 2, "seq_len": 8, "vocab_size": 
 
 
 def test_registered_under_its_name():
-    assert EXPERIMENTS["pipeline_utilization"] is EXPERIMENT
+    assert experiments()["pipeline_utilization"] is EXPERIMENT
 
 
 def test_default_grid_leaves_out_what_a_schedule_cannot_take():
     cfg = PipelineUtilizationConfig()
-    cells_ = grid(cfg)
     by_schedule: dict[str, set] = {}
-    for schedule, p, m, v in cells_:
+    for cell in cells(cfg):
+        schedule, p, m, v = cell.key.values()
         by_schedule.setdefault(schedule, set()).add((p, m))
         assert v == (cfg.virtual_stages if "interleaved" in schedule else 1)
+        # The plan is built once, here, and carried to the ranks and the row.
+        if schedule.startswith("torch_"):
+            assert cell.carry.plan is None and cell.carry.torch_schedule
+        else:
+            assert cell.carry.plan == build_plan(schedule, p, m, v)
     ms = cfg.microbatches
     assert by_schedule["naive"] == {(p, 1) for p in cfg.stages}
     for name in ("interleaved_1f1b", "torch_interleaved_1f1b"):
@@ -68,16 +71,21 @@ def test_only_the_chosen_micro_batch_counts_are_traced(tmp_path):
         schedules=["gpipe", "torch_gpipe"], stages=[2], microbatches=[1, 2, 4],
         trace_microbatches=[4], trace_dir=str(tmp_path),
     )  # fmt: skip
-    traced = {(c.key["schedule"], c.key["microbatches"]) for c in cells(cfg) if c.task.trace_path}
+    traced = {(c.key["schedule"], c.key["microbatches"]) for c in cells(cfg) if c.carry.trace}
     assert traced == {("gpipe", 4)}  # torch's schedule records no per-action timeline
 
 
 def test_only_schedules_torch_has_are_paired_with_it():
     cfg = PipelineUtilizationConfig(stages=[4], microbatches=[1, 4])
-    paired = {(c.key["schedule"], c.key["microbatches"]) for c in cells(cfg) if c.task.paired}
+    paired = {
+        (c.key["schedule"], c.key["microbatches"])
+        for c in cells(cfg)
+        if c.carry.plan is not None and c.carry.torch_schedule
+    }
     # torch's Schedule1F1B needs M ≥ P; naive and ZB-H1 have no torch twin here.
     assert paired == {("gpipe", 1), ("gpipe", 4), ("1f1b", 4), ("interleaved_1f1b", 4)}
-    assert not any(c.task.paired for c in cells(PipelineUtilizationConfig(paired=False)))
+    unpaired = cells(PipelineUtilizationConfig(paired=False))
+    assert not any(c.carry.plan is not None and c.carry.torch_schedule for c in unpaired)
 
 
 # (overrides, text the error must contain): each on an otherwise valid config.
@@ -110,14 +118,14 @@ REFUSALS = [
 @pytest.mark.parametrize("overrides, needles", REFUSALS, ids=[str(o) for o, _ in REFUSALS])
 def test_config_that_cannot_work_is_refused_naming_the_key(overrides, needles):
     with pytest.raises(ValueError) as refused:
-        parse_config(EXPERIMENT, overrides)
+        EXPERIMENT.parse(overrides)
     for needle in needles:
         assert needle in str(refused.value), (needle, str(refused.value))
 
 
 def test_unknown_key_is_refused():
     with pytest.raises(ValueError, match="unknown key.*steps.*allowed keys"):
-        parse_config(EXPERIMENT, {"steps": 3})
+        EXPERIMENT.parse({"steps": 3})
 
 
 def _records(plan, rank: int, cost: dict[str, float]) -> list[ActionRecord]:
@@ -130,13 +138,12 @@ def _records(plan, rank: int, cost: dict[str, float]) -> list[ActionRecord]:
     return out
 
 
-def test_row_replays_the_records_it_is_given(tmp_path):
-    """GPipe P=2, M=2 with F = 1, B = 2 (the isolated profiling steps) and free transfers
-    replays to M/(M+P−1) = 2/3; the in-step records (rank 1 slowed down by a neighbour)
-    only feed `util_replayed_raw`."""
+def _gpipe_2x2(tmp_path: Path, **overrides) -> tuple:
+    """A traced, paired GPipe P=2, M=2 cell and its ranks' results: F = 1, B = 2 in the
+    isolated profiling steps, rank 1's B slowed to 4 by a neighbour inside the timed ones."""
     cfg = PipelineUtilizationConfig(
         schedules=["gpipe"], stages=[2], microbatches=[2], repeats=2, batch_size=4,
-        trace_microbatches=[2], trace_dir=str(tmp_path), **TINY,
+        trace_microbatches=[2], **TINY, **overrides,
     )  # fmt: skip
     (cell,) = cells(cfg)
     plan = build_plan("gpipe", 2, 2)
@@ -151,24 +158,57 @@ def test_row_replays_the_records_it_is_given(tmp_path):
             "peak_activation_bytes": 1000 * (r + 1),
             "max_inflight": 2,
             "transfer_s": 0.0,
+            "reference_loss": 2.5,
+            "grad_error": 1e-7,
         }
         for r in range(2)
     ]
-    row = to_row(cell, per_rank)
+    return cfg, cell, per_rank
+
+
+def test_row_replays_the_records_it_is_given(tmp_path):
+    """GPipe P=2, M=2 with F = 1, B = 2 (the isolated profiling steps) and free transfers
+    replays to M/(M+P−1) = 2/3; the in-step records (rank 1 slowed down by a neighbour)
+    only feed `util_replayed_raw`. The row writes no file; `artefacts` writes the trace and
+    spans (by default under the report_dir the runner passes)."""
+    cfg, cell, per_rank = _gpipe_2x2(tmp_path)
+    assert to_row(cfg, cell, per_rank)["trace_file"] == ""
+    assert not any(tmp_path.iterdir()), "to_row must not write files"
+    row = EXPERIMENT.row(cfg, cell, per_rank, tmp_path)
     assert row["util_replayed"] == pytest.approx(2 / 3)
     assert row["util_replayed_raw"] == pytest.approx(16 / 26)  # busy 6 + 10 over 2 × 13
     assert row["util_theory"] == pytest.approx(2 / 3)
     assert row["bubble_fraction"] == pytest.approx(1 / 3)
     assert row["step_time_s"] == pytest.approx(0.6)
-    assert cell.task.paired  # torch has GPipe: its twin is timed inside this cell
+    assert cell.carry.torch_schedule == "ScheduleGPipe"  # torch's twin is timed in this cell
     assert row["step_time_vs_torch"] == pytest.approx(0.6 / 0.5)
     assert row["loss"] == 2.5
     assert row["peak_activation_bytes"] == 2000
     assert row["max_inflight_microbatches"] == row["max_inflight_plan"] == 2
+    assert (row["wrong"], row["grad_error"], row["reference_loss"]) == (0, 1e-7, 2.5)
+    assert row["trace_file"] == "traces/gpipe_p2_m2.json"
     spans = pd.read_csv(tmp_path / row["spans_file"])
     assert set(spans["timeline"]) == {"replayed", "wall"}
     assert len(spans[spans["timeline"] == "replayed"]) == 2 * 2 * 2  # ranks × M × (F, B)
     assert (tmp_path / row["trace_file"]).stat().st_size > 0
+
+
+def test_trace_dir_overrides_the_report_dir(tmp_path):
+    cfg, cell, per_rank = _gpipe_2x2(tmp_path, trace_dir=str(tmp_path / "elsewhere"))
+    row = EXPERIMENT.row(cfg, cell, per_rank, tmp_path / "report")
+    assert (tmp_path / "elsewhere" / row["spans_file"]).exists()
+    assert not (tmp_path / "report").exists()
+
+
+def test_a_gradient_or_loss_off_the_reference_is_wrong(tmp_path):
+    cfg, cell, per_rank = _gpipe_2x2(tmp_path)
+    per_rank[0]["grad_error"] = 0.01  # e.g. a micro-batch's gradient counted twice
+    per_rank[1]["grad_error"] = math.nan
+    assert to_row(cfg, cell, per_rank)["wrong"] == 2
+    assert math.isnan(to_row(cfg, cell, per_rank)["grad_error"])
+    cfg, cell, per_rank = _gpipe_2x2(tmp_path)
+    per_rank[1]["loss"] = 2.51
+    assert to_row(cfg, cell, per_rank)["wrong"] == 1
 
 
 def test_torch_row_leaves_what_it_cannot_observe_empty():
@@ -176,11 +216,17 @@ def test_torch_row_leaves_what_it_cannot_observe_empty():
         schedules=["torch_gpipe"], stages=[2], microbatches=[2], batch_size=4, **TINY
     )
     (cell,) = cells(cfg)
-    per_rank = [{"rank": r, "step_times_s": [0.3], "loss": 2.0 if r else None} for r in (0, 1)]
-    row = to_row(cell, per_rank)
+    per_rank = [
+        {"rank": r, "step_times_s": [0.3], "loss": 2.0 if r else None, "reference_loss": 2.0,
+         "grad_error": 0.0}
+        for r in (0, 1)
+    ]  # fmt: skip
+    row = to_row(cfg, cell, per_rank)
     assert row["impl"] == "torch" and row["step_time_s"] == 0.3 and row["loss"] == 2.0
+    assert row["wrong"] == 0
     for column in ("util_wall", "util_replayed", "util_theory", "peak_activation_bytes"):
         assert math.isnan(row[column]), column
+    assert EXPERIMENT.artefacts(cfg, cell, per_rank, Path("/nonexistent")) == {}
 
 
 def _run_bench(tmp: Path, overrides: list[str], timeout: float) -> tuple[int | None, str]:
@@ -241,8 +287,10 @@ def test_small_run_end_to_end(tmp_path):
     assert len(df) == 1 + 2 + 2 + 2 + 1  # naive M=1 only; torch_1f1b needs M ≥ P
     required = "schedule stages microbatches virtual_stages util_wall util_replayed util_theory "
     required += "bubble_fraction step_time_s peak_activation_bytes max_inflight_microbatches loss "
-    required += "git_sha torch_version backend world_size timestamp"
+    required += "git_sha torch_version backend world_size timestamp wrong grad_error"
     assert set(required.split()) <= set(df.columns)
+    # Every cell's loss and gradients equal one process's on the whole batch.
+    assert (df["wrong"] == 0).all() and (df["grad_error"] < 1e-4).all(), df["grad_error"]
     assert df["loss"].max() - df["loss"].min() < 1e-5 * df["loss"].abs().max()
     ours = df[df["impl"] == "distbench"]
     assert ours["util_replayed"].between(0, 1).all() and ours["util_wall"].between(0, 1).all()
@@ -258,7 +306,7 @@ def test_a_compute_action_costs_the_fastest_of_its_stage_and_kind():
     # A disturbance only adds time: two profiling steps, one action slowed by a neighbour.
     from types import SimpleNamespace
 
-    from bench.experiments.pipeline_utilization import _action_costs
+    from bench.experiments.pipeline_utilization.timeline import action_costs
     from impls.pipeline import Action
 
     def rec(action: str, cpu_s: float) -> SimpleNamespace:
@@ -268,5 +316,5 @@ def test_a_compute_action_costs_the_fastest_of_its_stage_and_kind():
         {0: [rec("0F0", 2.0), rec("0F1", 9.0), rec("0SEND_F0", 5.0)], 1: [rec("1B0", 3.0)]},
         {0: [rec("0F0", 2.5), rec("0F1", 2.1)], 1: [rec("1B0", 3.5)]},
     ]
-    costs = _action_costs(steps)
+    costs = action_costs(steps)
     assert costs == {Action(0, "F", 0): 2.0, Action(0, "F", 1): 2.0, Action(1, "B", 0): 3.0}

@@ -1,32 +1,27 @@
 """The pipeline_utilization report's figures: utilization and memory panels per P, and the
-Gantt charts of measured steps. Kept apart from the report's text (`pipeline_utilization`)."""
+Gantt charts of measured steps. Each function returns a Figure; the sections save it
+(`ctx.plot`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pandas as pd
 import seaborn as sns
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from bench.reports import log2_axis, new_figure, save_figure
+from bench.report import format_percent, log2_axis, new_figure
 
-__all__ = ["draw_memory", "draw_utilization", "gantt_panel", "panels", "plot_gantt"]
+__all__ = ["gantt", "memory", "utilization"]
 
 KIND_COLOURS = {"F": "#4C72B0", "B": "#55A868", "I": "#DD8452", "W": "#8172B3"}
 MARKERS = {"naive": "D", "gpipe": "o", "1f1b": "s", "interleaved_1f1b": "^", "zero_bubble_h1": "v"}
 
 
-def panels(
-    rows: pd.DataFrame,
-    path: Path,
-    draw: Callable[..., None],
-    title: str,
-    schedules: list[str],
-    **shared: Any,
-) -> None:
+def _panels(rows: pd.DataFrame, draw: Callable[..., None], title: str, schedules: list[str],
+            **shared: Any) -> Figure:  # fmt: skip
     """One row of two panels per P; `draw(left, right, p, group, styles)` fills a row.
 
     Each schedule keeps its colour and marker in every panel, so overlapping lines stay
@@ -39,20 +34,38 @@ def panels(
         group = rows[rows["stages"] == p].sort_values("microbatches")
         left, right = axes[2 * i], axes[2 * i + 1]
         draw(left, right, p, group, styles)
+        ticks = sorted(int(m) for m in group["microbatches"].unique())
         for ax in (left, right):
-            log2_axis(ax, sorted(int(m) for m in group["microbatches"].unique()))
-            ax.set_xlabel("micro-batches M")
+            log2_axis(ax, ticks)
+            # Limits from the grid, not the data: a panel with no finite value still draws.
+            ax.set(xlabel="micro-batches M", xlim=(ticks[0] / 1.3, ticks[-1] * 1.3))
     fig.suptitle(title)
     fig.subplots_adjust(hspace=0.35)
-    save_figure(fig, path)
+    return fig
 
 
-def draw_utilization(replayed_ax: Any, wall_ax: Any, p: int, group: pd.DataFrame,
-                      styles: dict) -> None:  # fmt: skip
+def utilization(rows: pd.DataFrame, schedules: list[str]) -> Figure:
+    return _panels(rows, _draw_utilization,
+                   "Pipeline utilization vs micro-batches (measured; bounds from the papers)",
+                   schedules, sharey=True)  # fmt: skip
+
+
+def memory(rows: pd.DataFrame, schedules: list[str]) -> Figure:
+    return _panels(rows, _draw_memory, "Activation memory per rank by schedule (measured)",
+                   schedules)  # fmt: skip
+
+
+def _lines(group: pd.DataFrame, styles: dict) -> Iterator[tuple[str, Any, str, pd.DataFrame]]:
+    """(schedule, colour, marker, its rows) for each schedule of `styles` in `group`."""
     for schedule, (colour, marker) in styles.items():
         line = group[group["schedule"] == schedule]
-        if line.empty:
-            continue
+        if not line.empty:
+            yield schedule, colour, marker, line
+
+
+def _draw_utilization(replayed_ax: Any, wall_ax: Any, p: int, group: pd.DataFrame,
+                      styles: dict) -> None:  # fmt: skip
+    for schedule, colour, marker, line in _lines(group, styles):
         replayed_ax.plot(line["microbatches"], line["util_replayed"], marker=marker, ls="-",
                          color=colour, label=f"{schedule} (replayed)")  # fmt: skip
         theory = line.dropna(subset=["util_theory"])
@@ -66,12 +79,9 @@ def draw_utilization(replayed_ax: Any, wall_ax: Any, p: int, group: pd.DataFrame
     replayed_ax.legend(fontsize=7, ncol=2, loc="lower right")
 
 
-def draw_memory(memory_ax: Any, count_ax: Any, p: int, group: pd.DataFrame,
+def _draw_memory(memory_ax: Any, count_ax: Any, p: int, group: pd.DataFrame,
                  styles: dict) -> None:  # fmt: skip
-    for schedule, (colour, marker) in styles.items():
-        line = group[group["schedule"] == schedule]
-        if line.empty:
-            continue
+    for schedule, colour, marker, line in _lines(group, styles):
         style = {"marker": marker, "color": colour, "label": schedule, "alpha": 0.85}
         memory_ax.plot(line["microbatches"], line["peak_activation_bytes"] / 2**20, **style)
         count_ax.plot(line["microbatches"], line["max_inflight_microbatches"], **style)
@@ -83,7 +93,7 @@ def draw_memory(memory_ax: Any, count_ax: Any, p: int, group: pd.DataFrame,
     count_ax.legend(fontsize=7)
 
 
-def gantt_panel(ax: Any, spans: pd.DataFrame, title: str) -> None:
+def _gantt_panel(ax: Any, spans: pd.DataFrame, title: str) -> None:
     ranks = sorted(int(r) for r in spans["rank"].unique())
     scale = 1e3  # ms
     for row in spans.itertuples():
@@ -101,23 +111,20 @@ def gantt_panel(ax: Any, spans: pd.DataFrame, title: str) -> None:
     ax.set(xlabel="time (ms)", title=title)
 
 
-def plot_gantt(
-    report_dir: Path,
-    cells: list[tuple[str, pd.Series, pd.DataFrame]],
-    pct: Callable[[float | None], str],
-) -> None:
+def gantt(cells: list[tuple[str, pd.Series, pd.DataFrame]]) -> Figure:
+    """One row per (label, row, spans): the replayed timeline beside the wall clock."""
     fig, axes = new_figure(13, 2.6 * len(cells) + 0.6, rows=len(cells), cols=2)
     for i, (label, cell, spans) in enumerate(cells):
         util = {"replayed": cell["util_replayed"], "wall": cell["util_wall"]}
         for j, timeline in enumerate(("replayed", "wall")):
             part = spans[spans["timeline"] == timeline]
             name = "replayed (own device per rank)" if timeline == "replayed" else "wall clock"
-            gantt_panel(axes[2 * i + j], part, f"{label}: {name}, utilization "
-                         f"{pct(util[timeline])}")  # fmt: skip
+            _gantt_panel(axes[2 * i + j], part, f"{label}: {name}, utilization "
+                         f"{format_percent(util[timeline])}")  # fmt: skip
     kinds = set().union(*(set(spans["kind"]) for _, _, spans in cells))
     handles = [Patch(color=c, label=k) for k, c in KIND_COLOURS.items() if k in kinds]
     handles.append(Patch(color="0.6", label="transfer round (wall clock)"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8)
     fig.suptitle("Naive pipeline vs GPipe: one measured step (F = forward, B = backward)")
     fig.subplots_adjust(hspace=0.55, bottom=0.12)
-    save_figure(fig, report_dir / "gantt_naive_vs_gpipe.png")
+    return fig

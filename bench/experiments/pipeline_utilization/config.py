@@ -1,0 +1,156 @@
+"""`pipeline_utilization`'s typed config, the rules for which cells a schedule can take,
+and what a cell carries. Light on purpose: every rank unpickles the config and the carry,
+so this imports no pandas or plotting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.config import check_choices, check_number, check_positive
+from bench.experiments.pipeline_utilization.names import INTERLEAVED, TORCH_SCHEDULES, torch_refuses
+from impls.models import GPTConfig
+from impls.pipeline import SCHEDULES, Plan, build_plan
+
+__all__ = ["ALLOWED", "Carry", "PipelineUtilizationConfig", "plan_or_reason", "why_not"]
+
+ALLOWED = [*SCHEDULES, *TORCH_SCHEDULES]
+MODEL_KEYS = ("d_model", "n_layers", "n_heads", "seq_len", "vocab_size")
+LIST_KEYS = ("schedules", "stages", "microbatches", "trace_microbatches")
+
+
+@dataclass(kw_only=True)
+class PipelineUtilizationConfig:
+    schedules: Any = field(default_factory=lambda: list(ALLOWED))
+    """distbench schedules, and torch.distributed.pipelining baselines (`torch_*`); a lone
+    name means one."""
+    stages: Any = field(default_factory=lambda: [2, 4])
+    """Pipeline degrees P (one rank per stage; world size = P). A lone int means one."""
+    microbatches: Any = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    """Micro-batch counts M; combinations a schedule cannot take are left out."""
+    virtual_stages: int = 2
+    """Model chunks per rank V for the interleaved schedules (the others use 1)."""
+    d_model: int = 128
+    n_layers: int = 16
+    """GPT blocks; every stage (P·V of them when interleaved) needs at least one. 4 blocks
+    per stage at P = 4 keep an activation transfer small beside a stage's compute."""
+    n_heads: int = 4
+    seq_len: int = 64
+    vocab_size: int = 64
+    """A 64-token vocabulary keeps the LM head from weighing down the last stage."""
+    batch_size: int = 32
+    """Sequences per step, split into M micro-batches (so every M must divide it)."""
+    warmup: int = 1
+    """Untimed steps per cell (the first step builds buffers and, for torch, infers shapes)."""
+    repeats: int = 5
+    """Timed steps per cell; medians are reported."""
+    timeout_s: float = 600.0
+    """A cell whose ranks have not all finished by then is recorded as failed."""
+    paired: bool = True
+    """distbench cells whose schedule torch also has (gpipe, 1f1b, interleaved_1f1b) time
+    torch's twin in alternating steps too: the side-by-side speed ratio the report leads with."""
+    trace_microbatches: Any = field(default_factory=lambda: [1, 4])
+    """distbench cells with these M export a Chrome trace and Gantt spans (`[]`: none)."""
+    trace_dir: str | None = None
+    """Where traces go (under `traces/`); None: the run's report_dir."""
+    seed: int = 0
+    """Seeds the weights and the batch (the same on every rank and for torch's rows)."""
+
+    def __post_init__(self) -> None:
+        for key in LIST_KEYS:
+            setattr(self, key, _as_list(getattr(self, key)))
+        check_choices("schedules", self.schedules, ALLOWED)
+        check_positive("stages", self.stages)
+        check_positive("microbatches", self.microbatches)
+        if self.trace_microbatches:
+            check_positive("trace_microbatches", self.trace_microbatches)
+        for key in (*MODEL_KEYS, "batch_size", "repeats"):
+            _check_count(key, getattr(self, key), 1)
+        _check_count("warmup", self.warmup, 0)
+        interleaved = sorted(set(self.schedules) & INTERLEAVED)
+        if interleaved:
+            _check_count("virtual_stages", self.virtual_stages, 2, f" for {interleaved[0]}")
+        check_number("timeout_s", self.timeout_s)
+        GPTConfig(**self.model())  # n_heads must divide d_model: its message names both
+        self._check_layers(bool(interleaved))
+        bad = [m for m in self.microbatches if self.batch_size % m]
+        if bad:
+            raise ValueError(
+                f"microbatches={bad} do not divide batch_size={self.batch_size}: every "
+                f"micro-batch must hold the same number of sequences"
+            )
+        self._check_grid()
+
+    def model(self) -> dict[str, int]:
+        """The `GPTConfig` keyword arguments."""
+        return {key: getattr(self, key) for key in MODEL_KEYS}
+
+    def virtual(self, schedule: str) -> int:
+        """V for `schedule`: `virtual_stages` when interleaved, else 1."""
+        return self.virtual_stages if schedule in INTERLEAVED else 1
+
+    def _check_layers(self, interleaved: bool) -> None:
+        chunks = self.virtual_stages if interleaved else 1
+        needed = max(self.stages) * chunks
+        if needed > self.n_layers:
+            how = (
+                f"the interleaved schedules cut stages × virtual_stages = {needed} stages"
+                if chunks > 1
+                else f"{needed} stages"
+            )
+            raise ValueError(
+                f"stages={self.stages}: {how}, more than the model's n_layers={self.n_layers} "
+                f"(each stage needs at least one layer), so stages must be ≤ "
+                f"{self.n_layers // chunks} (or raise n_layers)"
+            )
+
+    def _check_grid(self) -> None:
+        for schedule in self.schedules:
+            combos = [(p, m) for p in self.stages for m in self.microbatches]
+            reasons = [why_not(schedule, p, m, self.virtual_stages) for p, m in combos]
+            if all(reasons):
+                raise ValueError(
+                    f"microbatches={self.microbatches}: schedule {schedule!r} can run none of "
+                    f"them at stages={self.stages} ({reasons[0]})"
+                )
+
+
+def _as_list(value: Any) -> list:
+    """A lone value (`stages=4`, `schedules=gpipe`) as a one-element list."""
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def _check_count(key: str, value: Any, minimum: int, why: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{key}={value!r}: must be an integer ≥ {minimum}{why}")
+
+
+def plan_or_reason(schedule: str, p: int, m: int, v: int) -> tuple[Plan | None, str | None]:
+    """(the plan of `schedule` at P, M, V, None), or (None, why it cannot run). A torch
+    cell is checked against its distbench twin's rules and torch's own."""
+    refused = torch_refuses(schedule, p, m)
+    if refused:
+        return None, refused
+    try:
+        return build_plan(schedule.removeprefix("torch_"), p, m, v), None
+    except ValueError as error:
+        return None, str(error)
+
+
+def why_not(schedule: str, stages: int, microbatches: int, virtual_stages: int) -> str | None:
+    """Why `schedule` cannot run P = `stages`, M = `microbatches`; None if it can."""
+    v = virtual_stages if schedule in INTERLEAVED else 1
+    return plan_or_reason(schedule, stages, microbatches, v)[1]
+
+
+@dataclass(frozen=True)
+class Carry:
+    """What a cell's parent derives once and its ranks, `to_row` and `artefacts` share."""
+
+    plan: Plan | None
+    """distbench's plan (rank -> actions); None for a torch.distributed.pipelining cell."""
+    torch_schedule: str | None
+    """The torch schedule class the cell times: its own (torch cells), or its twin's, in
+    steps alternating with distbench's (paired distbench cells); None: none."""
+    trace: str | None
+    """File stem of the cell's Chrome trace and Gantt spans under `traces/` (None: none)."""

@@ -1,0 +1,144 @@
+"""`pipeline_utilization`: every schedule over micro-batch counts, with
+torch.distributed.pipelining's GPipe / 1F1B / interleaved 1F1B as baselines.
+
+A cell is (schedule, stages P, micro-batches M, virtual stages V) on P ranks. The grid is
+schedules × stages × microbatches; a combination a schedule cannot take is left out of it
+rather than failing the run: `naive` runs at M = 1 only, the interleaved schedules need M
+divisible by P, torch's `Schedule1F1B` needs M ≥ P. A schedule left with no cell at all is
+refused, naming `microbatches`. Everything else that cannot work — more stages than
+layers, a batch that M does not divide, an unknown schedule — is refused before any
+process starts.
+
+Each distbench cell's plan is built once, here, and carried (`Carry`): its ranks run it,
+`to_row` replays it, and `artefacts` draws its trace from it. Each distbench row carries
+utilization measured two ways — wall clock, and replayed (`timeline.py`) — beside the
+bound from theory, peak activation memory and in-flight micro-batches. The distbench
+cells with M in `trace_microbatches` also leave a Chrome trace and the spans the report's
+Gantt charts are drawn from under `<trace_dir>/traces/` (by default the report's folder).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.experiments.base import Cell, Experiment
+from bench.experiments.pipeline_utilization import ranks, report, timeline
+from bench.experiments.pipeline_utilization.config import (
+    Carry,
+    PipelineUtilizationConfig,
+    plan_or_reason,
+)
+from bench.experiments.pipeline_utilization.names import TORCH_SCHEDULES, torch_refuses, torch_twin
+from impls.pipeline import Plan
+
+__all__ = ["EXPERIMENT", "PipelineUtilizationConfig"]
+
+log = logging.getLogger("bench")
+
+# fp32, micro-batches summed in another order than one whole batch: rounding alone puts the
+# loss ~1e-7 and the gradients ~1e-6 (relative) off the reference; a wrong gradient
+# (a micro-batch dropped or counted twice, a missing 1/M) is off by 1e-2 or more.
+LOSS_TOLERANCE = 1e-5
+GRAD_TOLERANCE = 1e-4
+
+
+def cells(cfg: PipelineUtilizationConfig) -> list[Cell]:
+    """Every (schedule, P, M) a schedule can take, P ascending (one pool of ranks per P)."""
+    out, skipped = [], []
+    for p in sorted(set(cfg.stages)):
+        for schedule in cfg.schedules:
+            for m in cfg.microbatches:
+                v = cfg.virtual(schedule)
+                plan, refused = plan_or_reason(schedule, p, m, v)
+                if refused:
+                    skipped.append(f"{schedule} P={p} M={m}")
+                    continue
+                key = {"schedule": schedule, "stages": p, "microbatches": m, "virtual_stages": v}
+                out.append(Cell(world_size=p, key=key, fn=ranks.run, carry=_carry(cfg, key, plan)))
+    if skipped:
+        log.info("left out (the schedule cannot take them): %s", ", ".join(skipped))
+    return out
+
+
+def _carry(cfg: PipelineUtilizationConfig, key: dict[str, Any], plan: Plan) -> Carry:
+    schedule, p, m = key["schedule"], key["stages"], key["microbatches"]
+    if schedule in TORCH_SCHEDULES:
+        return Carry(plan=None, torch_schedule=TORCH_SCHEDULES[schedule], trace=None)
+    twin = torch_twin(schedule)
+    paired = cfg.paired and twin is not None and torch_refuses(twin, p, m) is None
+    traced = m in cfg.trace_microbatches
+    return Carry(
+        plan=plan,
+        torch_schedule=TORCH_SCHEDULES[twin] if paired else None,
+        trace=f"{schedule}_p{p}_m{m}" if traced else None,
+    )
+
+
+def to_row(cfg: PipelineUtilizationConfig, cell: Cell, per_rank: list[dict]) -> dict:
+    carry: Carry = cell.carry
+    step_time = statistics.median(per_rank[0]["step_times_s"])  # already the slowest rank's
+    losses = [r["loss"] for r in per_rank if r.get("loss") is not None]
+    row = {
+        **cell.key,
+        "impl": "torch" if carry.plan is None else "distbench",
+        **dict.fromkeys(("util_wall", "util_replayed", "util_theory", "bubble_fraction"), math.nan),
+        "step_time_s": step_time,
+        "torch_step_time_s": math.nan,
+        "step_time_vs_torch": math.nan,
+        "peak_activation_bytes": math.nan,
+        "max_inflight_microbatches": math.nan,
+        "max_inflight_plan": math.nan,
+        "loss": losses[0] if losses else math.nan,
+        **cfg.model(),
+        "batch_size": cfg.batch_size,
+        "microbatch_size": cfg.batch_size // cell.key["microbatches"],
+        "repeats": cfg.repeats,
+        "trace_file": "",
+        "spans_file": "",
+        **dict.fromkeys(("transfer_s", "util_replayed_raw", "replayed_makespan_s"), math.nan),
+    }
+    row |= _against_reference(per_rank, row["loss"])
+    if carry.plan is None:
+        return row  # torch's schedule is opaque: no per-action timeline, no memory count
+    if carry.torch_schedule:  # torch's twin, timed in steps alternating with ours
+        row["torch_step_time_s"] = statistics.median(per_rank[0]["torch_step_times_s"])
+        row["step_time_vs_torch"] = step_time / row["torch_step_time_s"]
+    return row | timeline.columns(carry.plan, cell.key, per_rank)
+
+
+def _against_reference(per_rank: list[dict], loss: float) -> dict[str, Any]:
+    """The cell against one process computing the whole batch (`bench.kit.reference`):
+    `grad_error` the largest over ranks of ‖g − g_ref‖ / ‖g_ref‖ over the rank's
+    parameters, and `wrong` the ranks whose gradients miss, plus 1 if the loss does."""
+    reference = per_rank[0]["reference_loss"]
+    errors = [r["grad_error"] for r in per_rank]
+    missed = sum(not error <= GRAD_TOLERANCE for error in errors)
+    missed += not abs(loss - reference) <= LOSS_TOLERANCE * abs(reference)
+    worst = math.nan if any(map(math.isnan, errors)) else max(errors)
+    return {"reference_loss": reference, "grad_error": worst, "wrong": int(missed)}
+
+
+def artefacts(cfg: PipelineUtilizationConfig, cell: Cell, per_rank: list[dict],
+              report_dir: Path) -> dict:  # fmt: skip
+    """A traced distbench cell's Chrome trace and Gantt spans, under `<trace_dir>/traces/`."""
+    carry: Carry = cell.carry
+    if carry.plan is None or carry.trace is None:
+        return {}
+    folder = Path(cfg.trace_dir) if cfg.trace_dir else Path(report_dir)
+    return timeline.write_trace(folder, carry.trace, carry.plan, cell.key, per_rank)
+
+
+EXPERIMENT = Experiment(
+    name="pipeline_utilization",
+    summary="the lecture's 25% → 57% pipeline figure; schedules over M vs torch.pipelining",
+    schema=PipelineUtilizationConfig,
+    key_columns=("schedule", "stages", "microbatches", "virtual_stages"),
+    cells=cells,
+    to_row=to_row,
+    report=report.REPORT,
+    artefacts=artefacts,
+)

@@ -1,0 +1,316 @@
+"""The `pipeline_utilization` report: the lecture's 25% → 57% pipeline figure, measured.
+
+The lecture ("Pipeline Parallelism Workflow: Micro-batch improves the device utilization")
+shows a 4-stage naive pipeline at 25% utilization and GPipe with 4 micro-batches at 57%.
+The report leads with those two cells measured, then utilization against micro-batches
+for every schedule beside its bound, activation memory and in-flight micro-batches, ZB-H1
+against 1F1B, Gantt charts (`schedules_report.py`), and step time against
+torch.distributed.pipelining, judged against the issue's target on every cell. The
+skeleton (`bench.report.skeleton`) writes the setup, targets, correctness and failed cells.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from bench.experiments.pipeline_utilization.names import torch_refuses, torch_twin
+from bench.experiments.pipeline_utilization.schedules_report import (
+    distbench_rows,
+    gantt,
+    memory,
+    points,
+    utilization,
+    zero_bubble,
+)
+from bench.report import (
+    Context,
+    Report,
+    Target,
+    format_percent,
+    format_ratio,
+    format_seconds,
+    markdown_table,
+    ok_rows,
+)
+
+__all__ = ["LECTURE", "REPORT", "TORCH_RATIO_TARGET", "prepare"]
+
+LECTURE_SOURCE = (
+    "lecture, Pipeline Parallelism Workflow (Micro-batch improves the device utilization)"
+)
+# (schedule, P, M) -> (the lecture's utilization, the exact theory value, its formula)
+LECTURE = {
+    ("naive", 4, 1): (0.25, 1 / 4, "1/P (GPipe paper, Fig. 2b)"),
+    ("gpipe", 4, 4): (0.57, 4 / 7, "M/(M+P−1) = 4/7 (GPipe paper, §2.3)"),
+}
+TORCH_RATIO_TARGET = 1.1  # issue #3: distbench step time ≤ 1.1× torch's at P = 2
+TORCH_RATIO_STAGES = 2
+TWINNED = ("gpipe", "1f1b", "interleaved_1f1b")
+
+
+def _number(df: pd.DataFrame, column: str) -> pd.Series:
+    if column not in df.columns:
+        return pd.Series(math.nan, index=df.index)
+    return pd.to_numeric(df[column], errors="coerce")
+
+
+def prepare(df: pd.DataFrame) -> pd.DataFrame:
+    """Per distbench row: `torch_twin` (torch has its schedule at this P and M), the torch
+    cell's own time and loss gap, and `step_time_vs_torch` — the paired ratio, or where the
+    run did not pair, the ratio of the two separately measured cells (`torch_ratio_basis`)."""
+    if not {"schedule", "stages", "microbatches"} <= set(df.columns):
+        return df
+    ok = ok_rows(df)
+    torch_ok = ok[ok["schedule"].astype(str).str.startswith("torch_")]
+    columns = ["schedule", "stages", "microbatches", "step_time_s", "loss"]
+    theirs = {(r.schedule, int(r.stages), int(r.microbatches)): (r.step_time_s, r.loss)
+              for r in torch_ok.reindex(columns=columns).itertuples()}  # fmt: skip
+    twins = [(torch_twin(str(s)), int(p), int(m))
+             for s, p, m in zip(df["schedule"], df["stages"], df["microbatches"], strict=True)]  # fmt: skip
+    df["torch_twin"] = [t is not None and torch_refuses(t, p, m) is None for t, p, m in twins]
+    cell = [theirs.get(t, (math.nan, math.nan)) for t in twins]
+    df["torch_cell_s"] = pd.to_numeric(pd.Series([c[0] for c in cell], index=df.index))
+    df["loss_gap"] = (_number(df, "loss") - pd.Series([c[1] for c in cell], index=df.index)).abs()
+    paired = _number(df, "step_time_vs_torch")
+    cell_s = df["torch_cell_s"].where(df["torch_cell_s"] > 0)
+    separate = _number(df, "step_time_s") / cell_s
+    df["torch_ratio_basis"] = "—"
+    df.loc[separate.notna(), "torch_ratio_basis"] = "separate cells"
+    df.loc[paired.notna(), "torch_ratio_basis"] = "paired"
+    df["step_time_vs_torch"] = paired.where(paired.notna(), separate)
+    return df
+
+
+def _vs_torch(schedule: str, name: str) -> Target:
+    return Target(
+        figure=f"{name} step time ÷ torch.distributed.pipelining, P = 2, every M torch's "
+        "schedule takes (paired; separate cells where the run did not pair)",
+        column="step_time_vs_torch", op="<=", bound=TORCH_RATIO_TARGET,
+        source="issue #3: ≤ 1.1× for GPipe and 1F1B at P = 2",
+        where={"schedule": schedule, "stages": TORCH_RATIO_STAGES, "torch_twin": True},
+    )  # fmt: skip
+
+
+def _lecture_rows(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    out = []
+    for (schedule, p, m), (lecture, exact, formula) in LECTURE.items():
+        hit = rows[(rows["schedule"] == schedule) & (rows["stages"] == p)
+                   & (rows["microbatches"] == m)] if len(rows) else rows  # fmt: skip
+        found = not hit.empty
+        out.append({"schedule": schedule, "stages": p, "microbatches": m, "lecture": lecture,
+                    "theory": exact, "formula": formula,
+                    "replayed": float(hit["util_replayed"].iloc[0]) if found else None,
+                    "wall": float(hit["util_wall"].iloc[0]) if found else None})  # fmt: skip
+    return out
+
+
+def lecture_figure(ctx: Context) -> str:
+    """The lecture's figure, measured
+
+    From the lecture, Pipeline Parallelism Workflow (Micro-batch improves the device
+    utilization): a 4-stage naive pipeline keeps 25% of the devices busy; GPipe's 4
+    micro-batches raise it to 57% (the lecture calls it a 2.5× improvement; the exact
+    ratio is (4/7)/(1/4) = 2.29×)."""
+    lecture = _lecture_rows(distbench_rows(ctx.ok))
+    table = pd.DataFrame({
+        "pipeline": [f"{r['schedule']}, {r['stages']} stages × {r['microbatches']} "
+                     "micro-batch(es)" for r in lecture],
+        "lecture": [f"{100 * r['lecture']:.0f}%" for r in lecture],
+        "theory": [f"{format_percent(r['theory'])} = {r['formula']}" for r in lecture],
+        "replayed (measured)": [format_percent(r["replayed"]) for r in lecture],
+        "wall clock (measured)": [format_percent(r["wall"]) for r in lecture],
+        "replayed − theory": [points(r["replayed"], r["theory"]) for r in lecture],
+    })  # fmt: skip
+    for r in lecture:
+        name = "naive pipeline" if r["schedule"] == "naive" else "GPipe"
+        many = f" × {r['microbatches']} micro-batches" if r["microbatches"] > 1 else ""
+        measured = "not measured" if r["replayed"] is None else (
+            f"{format_percent(r['replayed'])} replayed (wall clock {format_percent(r['wall'])})")  # fmt: skip
+        ctx.figure(f"{name} utilization, {r['stages']} stages{many}",
+                   theory=f"{100 * r['lecture']:.0f}%", source=f"{LECTURE_SOURCE}; {r['formula']}",
+                   measured=measured, gap=points(r["replayed"], r["theory"]))  # fmt: skip
+        prefix = "naive_p4" if r["schedule"] == "naive" else "gpipe_p4_m4"
+        ctx.headline[f"{prefix}_util_replayed"] = r["replayed"]
+        ctx.headline[f"{prefix}_util_wall"] = r["wall"]
+    naive, gpipe = lecture[0]["replayed"], lecture[1]["replayed"]
+    gain = format_ratio(gpipe / naive) if naive and gpipe is not None else "—"
+    return f"Measured, replayed: **{gain}**.\n\n{markdown_table(table)}"
+
+
+def how_measured(ctx: Context) -> str | None:
+    """How utilization is measured
+
+    - **replayed**: the schedule's dependency graph, every rank running its list in order
+      as soon as its inputs exist, each compute action costing its measured thread CPU time
+      (the fastest of that stage's actions of that kind — F, B, I or W — across
+      micro-batches, in two extra profiling steps during which a host-wide lock lets one
+      rank compute at a time, so no action shares a core) and each transfer the measured
+      cost of one activation, timed between each pair of neighbouring ranks while the other
+      ranks wait (half the fastest of 20 round trips: slower trips are a peer waiting for a
+      core): the timeline the plan would have if every rank had a device of its own.
+    - **wall clock**: Σ compute time / (P × step makespan) on this host's clock. With more
+      ranks than cores, ranks wait for a core as well as for each other, so it understates
+      what the schedule achieves.
+    - `util_replayed_raw` in results.csv replays each timed step as recorded instead (every
+      action its own CPU time, transfers as measured inside the step; median over steps).
+      On a shared host it carries what the profiling steps remove.
+    - theory: the bound for equal stages and free transfers, with its source."""
+    rows = distbench_rows(ctx.ok)
+    if rows.empty:
+        return None
+    first = rows.iloc[0]
+    keys = ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "batch_size")
+    model = ", ".join(f"{k}={int(first[k])}" for k in keys
+                      if k in rows.columns and pd.notna(first[k]))  # fmt: skip
+    stages = ", ".join(str(p) for p in sorted(rows["stages"].unique()))
+    return (
+        f"A GPT ({model}) cut into P contiguous stages (P·V for interleaved), P ∈ {{{stages}}}, "
+        "one rank per stage, every rank building the same weights and batch from one seed. "
+        f"Each cell runs {ctx.settings.get('warmup', 'its')} untimed warm-up step(s), then "
+        f"{int(first['repeats']) if pd.notna(first.get('repeats')) else 'its'} timed steps "
+        "(gradients cleared at the start of each, no optimizer step, so every step is the same "
+        "computation)."
+    )
+
+
+def _ratios(ok: pd.DataFrame) -> pd.DataFrame:
+    rows = distbench_rows(ok)
+    if rows.empty or "step_time_vs_torch" not in rows.columns:
+        return rows.iloc[0:0]
+    rows = rows[rows["schedule"].isin(TWINNED) & rows["step_time_vs_torch"].notna()]
+    return rows.sort_values(["stages", "schedule", "microbatches"])
+
+
+def _torch_headline(ratios: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Per schedule: the median ratio over M at P = 2 (the issue's), else the smallest P."""
+    out = {}
+    for schedule, rows in ratios.groupby("schedule"):
+        has = (rows["stages"] == TORCH_RATIO_STAGES).any()
+        at = rows[rows["stages"] == (TORCH_RATIO_STAGES if has else rows["stages"].min())]
+        out[str(schedule)] = {"stages": int(at["stages"].iloc[0]),
+                              "ratio": float(at["step_time_vs_torch"].median()),
+                              "microbatches": sorted(int(m) for m in at["microbatches"]),
+                              "basis": " + ".join(sorted(set(at["torch_ratio_basis"])))}  # fmt: skip
+    return out
+
+
+def _interleaved_figure(ctx: Context, ratios: pd.DataFrame) -> None:
+    at = ratios[(ratios["schedule"] == "interleaved_1f1b")
+                & (ratios["stages"] == TORCH_RATIO_STAGES)]  # fmt: skip
+    if at.empty:
+        return
+    worst = at.loc[at["step_time_vs_torch"].idxmax()]
+    ctx.figure("interleaved 1F1B step time ÷ torch.distributed.pipelining, P = 2, every M",
+               theory="no target: the issue's ≤ 1.1× names GPipe and 1F1B", source="issue #3",
+               measured=f"median {format_ratio(at['step_time_vs_torch'].median())} over "
+               f"{len(at)} cells; worst {format_ratio(worst['step_time_vs_torch'])} "
+               f"({ctx.key(worst)})")  # fmt: skip
+
+
+def against_torch(ctx: Context) -> str | None:
+    """Step time against torch.distributed.pipelining
+
+    `torch.distributed.pipelining` (`PipelineStage` with `ScheduleGPipe`, `Schedule1F1B`,
+    `ScheduleInterleaved1F1B`) on the same stage split, ranks, batch and micro-batches.
+    Step time is the median over the timed steps of the slowest rank's time. `paired`:
+    inside the distbench cell, torch's twin schedule on a twin model is timed in steps
+    alternating with ours, so machine drift hits both alike; `torch's own cell` is the torch
+    row, measured separately (its spread against the paired time shows the drift between
+    cells). Both sides compute the same full-batch loss, so `|Δ loss|` must be at rounding
+    level. The issue's target (≤ 1.1× at P = 2, judged above on every M) names GPipe and
+    1F1B; interleaved 1F1B's ratio is shown beside them, in the index too, without a
+    target. `benchmarks/test_pipeline.py` measures the ratio the same paired way."""
+    ratios = _ratios(ctx.ok)
+    if ratios.empty:
+        return "No cell has both a distbench schedule and its torch twin measured."
+    headline = _torch_headline(ratios)
+    ctx.headline["step_time_vs_torch"] = headline
+    _interleaved_figure(ctx, ratios)
+    torch_s = _number(ratios, "torch_step_time_s").where(ratios["torch_ratio_basis"] == "paired",
+                                                ratios["torch_cell_s"])  # fmt: skip
+    shown = pd.DataFrame({
+        "schedule": ratios["schedule"], "stages": ratios["stages"],
+        "microbatches": ratios["microbatches"],
+        "distbench step": ratios["step_time_s"].map(format_seconds),
+        "torch step": torch_s.map(format_seconds),
+        "distbench ÷ torch": ratios["step_time_vs_torch"].map(format_ratio),
+        "basis": ratios["torch_ratio_basis"],
+        "torch's own cell": ratios["torch_cell_s"].map(format_seconds),
+        "|Δ loss|": ratios["loss_gap"].map(lambda v: "—" if pd.isna(v) else f"{v:.1e}"),
+    })  # fmt: skip
+    summary = "; ".join(
+        f"{s} at P={h['stages']}: **{format_ratio(h['ratio'])}** (median over M, {h['basis']})"
+        for s, h in headline.items()
+    )
+    return f"{summary}.\n\n{markdown_table(shown, numparse=False)}"
+
+
+def same_loss(ctx: Context) -> str | None:
+    """Every row computes one loss
+
+    Every cell runs the same weights on the same batch, so every row reports the same
+    full-batch loss, distbench's and torch's alike (`wrong`, above, also checks each cell's
+    loss and every rank's gradients against one process on the whole batch)."""
+    losses = _number(ctx.ok, "loss").dropna()
+    if losses.empty:
+        return None
+    spread = float((losses - losses.median()).abs().max())
+    ctx.headline["loss_spread"] = spread
+    same = spread <= 1e-5 * abs(float(losses.median()))
+    ctx.finding("every row, distbench's and torch's, computes the same full-batch loss", same,
+                f"largest deviation from the median {spread:.1e}")  # fmt: skip
+    return f"Largest deviation from the median over {len(losses)} rows: {spread:.1e}."
+
+
+def traces(ctx: Context) -> str | None:
+    """Traces
+
+    Chrome trace-event JSON of one measured step per traced cell (wall clock, every compute
+    action and transfer round per rank); open in https://ui.perfetto.dev or
+    chrome://tracing. The `_spans.csv` beside each holds the replayed and wall-clock spans
+    the Gantt charts are drawn from."""
+    rows = distbench_rows(ctx.ok)
+    if rows.empty or "trace_file" not in rows.columns:
+        return None
+    traced = rows[rows["trace_file"].map(lambda v: isinstance(v, str) and v != "")]
+    if traced.empty:
+        return None
+    return ", ".join(f"[{r.schedule} P={r.stages} M={r.microbatches}]({r.trace_file})"
+                     for r in traced.sort_values(["stages", "microbatches"]).itertuples())  # fmt: skip
+
+
+REPORT = Report(
+    title="Pipeline utilization: the lecture's 25% → 57%, measured",
+    intro=(
+        "Utilization is Σ busy / (P × makespan), measured two ways and always labelled: "
+        "*replayed* (each action's thread CPU time, and the measured cost of one transfer, "
+        "placed on the plan's dependency graph as if every rank had a device of its own) and "
+        "*wall clock* (this host's clock; distorted whenever ranks outnumber cores). Every "
+        "schedule (naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1) runs over micro-batch counts "
+        "M beside its bound from theory (GPipe, Huang et al. 2019; 1F1B and interleaved "
+        "1F1B, Narayanan et al. 2021; ZB-H1, Qi et al. 2024), and GPipe, 1F1B and "
+        "interleaved 1F1B beside torch.distributed.pipelining's own."
+    ),
+    sections=(
+        lecture_figure,
+        how_measured,
+        utilization,
+        memory,
+        zero_bubble,
+        gantt,
+        against_torch,
+        same_loss,
+        traces,
+    ),  # fmt: skip
+    targets=(_vs_torch("gpipe", "GPipe"), _vs_torch("1f1b", "1F1B")),
+    prepare=prepare,
+    correctness=(
+        "`wrong` counts, per cell, the ranks whose gradients after a step differ from one "
+        "process's on the whole batch (relative error > 1e-4, `grad_error`), plus 1 if the "
+        "loss differs (relative > 1e-5, `reference_loss`): fp32 rounding from summing "
+        "micro-batches in another order stays near 1e-6."
+    ),
+)

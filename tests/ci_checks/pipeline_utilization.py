@@ -1,0 +1,138 @@
+"""pipeline_utilization on the CI grid: the lecture's figure (naive 4 stages replays to
+25% ± 2 points, GPipe 4 × 4 to 57% ± 3), utilization rising with M toward each schedule's
+bound, the in-flight counts of 1F1B (≤ P) and GPipe (= M), torch's rows beside ours with
+one loss and gradients equal to one process's, and the step-time ratio against torch
+judged on every M at P = 2."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from tests.ci_checks import ran, rows
+
+ARTEFACTS = ("utilization_vs_m", "activation_memory", "gantt_naive_vs_gpipe")
+REQUIRED = [
+    "schedule",
+    "stages",
+    "microbatches",
+    "virtual_stages",
+    "util_wall",
+    "util_replayed",
+    "util_theory",
+    "bubble_fraction",
+    "step_time_s",
+    "peak_activation_bytes",
+    "max_inflight_microbatches",
+    "max_inflight_plan",
+    "loss",
+    "reference_loss",
+    "grad_error",
+    "wrong",
+]
+
+
+def _ours(df: pd.DataFrame) -> pd.DataFrame:
+    return ran(df)[~df["schedule"].str.startswith("torch_")]
+
+
+def _cell(df: pd.DataFrame, schedule: str, p: int, m: int) -> pd.Series:
+    hit = rows(df, schedule=schedule, stages=p, microbatches=m)
+    assert len(hit) == 1, (schedule, p, m)
+    return hit.iloc[0]
+
+
+def every_cell_ran_beside_torch(df: pd.DataFrame, headline: dict) -> None:
+    done = ran(df)
+    assert set(REQUIRED) <= set(df.columns), sorted(set(REQUIRED) - set(df.columns))
+    torch_rows = done[done["schedule"].str.startswith("torch_")]
+    assert set(torch_rows["schedule"]) == {"torch_gpipe", "torch_1f1b", "torch_interleaved_1f1b"}
+    assert torch_rows["util_replayed"].isna().all(), "torch's timeline is not observable"
+    assert (done["step_time_s"] > 0).all(), done.loc[~(done["step_time_s"] > 0), "schedule"]
+    assert headline["failed_cells"] == 0
+
+
+def lecture_figure_replayed(df: pd.DataFrame, headline: dict) -> None:
+    """The lecture's 25% → 57%, replayed; the headline and the index show these cells."""
+    naive, gpipe = _cell(df, "naive", 4, 1), _cell(df, "gpipe", 4, 4)
+    assert naive["util_replayed"] == pytest.approx(0.25, abs=0.02), naive["util_replayed"]
+    assert gpipe["util_replayed"] == pytest.approx(0.57, abs=0.03), gpipe["util_replayed"]
+    assert headline["naive_p4_util_replayed"] == pytest.approx(naive["util_replayed"])
+    assert headline["gpipe_p4_m4_util_replayed"] == pytest.approx(gpipe["util_replayed"])
+    figures = {f["figure"]: f for f in headline["figures"]}
+    shown = figures["GPipe utilization, 4 stages × 4 micro-batches"]
+    assert shown["theory"] == "57%" and shown["measured"].startswith(
+        f"{100 * gpipe['util_replayed']:.1f}% replayed"
+    )
+
+
+def utilization_rises_toward_the_bound(df: pd.DataFrame, headline: dict) -> None:
+    """Every schedule at every P: strictly higher with every added micro-batch (the
+    lecture), never above its bound by more than 2 points; GPipe and 1F1B within 10 points
+    of it (transfers and unequal stages cost them ~1–4 points here)."""
+    ours = _ours(df)
+    bounded = ours.dropna(subset=["util_theory"])
+    assert len(bounded) >= 10 and (bounded["util_theory"] > 0).all()
+    assert (bounded["util_replayed"] <= bounded["util_theory"] + 0.02).all()
+    near = bounded[bounded["schedule"].isin(["gpipe", "1f1b"])]
+    assert (near["util_replayed"] >= near["util_theory"] - 0.1).all(), near["util_replayed"]
+    groups = [g for _, g in ours.groupby(["schedule", "stages"]) if len(g) > 1]
+    assert len(groups) >= 8
+    for group in groups:
+        util = group.sort_values("microbatches")["util_replayed"]
+        assert (util.diff().dropna() > 0).all(), (group["schedule"].iloc[0], util.tolist())
+
+
+def in_flight_counts(df: pd.DataFrame, headline: dict) -> None:
+    """1F1B holds min(M, P) micro-batches (≤ P whatever M), GPipe all M; the executor's
+    count equals the plan's in every distbench cell."""
+    ours = _ours(df)
+    one_f, gpipe = rows(ours, schedule="1f1b"), rows(ours, schedule="gpipe")
+    limit = one_f[["microbatches", "stages"]].min(axis=1)
+    assert (one_f["max_inflight_microbatches"] == limit).all(), one_f["max_inflight_microbatches"]
+    assert (gpipe["max_inflight_microbatches"] == gpipe["microbatches"]).all()
+    assert (ours["max_inflight_microbatches"] == ours["max_inflight_plan"]).all()
+    assert (ours["peak_activation_bytes"] > 0).all()
+    assert headline["inflight_checks"] == {"1F1B in-flight ≤ P": True, "GPipe in-flight = M": True}
+
+
+def one_computation_equal_to_the_reference(df: pd.DataFrame, headline: dict) -> None:
+    """Every row, distbench's and torch's, computes one full-batch loss, and each cell's
+    loss and gradients equal one process's on the whole batch."""
+    done = ran(df)
+    assert (done["loss"] > 0).all() and (done["reference_loss"] > 0).all()
+    assert done["loss"].max() - done["loss"].min() < 1e-4, "every row computes one loss"
+    assert ((done["loss"] - done["reference_loss"]).abs() <= 1e-5 * done["loss"]).all()
+    assert (done["grad_error"] < 1e-4).all(), done["grad_error"].max()
+    assert (done["wrong"] == 0).all() and headline["wrong_total"] == 0
+    assert headline["loss_spread"] is not None and headline["loss_spread"] < 1e-4
+
+
+def step_time_against_torch(df: pd.DataFrame, headline: dict) -> None:
+    """The issue's ≤ 1.1× is judged (in the report) on every M at P = 2, paired; on this
+    shared 2-core CI host it measured 0.85–1.03×. Every cell must carry a paired ratio, and
+    the worst cell must stay within 1.5× — that fails a schedule that lost a third of its
+    speed, and any ratio that is not a real measurement."""
+    targets = {t["where"]["schedule"]: t for t in headline["targets"]}
+    assert set(targets) == {"gpipe", "1f1b"}
+    m_values = rows(_ours(df), schedule="gpipe", stages=2)["microbatches"]
+    assert targets["gpipe"]["cells"] == len(m_values)
+    assert targets["1f1b"]["cells"] == int((m_values >= 2).sum())  # torch's 1F1B: M ≥ P
+    for target in targets.values():
+        assert target["measured"] == target["cells"] > 0, target["status"]
+        assert target["median"] >= 0.5 and target["worst"] <= 1.5, target["worst_text"]
+    paired = headline["step_time_vs_torch"]
+    assert paired["gpipe"]["stages"] == 2 and paired["gpipe"]["basis"] == "paired"
+    assert math.isfinite(paired["interleaved_1f1b"]["ratio"])
+
+
+CHECKS = (
+    every_cell_ran_beside_torch,
+    lecture_figure_replayed,
+    utilization_rises_toward_the_bound,
+    in_flight_counts,
+    one_computation_equal_to_the_reference,
+    step_time_against_torch,
+)
