@@ -13,18 +13,12 @@ from __future__ import annotations
 
 import pytest
 
+from bench.experiments.zero_memory.experiment import EXPERIMENT
+from bench.experiments.zero_memory.ranks import paired_step_times
 from bench.launch import RankPool
-from bench.zero_cells import ZeroCell, paired_step_times
 
-# The zero_memory experiment's default GPT (experiments/experiment/zero_memory.yaml).
-MODEL = {
-    "d_model": 128,
-    "n_layers": 6,
-    "n_heads": 4,
-    "seq_len": 64,
-    "vocab_size": 256,
-    "bias": False,
-}
+# The zero_memory experiment's default GPT and batch (its schema's defaults), fp32, N = 2.
+CFG = EXPERIMENT.parse({"world_sizes": [2], "precision": "fp32", "warmup": 3, "repeats": 41})
 CASES = [  # (method, against, target ratio)
     ("zero3", "torch_fsdp2", 1.25),
     ("ddp", "torch_ddp", 1.1),
@@ -40,9 +34,10 @@ def ranks2():
 
 @pytest.mark.parametrize("method, against, target", CASES, ids=[f"{a}-vs-{b}" for a, b, _ in CASES])
 def test_step_time_ratio(benchmark, ranks2, method, against, target):
-    cell = ZeroCell(method=method, model=MODEL, batch_size=32, warmup=3, repeats=41)
+    (cell,) = [c for c in EXPERIMENT.cells(CFG) if c.key["method"] == method]
     benchmark.group = "data-parallel step, N=2"
-    result = benchmark.pedantic(ranks2.run, args=(paired_step_times, cell, against), rounds=1)[0]
+    args = (paired_step_times, CFG, cell, against)
+    result = benchmark.pedantic(ranks2.run, args=args, rounds=1)[0]
     benchmark.extra_info.update(result)
     print(f"\n{method} / {against} step time: {result['ratio']:.2f}x (target ≤ {target}x)")
     assert result["ratio"] <= target, result
