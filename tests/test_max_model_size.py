@@ -3,8 +3,10 @@
 A failure here means the experiment does not reproduce the lecture's 5B / 19B / 36B / 320B
 for 80 GB at N = 64, that bad input (negative memory, N < 1, bytes ≤ 0, an unknown key)
 gets past the config or fails without naming the key, that the report loses its lecture
-table, invents a comparison with measured runs that do not exist or misreads the ones
-that do, or that `python -m bench experiment=max_model_size` does not run end to end.
+table, prints the ZeRO paper's Figure 1 values whatever Ψ is, puts a model output in the
+index's measured column, invents a comparison with measured runs that do not exist or
+misreads the ones that do, crashes on figures that are all zero or all NaN, or that
+`python -m bench experiment=max_model_size` does not run end to end.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.experiments import EXPERIMENTS
-from bench.experiments.common import parse_config
-from bench.experiments.max_model_size import EXPERIMENT, cells, to_row
-from bench.reports import max_model_size as report
+from bench.experiments import experiments
+from bench.experiments.max_model_size import report
+from bench.experiments.max_model_size.experiment import EXPERIMENT, cells, to_row
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = ["stage", "gpu_memory_gb", "dp", "mp", "max_params", "params", "per_device_gb",
@@ -31,12 +32,17 @@ REQUIRED = ["stage", "gpu_memory_gb", "dp", "mp", "max_params", "params", "per_d
 
 def _frame(**overrides) -> pd.DataFrame:
     """The experiment's rows computed in this process (the runner would use one rank)."""
-    cfg = parse_config(EXPERIMENT, overrides)
-    return pd.DataFrame([{**to_row(c, [c.fn(c.task)]), "status": "ok"} for c in cells(cfg)])
+    cfg = EXPERIMENT.parse(overrides)
+    return pd.DataFrame([{**to_row(cfg, c, [c.fn(cfg, c)]), "status": "ok"} for c in cells(cfg)])
+
+
+def write(frame: pd.DataFrame, out: Path) -> dict:
+    return EXPERIMENT.report_on(frame, out, None)
 
 
 def test_registered_with_the_runner() -> None:
-    assert EXPERIMENTS["max_model_size"] is EXPERIMENT
+    assert experiments()["max_model_size"] is EXPERIMENT
+    assert EXPERIMENT.reads == ("zero_memory",)
 
 
 def test_default_grid_reproduces_the_lecture() -> None:
@@ -78,7 +84,7 @@ def test_model_parallel_degree_and_custom_bytes() -> None:
 )
 def test_bad_config_names_the_key(overrides, needles) -> None:
     with pytest.raises(ValueError) as error:
-        parse_config(EXPERIMENT, overrides)
+        EXPERIMENT.parse(overrides)
     for needle in needles:
         assert needle in str(error.value)
 
@@ -98,7 +104,7 @@ def _zero_memory_rows() -> pd.DataFrame:
 
 def test_report_without_measurements_says_so(tmp_path: Path) -> None:
     out = tmp_path / "max_model_size"
-    headline = report.write_report(_frame(), out)
+    headline = write(_frame(), out)
     text = (out / "report.md").read_text()
     assert text.index("The lecture's table") < text.index("What was computed")
     assert "| ZeRO-1       | 19B" in text and "19,104,477,611" in text
@@ -107,8 +113,14 @@ def test_report_without_measurements_says_so(tmp_path: Path) -> None:
     assert headline["cost_model_vs_measured"] == {"available": False}
     for name in ("max_model_size_vs_n.png", "per_device_memory_vs_n.png", "headline.json"):
         assert (out / name).stat().st_size > 0, name
-    measured = [f["measured"] for f in headline["figures"][:4]]
-    assert measured == [f"{b}B (cost model, not measured)" for b in (5, 19, 36, 320)]
+    # Every number here is a model output: the index's model column, never its measured one.
+    lecture = headline["figures"][:4]
+    assert [f["model"] for f in lecture] == [f"{b}B" for b in (5, 19, 36, 320)]
+    assert [f["theory"] for f in lecture] == [f"{b}B" for b in (5, 19, 36, 320)]
+    assert all(f["measured"] == "—" and "lecture" in f["source"] for f in lecture)
+    assert not [f for f in headline["figures"] if f["measured"] != "—"]
+    (finding,) = headline["findings"]
+    assert finding["holds"] is True and "5B / 19B / 36B / 320B" in finding["claim"]
 
 
 def test_report_reads_zero_memory_and_gpu_files(tmp_path: Path) -> None:
@@ -118,7 +130,7 @@ def test_report_reads_zero_memory_and_gpu_files(tmp_path: Path) -> None:
     out.mkdir()
     gpu = {"device": ["H100"], "params_fit_measured": [4.1e9], "params_fit_predicted": [5.0e9]}
     pd.DataFrame(gpu).to_csv(out / report.GPU_FILE, index=False)
-    headline = report.write_report(_frame(), out)
+    headline = write(_frame(), out)
     measured = headline["cost_model_vs_measured"]
     # Failed and torch rows do not count: stage 0 is off by 1%, stage 3 by 4% at worst.
     assert measured["max_error"] == pytest.approx(0.04)
@@ -130,13 +142,43 @@ def test_report_reads_zero_memory_and_gpu_files(tmp_path: Path) -> None:
     assert [cell.strip() for cell in zero3.split("|")[2:5]] == ["4, 8", "4.00%", "✓"]
     assert "4.10B" in text and "0.820×" in text and "No GPU was lent" not in text
     figures = {f["figure"]: f for f in headline["figures"]}
-    assert figures["largest model on one H100 (no sharding)"]["gap"] == "0.820×"
+    h100 = figures["largest model on one H100 (no sharding)"]
+    assert (h100["measured"], h100["model"], h100["gap"]) == ("4.10B", "5.00B", "0.820×")
+    matched = figures["cost model vs measured model-state bytes (zero_memory), largest error"]
+    assert (matched["measured"], matched["model"]) == ("4.00%", "—")
 
 
 def test_report_without_the_lecture_cell(tmp_path: Path) -> None:
-    headline = report.write_report(_frame(dp=[2, 4]), tmp_path)
+    headline = write(_frame(dp=[2, 4]), tmp_path)
     assert headline["lecture_reproduced"] is None
     assert "has no 80 GB, N = 64" in (tmp_path / "report.md").read_text()
+
+
+def test_figure1_values_come_from_the_runs_psi(tmp_path: Path) -> None:
+    """At Ψ = 7.5B the paper's Figure 1 stands beside the computed values; at another Ψ the
+    report computes that Ψ's and sets no paper value beside them."""
+    paper = write(_frame(), tmp_path / "paper")
+    figures = [f for f in paper["figures"] if f["figure"].startswith("model states per device")]
+    assert [f["theory"] for f in figures] == ["120 GB", "31.4 GB", "16.6 GB", "1.9 GB"]
+    assert [f["model"] for f in figures] == ["120 GB", "31.4 GB", "16.6 GB", "1.88 GB"]
+    other = write(_frame(params=1e9), tmp_path / "other")
+    figures = [f for f in other["figures"] if f["figure"].startswith("model states per device")]
+    assert [f["model"] for f in figures] == ["16 GB", "4.19 GB", "2.22 GB", "0.25 GB"]
+    assert {f["theory"] for f in figures} == {"—"}
+    text = (tmp_path / "other" / "report.md").read_text()
+    assert "16 GB / 4.19 GB / 2.22 GB / 0.25 GB" in text and "31.4" not in text
+    assert other["per_device_gb"]["by_stage"]["3"] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("fill", [0.0, float("nan")], ids=["zero", "nan"])
+def test_report_on_zero_or_nan_figures(tmp_path: Path, fill: float) -> None:
+    frame = _frame()
+    for column in ("max_params", "max_params_billions", "per_device_gb", "param_bytes",
+                   "grad_bytes", "optim_bytes", "model_state_bytes", "fits"):  # fmt: skip
+        frame[column] = fill
+    headline = write(frame, tmp_path)
+    assert headline["lecture_reproduced"] is not True
+    assert (tmp_path / "report.md").stat().st_size > 0
 
 
 def _bench(tmp: Path, name: str, *overrides: str) -> tuple[int, str, Path]:
