@@ -13,18 +13,11 @@ from __future__ import annotations
 
 import pytest
 
+from bench.experiments.tensor_parallel.config import TensorParallelConfig
+from bench.experiments.tensor_parallel.experiment import EXPERIMENT
+from bench.experiments.tensor_parallel.ranks import paired_block_times
 from bench.launch import RankPool
-from bench.tp_cells import TPCell, paired_block_times
 
-# The tensor_parallel experiment's default GPT (experiments/experiment/tensor_parallel.yaml).
-MODEL = {
-    "d_model": 256,
-    "n_layers": 4,
-    "n_heads": 8,
-    "seq_len": 128,
-    "vocab_size": 256,
-    "bias": False,
-}
 TARGET = 1.1
 
 
@@ -35,9 +28,11 @@ def ranks2():
 
 
 def test_tp_blocks_step_vs_dtensor(benchmark, ranks2):
-    cell = TPCell(method="distbench", model=MODEL, batch_size=8, warmup=3, repeats=31)
+    # The experiment's default GPT and batch (its schema), timed at t = 2.
+    cfg = TensorParallelConfig(tp_degrees=[2], methods=["distbench"], warmup=3, repeats=31)
+    (cell,) = EXPERIMENT.cells(cfg)
     benchmark.group = "tensor-parallel blocks step, t=2"
-    result = benchmark.pedantic(ranks2.run, args=(paired_block_times, cell), rounds=1)[0]
+    result = benchmark.pedantic(ranks2.run, args=(paired_block_times, cfg, cell), rounds=1)[0]
     benchmark.extra_info.update(result)
     print(f"\ndistbench / DTensor step time: {result['ratio']:.2f}x (target ≤ {TARGET}x)")
     assert result["ratio"] <= TARGET, result

@@ -1,0 +1,55 @@
+"""`tensor_parallel`'s typed config: every key, its default and its meaning.
+
+Light on purpose: every rank unpickles this config, so it imports no pandas or plotting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.config import check_choices, check_gpt_model, check_positive, check_training
+from impls.tensor_parallel import check_tp_config
+
+__all__ = ["METHODS", "TensorParallelConfig"]
+
+METHODS = ("distbench", "torch_dtensor")
+
+
+@dataclass(kw_only=True)
+class TensorParallelConfig:
+    tp_degrees: list[int] = field(default_factory=lambda: [1, 2, 4])
+    """Tensor-parallel degrees t; each must divide the model's n_heads, d_ff and vocab."""
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    """distbench (Megatron layers) and/or torch_dtensor (`parallelize_module`)."""
+    model: dict[str, Any] = field(
+        default_factory=lambda: {
+            "bias": False, "d_model": 256, "n_layers": 4, "n_heads": 8, "seq_len": 128,
+            "vocab_size": 256,
+        }
+    )  # fmt: skip
+    """`GPTConfig` keyword arguments of the model every cell splits (in the order of the
+    results' columns)."""
+    batch_size: int = 8
+    """Sequences per step; every TP rank sees the whole batch."""
+    steps: int = 3
+    """SGD steps checked against the single-process reference."""
+    lr: float = 0.1
+    warmup: int = 3
+    repeats: int = 21
+    """Timed steps of the block stack per cell; the median of the slowest rank is reported."""
+    paired: bool = True
+    """Time each cell's other method on twin weights in alternating steps (the speed ratio)."""
+    timeout_s: float = 900.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_positive("tp_degrees", self.tp_degrees)
+        check_choices("methods", self.methods, METHODS)
+        check_training(self, ("batch_size", "steps", "repeats"))
+        cfg = check_gpt_model(self.model)
+        for t in self.tp_degrees:
+            try:
+                check_tp_config(cfg, t)
+            except ValueError as error:
+                raise ValueError(f"tp_degrees={self.tp_degrees}: {error}") from error
