@@ -7,7 +7,7 @@ split would be refused; or a row whose communication, activation or correctness 
 are not what the ranks reported; or, in the real run, a layer whose counted bytes per link
 differ from the papers' formula, whose saved activations differ from the implementation
 model the longest-sequence figure extrapolates, or whose output or gradients leave the
-single-device block. The CI profile's report is checked in tests/test_reports_ci.py.
+single-device block. The CI profile's report is checked in tests/ci_checks/sequence_parallel.py.
 """
 
 from __future__ import annotations
@@ -17,17 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments import EXPERIMENTS
-from bench.experiments.common import parse_config
-from bench.experiments.sequence_parallel import (
+from bench.experiments import experiments
+from bench.experiments.sequence_parallel.config import SequenceParallelConfig
+from bench.experiments.sequence_parallel.experiment import (
     EXPERIMENT,
-    SequenceParallelConfig,
     cells,
-    implementation_activation_bytes,
-    longest_seq_len,
     to_row,
 )
-from bench.sp_cells import SPCell, measure_sp_cell
+from bench.experiments.sequence_parallel.ranks import measure
+from bench.experiments.sequence_parallel.theory import (
+    implementation_activation_bytes,
+    longest_seq_len,
+)
 from tests.rank_support import prefix_communicator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -35,8 +36,8 @@ TINY = {"d_model": 16, "n_heads": 4, "n_layers": 2, "vocab_size": 8}
 
 
 def test_registered():
-    assert EXPERIMENTS["sequence_parallel"] is EXPERIMENT
-    assert EXPERIMENT.key_columns == ["method", "sp", "seq_len"]
+    assert experiments()["sequence_parallel"] is EXPERIMENT
+    assert EXPERIMENT.key_columns == ("method", "sp", "seq_len")
 
 
 @pytest.mark.parametrize(
@@ -63,7 +64,7 @@ def test_registered():
 )  # fmt: skip
 def test_bad_config_is_refused_naming_the_key(values, needles):
     with pytest.raises(ValueError) as error:
-        parse_config(EXPERIMENT, {"model": TINY, **values})
+        EXPERIMENT.parse({"model": TINY, **values})
     for needle in needles:
         assert needle in str(error.value), (needle, str(error.value))
 
@@ -83,8 +84,18 @@ def test_grid_is_every_method_degree_and_length_by_ascending_degree():
     assert len(grid) == 3 * 3 * 2
     sizes = [c.world_size for c in grid]
     assert sizes == sorted(sizes)  # the runner keeps one pool per world size
-    assert all(c.world_size == c.key["sp"] == c.task.sp for c in grid)
-    assert {c.task.memory_budget_bytes for c in grid} == {1 << 20}
+    assert all(c.world_size == c.key["sp"] for c in grid)
+    for c in grid:  # each cell's block and predictions, built once: the budget is the config's
+        assert c.carry.block.seq_len == c.key["seq_len"] and c.carry.block.n_layers == 1
+        assert c.carry.layers == TINY["n_layers"]
+
+        def modelled(s, c=c):
+            return implementation_activation_bytes(
+                c.key["method"], sp=c.key["sp"], batch=cfg.batch_size, seq_len=s,
+                d_model=16, n_heads=4, d_ff=64,
+            )  # fmt: skip
+
+        assert c.carry.longest == longest_seq_len(modelled, 1 << 20, TINY["n_layers"]) > 0
     assert {(c.key["method"], c.key["seq_len"]) for c in grid if c.world_size == 2} == {
         (m, s) for m in ("megatron_sp", "ulysses", "ring_attention") for s in (8, 9)
     }
@@ -131,16 +142,16 @@ def _rank(rank: int, sent: tuple[int, int], wrong: int = 0) -> dict:
 
 def _cell(method: str, sp: int, seq_len: int):
     cfg = SequenceParallelConfig(methods=[method], sp_degrees=[sp], seq_lens=[seq_len],
-                                 model=TINY, batch_size=1)  # fmt: skip
+                                 model=TINY, batch_size=1, warmup=0, repeats=1)  # fmt: skip
     (cell,) = cells(cfg)
-    return cell
+    return cfg, cell
 
 
 def test_row_holds_what_the_ranks_measured_beside_the_formulas():
     """Ulysses, P = 2, s = 7 (chunks of 4, one padded position): 4 all-to-alls each way of
     (P − 1)/P · b·L·h·4 bytes = 128 bytes."""
-    cell = _cell("ulysses", 2, 7)
-    row = to_row(cell, [_rank(0, (512, 512)), _rank(1, (512, 500))])
+    cfg, cell = _cell("ulysses", 2, 7)
+    row = to_row(cfg, cell, [_rank(0, (512, 512)), _rank(1, (512, 500))])
     assert row["local_seq_len"] == 4 and row["padded_positions"] == 1
     assert row["comm_bytes_per_link_per_layer"] == 1024  # the busiest rank's
     assert row["predicted_comm_bytes_per_link_per_layer"] == 4 * 2 * 128
@@ -158,19 +169,19 @@ def test_row_holds_what_the_ranks_measured_beside_the_formulas():
 
 
 def test_row_counts_wrong_tensors_and_shows_traffic_off_the_formula():
-    cell = _cell("megatron_sp", 2, 8)
-    row = to_row(cell, [_rank(0, (100, 100), wrong=1), _rank(1, (100, 100))])
+    cfg, cell = _cell("megatron_sp", 2, 8)
+    row = to_row(cfg, cell, [_rank(0, (100, 100), wrong=1), _rank(1, (100, 100))])
     assert row["wrong"] == 1 and row["max_error"] > 1e-4
     assert row["comm_vs_predicted"] < 1
-    single = to_row(_cell("ring_attention", 1, 8), [_rank(0, (0, 0))])
+    single = to_row(*_cell("ring_attention", 1, 8), [_rank(0, (0, 0))])
     assert single["predicted_comm_bytes_per_link_per_layer"] == 0
     assert math.isnan(single["comm_vs_predicted"])
 
 
-def measure_on_prefix(cell: SPCell) -> dict | None:
+def measure_on_prefix(cfg: SequenceParallelConfig, cell) -> dict | None:
     """Run inside pool ranks: the cell on the first P ranks (the others sit it out)."""
-    comm = prefix_communicator(cell.sp)
-    return None if comm is None else measure_sp_cell(cell, comm)
+    comm = prefix_communicator(cell.key["sp"])
+    return None if comm is None else measure(cfg, cell, comm)
 
 
 @pytest.mark.timeout(180)
@@ -179,10 +190,9 @@ def test_small_real_run_equals_formula_model_and_reference(ranks8):
     formula, the saved bytes equal the implementation model, nothing is wrong."""
     for sp in (2, 4):
         for method in ("megatron_sp", "ulysses", "ring_attention"):
-            cell = _cell(method, sp, 7)
-            cell.task.warmup, cell.task.repeats = 0, 1
-            per_rank = ranks8.run(measure_on_prefix, cell.task)[:sp]
-            row = to_row(cell, per_rank)
+            cfg, cell = _cell(method, sp, 7)
+            per_rank = ranks8.run(measure_on_prefix, cfg, cell)[:sp]
+            row = to_row(cfg, cell, per_rank)
             where = (method, sp)
             assert row["wrong"] == 0 and row["max_error"] < 1e-5, (*where, row["max_error"])
             per_link = row["comm_bytes_per_link_per_layer"]

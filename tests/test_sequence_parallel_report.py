@@ -1,11 +1,13 @@
-"""The `sequence_parallel` report writer on small synthetic results tables.
+"""The `sequence_parallel` report on small synthetic results tables.
 
 The numbers below are fixtures shaped like the experiment's results.csv (one row per
 method × P × s), not measurements. A failure here means a generated report would misstate
 a run: the Ulysses ÷ Megatron-SP ratio taken at the wrong P or from the formula instead of
 the counters, a row whose counters leave the formula counted as exact, the activation
-model's worst error or the longest sequence taken from the wrong row, wrong tensors or a
-failed cell that disappear, or plots that are not written.
+model's worst error or the longest sequence taken from the wrong row (or put among the
+measured figures, when it is a model's output), wrong tensors or a failed cell that
+disappear, plots that are not written, or a report that breaks (or holds its claims) on
+figures that are all zero or all NaN.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.reports import sequence_parallel
-from bench.reports.index import write_index
+from bench.experiments.sequence_parallel.experiment import EXPERIMENT
+from bench.report.index import write_index
 
 METADATA = {
     "git_sha": "abc1234",
@@ -96,7 +98,7 @@ def results() -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("reports") / "sequence_parallel"
-    headline = sequence_parallel.write_report(results(), out)
+    headline = EXPERIMENT.report_on(results(), out, None)
     return headline, (out / "report.md").read_text(), out
 
 
@@ -133,18 +135,27 @@ def test_activation_model_error_is_the_worst_row_and_longest_is_per_method(repor
     assert longest["ulysses"]["4"] == {"model": 8000, "paper": 2000}
     assert longest["megatron_sp"]["1"]["model"] == 1000
     assert "+3.00%" in text and "1 GiB" in text
+    figures = {f["figure"]: f for f in headline["figures"]}
+    figure = figures["Ulysses: longest s within 1 GiB per rank, 4 layers, P = 4 "
+                     "(validated implementation model)"]  # fmt: skip
+    assert figure["model"] == "8,000" and figure["measured"] == "—"  # a model's output
+    assert figure["theory"] == "2,000 (paper formula)" and figure["gap"] == "4.00×"
 
 
 def test_wrong_tensors_and_failed_cells_are_reported(report):
     headline, text, out = report
     assert headline["wrong_total"] == 1 and headline["failed_cells"] == 1
-    assert "**1 tensor(s) wrong**" in text
+    assert "**1 tensor(s) wrong**" in text and "**1 wrong**" in text
     assert "rank 5 timed out" in text
-    figures = {f["figure"]: f for f in headline["figures"]}
-    assert figures["wrong tensors"]["measured"] == "1"
-    assert figures["failed cells"]["measured"] == "1"
+    assert headline["failures"][0]["sp"] == 8
     index = write_index(out.parent).read_text()
     assert "Ulysses ÷ Megatron-SP bytes per link per layer, P = 4" in index
+    broken = {f["claim"] for f in headline["findings"] if not f["holds"]}
+    assert broken == {
+        "counted bytes per link equal the papers' formulas in every cell with P > 1",
+        "saved activations per rank equal the implementation model in every cell",
+    }
+    assert "counted bytes per link equal the papers' formulas" in index  # listed as not held
 
 
 def test_ranks_sharing_cores_are_called_out(report):
@@ -155,11 +166,23 @@ def test_ranks_sharing_cores_are_called_out(report):
 
 def test_single_rank_and_empty_runs(tmp_path):
     alone = pd.DataFrame([_row(m, 1, 16) for m in LONGEST])
-    headline = sequence_parallel.write_report(alone, tmp_path / "alone")
+    headline = EXPERIMENT.report_on(alone, tmp_path / "alone", None)
     assert headline["ulysses_vs_megatron_per_link"] is None
     assert headline["comm_rows_equal_formula"] == {"rows": 0}
     assert "No cell has P > 1" in (tmp_path / "alone" / "report.md").read_text()
     failed = results().iloc[[-1]]
-    headline = sequence_parallel.write_report(failed, tmp_path / "failed")
+    headline = EXPERIMENT.report_on(failed, tmp_path / "failed", None)
     assert headline["failed_cells"] == 1 and headline["wrong_total"] == 0
-    assert "No cell finished" in (tmp_path / "failed" / "report.md").read_text()
+    assert "1 cells, 0 ran" in (tmp_path / "failed" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("fill", [0.0, np.nan], ids=["zero", "nan"])
+def test_degenerate_figures_hold_no_claim(tmp_path, fill):
+    frame = results()
+    keep = {*EXPERIMENT.key_columns, "world_size", "host_cores"}
+    measured = [c for c in frame.columns
+                if c not in keep and pd.api.types.is_numeric_dtype(frame[c])]  # fmt: skip
+    frame[measured] = fill
+    headline = EXPERIMENT.report_on(frame, tmp_path, None)
+    assert headline["findings"] and not any(f["holds"] for f in headline["findings"])
+    assert headline["comm_rows_equal_formula"]["exact_rows"] == 0

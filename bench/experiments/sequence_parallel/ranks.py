@@ -17,32 +17,29 @@ One measured pass, on which everything but time is read:
 - traffic: the communicator's counters over the forward and over the backward (the
   gradient all-reduce of replicated weights, a per-step cost like data parallelism's, is
   counted apart);
-- memory: a `MemoryLedger` holding the rank's weights, counting what autograd saves for
-  backward in the forward (`saved_tensors_hooks`; weights excluded) and each gradient as it
-  is accumulated, with the peak of their sum over the pass;
+- memory: `bench.kit.memory.ledger_over_pass` holding the rank's weights, counting what
+  autograd saves for backward in the forward (`saved_tensors_hooks`; weights excluded)
+  and each gradient as it is accumulated, with the peak of their sum over the pass;
 - correctness: the output, the input gradient and every weight gradient (after the
   replicated ones are summed over ranks) against the full single-process block on the same
   x and dy (`wrong`: tensors off by more than `TOLERANCE`, see there).
 
-Then `repeats` timed passes (after `warmup`), each opened by a barrier and taken as the
-slowest rank's time, with no hooks installed.
+Then `repeats` timed passes (after `warmup`, `bench.kit.timing.alternate`), each opened by
+a barrier and taken as the slowest rank's time, with no hooks installed.
 """
 
 from __future__ import annotations
 
 import copy
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from bench.kit.timing import slowest
+from bench.kit.memory import ledger_over_pass
+from bench.kit.timing import alternate
 from impls.comm import Communicator
-from impls.memory import MemoryLedger
-from impls.models import GPT, Block, GPTConfig
+from impls.models import GPT, Block
 from impls.sequence_parallel import (
     MegatronSPBlock,
     RingAttention,
@@ -55,17 +52,14 @@ from impls.tensor_parallel import sharded_dims
 from impls.tensor_parallel.layers import shard
 
 __all__ = [
-    "METHODS",
     "TOLERANCE",
-    "SPCell",
     "SequenceShardedBlock",
     "full_block",
-    "measure_sp_cell",
+    "measure",
     "parallel_block",
-    "run_sp_cell",
+    "run",
 ]
 
-METHODS = ("megatron_sp", "ulysses", "ring_attention")
 # fp32. A tensor is wrong when max|got − want| > TOLERANCE · max|want|. The distributed
 # layer sums the same products in another order (blockwise online softmax, weight
 # gradients summed chunk by chunk over ranks), which moves a result by a few float32 ulps
@@ -73,24 +67,6 @@ METHODS = ("megatron_sp", "ulysses", "ring_attention")
 # the wrong place moves it by O(1).
 TOLERANCE = 1e-4
 GRAD_FLOOR = 1e-3
-
-
-@dataclass(kw_only=True)
-class SPCell:
-    """One measured configuration, as shipped to every rank."""
-
-    method: str
-    sp: int
-    """Sequence-parallel degree P: the cell's world size."""
-    seq_len: int
-    batch_size: int
-    model: dict[str, Any]
-    """`GPTConfig` keyword arguments of the block (its `seq_len` is the cell's)."""
-    warmup: int = 1
-    repeats: int = 5
-    seed: int = 0
-    memory_budget_bytes: int = 1 << 30
-    """Not used by the ranks: the row's longest-sequence-within-budget columns."""
 
 
 class SequenceShardedBlock(nn.Module):
@@ -116,32 +92,31 @@ class SequenceShardedBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-def full_block(cell: SPCell) -> Block:
+def full_block(cfg: Any, cell: Any) -> Block:
     """The single-device block every rank starts from (one seed: identical everywhere)."""
-    cfg = GPTConfig(**{**cell.model, "seq_len": cell.seq_len, "n_layers": 1})
-    return GPT(cfg, seed=cell.seed).blocks[0]
+    return GPT(cell.carry.block, seed=cfg.seed).blocks[0]
 
 
-def parallel_block(cell: SPCell, comm: Communicator) -> nn.Module:
-    """This rank's part of the block under `cell.method`."""
-    block = full_block(cell)
-    if cell.method == "megatron_sp":
+def parallel_block(cfg: Any, cell: Any, comm: Communicator) -> nn.Module:
+    """This rank's part of the block under the cell's method."""
+    block, method = full_block(cfg, cell), cell.key["method"]
+    if method == "megatron_sp":
         return MegatronSPBlock.from_block(block, comm)
-    attention = {"ulysses": UlyssesAttention, "ring_attention": RingAttention}[cell.method]
+    attention = {"ulysses": UlyssesAttention, "ring_attention": RingAttention}[method]
     return SequenceShardedBlock(block, attention, comm)
 
 
-def full_inputs(cell: SPCell) -> tuple[torch.Tensor, torch.Tensor]:
+def full_inputs(cfg: Any, cell: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole input x and output gradient dy, (b, s, h) each, the same on every rank."""
-    generator = torch.Generator().manual_seed(cell.seed + 1)
-    shape = (cell.batch_size, cell.seq_len, cell.model.get("d_model", GPTConfig.d_model))
+    generator = torch.Generator().manual_seed(cfg.seed + 1)
+    shape = (cfg.batch_size, cell.key["seq_len"], cell.carry.block.d_model)
     return torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
 
 
-def _reference(cell: SPCell) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+def _reference(cfg: Any, cell: Any) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """The full block on one process: output, input gradient, weight gradients."""
-    block = full_block(cell)
-    x, dy = full_inputs(cell)
+    block = full_block(cfg, cell)
+    x, dy = full_inputs(cfg, cell)
     x.requires_grad_()
     y = block(x)
     y.backward(dy)
@@ -156,7 +131,7 @@ def _error(got: torch.Tensor, want: torch.Tensor, floor: float = 0.0) -> float:
     return float((got - want).abs().max()) / scale
 
 
-def _errors(cell: SPCell, block: nn.Module, y: torch.Tensor, dx: torch.Tensor,
+def _errors(cfg: Any, cell: Any, block: nn.Module, y: torch.Tensor, dx: torch.Tensor,
             comm: Communicator) -> dict[str, float]:  # fmt: skip
     """Each checked tensor's normalised error against the single-process block: this
     rank's real (unpadded) positions of y and dx, and every weight gradient (a tensor-
@@ -167,10 +142,11 @@ def _errors(cell: SPCell, block: nn.Module, y: torch.Tensor, dx: torch.Tensor,
     k_proj's bias has an identically zero gradient (softmax ignores a shift common to
     every key), so its reference holds nothing but rounding noise.
     """
-    want_y, want_dx, want_grads = _reference(cell)
-    chunk = local_seq_len(cell.seq_len, comm.world_size)
+    want_y, want_dx, want_grads = _reference(cfg, cell)
+    seq_len = cell.key["seq_len"]
+    chunk = local_seq_len(seq_len, comm.world_size)
     start = comm.rank * chunk
-    real = max(0, min(chunk, cell.seq_len - start))
+    real = max(0, min(chunk, seq_len - start))
     errors = {
         "output": _error(y[:, :real], want_y[:, start : start + real]),
         "input grad": _error(dx[:, :real], want_dx[:, start : start + real]),
@@ -186,37 +162,32 @@ def _errors(cell: SPCell, block: nn.Module, y: torch.Tensor, dx: torch.Tensor,
     return errors
 
 
-def _measured_pass(cell: SPCell, block: nn.Module, comm: Communicator) -> dict[str, Any]:
+def _measured_pass(cfg: Any, cell: Any, block: nn.Module, comm: Communicator) -> dict:
     """One forward + backward with traffic counted and memory accounted, then the check."""
-    x_full, dy_full = full_inputs(cell)
+    x_full, dy_full = full_inputs(cfg, cell)
     # A copy: with b = 1 the chunk is a view of the whole x, whose storage the ledger would
     # count as the input's; the previous layer would hand over a tensor of its own.
     x = shard_sequence(x_full, comm).clone().requires_grad_()
     dy = shard_sequence(dy_full, comm)  # padded positions get a zero gradient
-    ledger = MemoryLedger()
-    params = list(block.parameters())
-    for param in params:
-        ledger.track("params", param)
+    traffic, outputs = {}, []
 
-    def count_grad(param: nn.Parameter) -> None:
-        ledger.track("grads", param.grad)
+    def forward() -> torch.Tensor:
+        with comm.measure() as traffic["fwd"]:
+            outputs.append(block(x))
+        return outputs[0]
 
-    hooks = [p.register_post_accumulate_grad_hook(count_grad) for p in params]
-    ledger.reset_peak()
-    with comm.measure() as fwd, ledger.saved_activations(exclude=params):
-        y = block(x)
-    activations = ledger.current["activations"]
-    with comm.measure() as bwd:
-        y.backward(dy)
-    for hook in hooks:
-        hook.remove()
+    def backward(y: torch.Tensor) -> None:
+        with comm.measure() as traffic["bwd"]:
+            y.backward(dy)
+
+    ledger, activations = ledger_over_pass(block.parameters(), forward, backward)
     memory = ledger.snapshot()
     with comm.measure() as grad_sync:
         all_reduce_replicated_grads(block.replicated_parameters(), comm)
-    errors = _errors(cell, block, y.detach(), x.grad, comm)
+    errors = _errors(cfg, cell, block, outputs[0].detach(), x.grad, comm)
     return {
-        "fwd": fwd.as_dict(),
-        "bwd": bwd.as_dict(),
+        "fwd": traffic["fwd"].as_dict(),
+        "bwd": traffic["bwd"].as_dict(),
         "grad_sync": grad_sync.as_dict(),
         "activation_bytes": activations,
         "param_bytes": memory["current"]["params"],
@@ -227,34 +198,31 @@ def _measured_pass(cell: SPCell, block: nn.Module, comm: Communicator) -> dict[s
     }
 
 
-def _step_times(cell: SPCell, block: nn.Module, comm: Communicator) -> list[float]:
+def _step_times(cfg: Any, cell: Any, block: nn.Module, comm: Communicator) -> list[float]:
     """`repeats` barrier-opened forward + backward passes (after `warmup`): slowest rank's s."""
-    x_full, dy_full = full_inputs(cell)
+    x_full, dy_full = full_inputs(cfg, cell)
     x = shard_sequence(x_full, comm).requires_grad_()
     dy = shard_sequence(dy_full, comm)
-    times = []
-    for i in range(cell.warmup + cell.repeats):
+
+    def step() -> None:
         block.zero_grad(set_to_none=True)
         x.grad = None
-        dist.barrier(group=comm.group)
-        start = time.perf_counter()
         block(x).backward(dy)
-        seconds = slowest(time.perf_counter() - start, comm.group)
-        if i >= cell.warmup:
-            times.append(seconds)
-    return times
+
+    timed = alternate({"step": step}, warmup=cfg.warmup, repeats=cfg.repeats, group=comm.group)
+    return timed["step"].seconds
 
 
-def run_sp_cell(cell: SPCell) -> dict[str, Any]:
-    """One rank of a cell on the default group: see `measure_sp_cell`."""
-    return measure_sp_cell(cell, Communicator())
+def run(cfg: Any, cell: Any) -> dict[str, Any]:
+    """One rank of a cell on the default group: see `measure`."""
+    return measure(cfg, cell, Communicator())
 
 
-def measure_sp_cell(cell: SPCell, comm: Communicator) -> dict[str, Any]:
+def measure(cfg: Any, cell: Any, comm: Communicator) -> dict[str, Any]:
     """One rank of a cell on `comm`'s group of P ranks: traffic, memory, errors against the
     reference, step times."""
-    if comm.world_size != cell.sp:
-        raise ValueError(f"sp={cell.sp} but the cell runs on {comm.world_size} ranks")
-    block = parallel_block(cell, comm)
-    measured = _measured_pass(cell, block, comm)
-    return {"rank": comm.rank, **measured, "step_times_s": _step_times(cell, block, comm)}
+    if comm.world_size != cell.key["sp"]:
+        raise ValueError(f"sp={cell.key['sp']} but the cell runs on {comm.world_size} ranks")
+    block = parallel_block(cfg, cell, comm)
+    measured = _measured_pass(cfg, cell, block, comm)
+    return {"rank": comm.rank, **measured, "step_times_s": _step_times(cfg, cell, block, comm)}
