@@ -7,7 +7,7 @@ naming the key; that the papers' traffic counts or the replay behind the utiliza
 columns are computed wrongly (the replay must give the GPipe bound M/(M+P−1) back for equal
 stages and free communication); or that a real 3D cell (dp 2 × pp 2 × tp 2 on 8 ranks)
 disagrees with single-device training or with the counts. The CI run is checked against
-the lecture in tests/test_reports_ci.py.
+the lecture in tests/ci_checks/parallelism_comparison.py.
 """
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments import EXPERIMENTS
-from bench.experiments.common import parse_config
-from bench.experiments.parallelism_comparison import (
+from bench.experiments import experiments
+from bench.experiments.parallelism_comparison.experiment import (
     EXPERIMENT,
     ParallelismComparisonConfig,
     cells,
     predicted_traffic,
     to_row,
 )
-from bench.hybrid_cells import HybridCell, run_hybrid_cell
+from bench.experiments.parallelism_comparison.ranks import run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY = {"d_model": 32, "n_layers": 4, "n_heads": 4, "seq_len": 16, "vocab_size": 64,
@@ -35,11 +34,26 @@ FOUR = [{"dp": 4}, {"tp": 4}, {"pp": 4}, {"dp": 2, "tp": 2}]
 
 def config(**values) -> ParallelismComparisonConfig:
     base = {"world_sizes": [4], "layouts": FOUR, "model": TINY, "batch_size": 16}
-    return parse_config(EXPERIMENT, base | values)
+    return EXPERIMENT.parse(base | values)
 
 
 def test_registered_under_its_name():
-    assert EXPERIMENTS["parallelism_comparison"] is EXPERIMENT
+    assert experiments()["parallelism_comparison"] is EXPERIMENT
+
+
+def test_schema_defaults_are_the_full_grid():
+    """The YAML lists nothing: the schema's defaults are what users ran (4 and 8 ranks, the
+    lecture's 4 × 4 pipeline on an 8-block GPT)."""
+    cfg = EXPERIMENT.parse({})
+    assert cfg.world_sizes == [4, 8] and len(cfg.layouts) == 10
+    assert cfg.layouts[-1] == {"dp": 2, "pp": 2, "tp": 2}
+    assert cfg.model["n_layers"] == 8 and cfg.model["bias"] is False
+    assert (cfg.batch_size, cfg.microbatches, cfg.schedule) == (32, 4, "1f1b")
+    assert (cfg.steps, cfg.warmup, cfg.repeats, cfg.profile_steps) == (3, 1, 5, 2)
+    assert (cfg.lr, cfg.timeout_s, cfg.seed) == (1e-3, 900.0, 0)
+    text = (REPO_ROOT / "experiments/experiment/parallelism_comparison.yaml").read_text()
+    keys = [line for line in text.splitlines() if line and line[0] not in "# -"]
+    assert keys == ["defaults:"], keys
 
 
 @pytest.mark.parametrize(
@@ -76,25 +90,28 @@ def test_grid_fills_in_every_axis_and_runs_each_world_size_together():
     assert [c.world_size for c in grid] == [4, 4, 4, 4, 8]
     assert grid[1].key == {"world_size": 4, "dp": 1, "pp": 1, "tp": 4}
     assert grid[-1].key == {"world_size": 8, "dp": 2, "pp": 2, "tp": 2}
-    task = grid[-1].task
-    assert (task.dp, task.pp, task.tp, task.microbatches, task.batch_size) == (2, 2, 2, 4, 16)
+    layout = grid[-1].carry
+    assert (layout.dp, layout.pp, layout.tp, layout.micro_batch) == (2, 2, 2, 2)
+    assert layout.gpt.d_model == TINY["d_model"] and grid[-1].fn is run
+    # The pipeline plan is built once per cell: two stages, each F and B of 4 micro-batches.
+    assert [len(layout.plan[s]) for s in range(2)] == [8, 8]
+    assert grid[1].carry.plan[0][0].kind == "F" and len(grid[1].carry.plan) == 1
 
 
 def test_predicted_traffic_is_the_papers_count():
     """TINY, 16 sequences, 4 micro-batches: one (b, s, h) activation is 4·16·32 elements."""
     act = 4 * 16 * 32
     ring4 = 2 * 3 / 4 * 4  # bytes sent per element of a ring all-reduce on 4 ranks
-    task = HybridCell(dp=1, pp=1, tp=4, model=TINY, batch_size=16, microbatches=4)
+    cfg = config(layouts=[{"tp": 4}, {"pp": 4}, {"dp": 4}])
+    tensor, pipe, data = (c.carry for c in cells(cfg))
     # forward: 2 per block + the embedding's g + the loss's max (b·s) and pair (2·b·s);
     # backward: 2 per block + the LM head's f.
     forward = (2 * 4 + 1) * act + 4 * 16 + 2 * 4 * 16
-    assert predicted_traffic(task, 0, 0)["tp"] == 4 * (forward + 9 * act) * ring4
-    pipe = HybridCell(dp=1, pp=4, tp=1, model=TINY, batch_size=16, microbatches=4)
-    assert [predicted_traffic(pipe, s, 0)["pp"] for s in range(4)] == [
+    assert predicted_traffic(cfg, tensor, 0, 0)["tp"] == 4 * (forward + 9 * act) * ring4
+    assert [predicted_traffic(cfg, pipe, s, 0)["pp"] for s in range(4)] == [
         4 * act * 4, 8 * act * 4, 8 * act * 4, 4 * act * 4,
     ]  # fmt: skip
-    data = HybridCell(dp=4, pp=1, tp=1, model=TINY, batch_size=16, microbatches=4)
-    assert predicted_traffic(data, 0, 999) == {"dp": 1000 * ring4, "pp": 0.0, "tp": 0.0}
+    assert predicted_traffic(cfg, data, 0, 999) == {"dp": 1000 * ring4, "pp": 0.0, "tp": 0.0}
 
 
 def _action(name: str, cpu: float, tp_rounds: int = 0, round_cpu: float = 0.0) -> dict:
@@ -132,12 +149,12 @@ def _pipeline_cell() -> tuple:
             _action(f"{stage}{k}{m}", c) for m in range(4) for k, c in (("F", 1.0), ("B", 2.0))
         ]
         per_rank.append(_rank(stage, stage, actions, 12.0, _traffic()))
-    return cell, per_rank
+    return cfg, cell, per_rank
 
 
 def test_replay_of_equal_stages_and_free_transfers_meets_the_gpipe_bound():
-    cell, per_rank = _pipeline_cell()
-    row = to_row(cell, per_rank)
+    cfg, cell, per_rank = _pipeline_cell()
+    row = to_row(cfg, cell, per_rank)
     assert row["util_theory"] == pytest.approx(4 / 7)
     assert row["util_replayed"] == pytest.approx(4 / 7)  # makespan (M + P − 1)·(F + B) = 21
     assert row["replayed_step_time_s"] == pytest.approx(21.0)
@@ -147,8 +164,8 @@ def test_replay_of_equal_stages_and_free_transfers_meets_the_gpipe_bound():
 
 
 def test_memory_columns_take_the_fullest_rank_and_the_mean():
-    cell, per_rank = _pipeline_cell()
-    row = to_row(cell, per_rank)
+    cfg, cell, per_rank = _pipeline_cell()
+    row = to_row(cfg, cell, per_rank)
     # Rank r holds 4000 + r bytes of model states and stage r's 500·(4 − r) of activations:
     # rank 0 is the fullest, rank 3 has the most model states.
     assert row["memory_per_rank_bytes"] == 4000 + 2000
@@ -168,7 +185,7 @@ def test_data_parallel_replay_prices_the_all_reduce_at_alpha_per_round():
     per_rank = [_rank(r, 0, actions, 7.0, _traffic(dp=(0, 6)), alpha=0.5) for r in range(4)]
     # One rank descheduled mid-profile: the stage's median over its ranks ignores it.
     per_rank[3]["profile"][0]["actions"] = [{**a, "cpu_s": 3 * a["cpu_s"]} for a in actions]
-    row = to_row(cell, per_rank)
+    row = to_row(cfg, cell, per_rank)
     assert row["replayed_step_time_s"] == pytest.approx(10.0)
     assert row["util_replayed"] == pytest.approx(0.7)
     assert row["comm_fraction_replayed"] == pytest.approx(0.3)
@@ -184,7 +201,7 @@ def test_tp_collectives_own_work_counts_as_communication():
     traffic = _traffic(tp=(0, 12))
     per_rank = [_rank(r, 0, actions, 3.6, traffic, alpha=0.05, round_cpu=0.2,
                       tp_call_cpu_s=0.2) for r in range(4)]  # fmt: skip
-    row = to_row(cell, per_rank)
+    row = to_row(cfg, cell, per_rank)
     # compute 1 + 2 = 3 s; two all-reduces at 0.2 + 6 × 0.05 = 0.5 s each.
     assert row["replayed_step_time_s"] == pytest.approx(4.0)
     assert row["util_replayed"] == pytest.approx(0.75)
@@ -193,15 +210,15 @@ def test_tp_collectives_own_work_counts_as_communication():
 
 
 def test_a_parameter_gradient_or_loss_off_the_reference_marks_the_row_wrong():
-    cell, per_rank = _pipeline_cell()
+    cfg, cell, per_rank = _pipeline_cell()
     per_rank[2]["update_error"] = 2e-3
-    assert to_row(cell, per_rank)["wrong"] == 1
-    cell, per_rank = _pipeline_cell()
+    assert to_row(cfg, cell, per_rank)["wrong"] == 1
+    cfg, cell, per_rank = _pipeline_cell()
     per_rank[0]["losses"] = [4.0, 3.95]
-    assert to_row(cell, per_rank)["wrong"] == 1
-    cell, per_rank = _pipeline_cell()
+    assert to_row(cfg, cell, per_rank)["wrong"] == 1
+    cfg, cell, per_rank = _pipeline_cell()
     per_rank[3]["grad_error"] = 1.0  # e.g. gradients summed over 2 replicas, not averaged
-    assert to_row(cell, per_rank)["wrong"] == 1
+    assert to_row(cfg, cell, per_rank)["wrong"] == 1
 
 
 @pytest.mark.slow
@@ -212,7 +229,7 @@ def test_a_3d_cell_trains_like_one_device_and_counts_what_the_papers_count(ranks
     cfg = config(world_sizes=[8], layouts=[{"dp": 2, "pp": 2, "tp": 2}], model=model,
                  batch_size=8, microbatches=2, steps=2, warmup=0, repeats=1, profile_steps=1)  # fmt: skip
     (cell,) = cells(cfg)
-    row = to_row(cell, ranks8.run(run_hybrid_cell, cell.task))
+    row = to_row(cfg, cell, ranks8.run(run, cfg, cell))
     assert row["wrong"] == 0 and row["update_error"] < 1e-4, row["update_error"]
     assert row["strategy"] == "3D" and row["layout"] == "dp2×pp2×tp2"
     assert row["comm_bytes_tp"] == pytest.approx(row["predicted_comm_bytes_tp"])

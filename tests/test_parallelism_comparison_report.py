@@ -4,12 +4,15 @@ The numbers below are fixtures shaped like the experiment's results.csv (one row
 layout), not measurements. A failure here means a generated report would misstate a run:
 a ratio to DP taken from the wrong row or world size, a lecture adjective put beside the
 wrong strategy, an ordering called agreeing with the lecture when it does not, a failed or
-wrong cell that disappears, plots that are not written — or a writer that imports `impls`
+wrong cell that disappears, an ordering that does not hold missing from the index's
+findings, a target not judged on every cell it applies to, a report that crashes on
+all-zero or all-NaN figures, plots that are not written — or a writer that imports `impls`
 (it must read results only).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -19,8 +22,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.reports import parallelism_comparison
-from bench.reports.index import write_index
+from bench.experiments.parallelism_comparison.experiment import EXPERIMENT
+from bench.report.index import write_index
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PSI = 10_000
@@ -80,8 +83,12 @@ def results() -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("reports") / "parallelism_comparison"
-    headline = parallelism_comparison.write_report(results(), out)
+    headline = write(results(), out)
     return headline, (out / "report.md").read_text(), out
+
+
+def write(frame: pd.DataFrame, out: Path) -> dict:
+    return EXPERIMENT.report_on(frame, out, None)
 
 
 def test_files_and_headline_round_trip(report) -> None:
@@ -123,30 +130,79 @@ def test_table_puts_the_lecture_beside_each_strategy(report) -> None:
 
 
 def test_orderings_are_checked_against_the_lecture(report) -> None:
-    headline, _, _ = report
-    checks = headline["lecture_checks"]
-    utilization = next(c for c in checks if c.startswith("- utilization"))
+    headline, text, out = report
+    lines = text.splitlines()
+    utilization = next(c for c in lines if c.startswith("- utilization"))
     assert "DP 90.0% > TP 60.0% > PP 55.0%" in utilization and utilization.endswith("holds.")
-    comm = next(c for c in checks if c.startswith("- communication"))
+    comm = next(c for c in lines if c.startswith("- communication"))
     # TP 234 KiB > DP 58.6 KiB > PP 7.8 KiB: the lecture's TP > PP > DP does not hold.
     assert "TP > PP > DP **does not hold**" in comm
+    findings = {f["claim"]: f for f in headline["findings"]}
+    assert len(findings) == 6  # at N = 4; N = 8 has no pure layout that ran
+    util = findings["utilization (replayed) at N = 4: DP > TP > PP, as the lecture's words say"]
+    assert util["holds"] and "DP 90.0% > TP 60.0% > PP 55.0%" in util["detail"]
+    comm = findings["communication per step at N = 4: TP > PP > DP, as the lecture's words say"]
+    assert not comm["holds"] and "TP 234 KiB > DP 58.6 KiB > PP 7.81 KiB" in comm["detail"]
+    assert [f["holds"] for f in findings.values()].count(False) == 1
+    # The index lists the ordering that does not hold, and only that one.
+    index = write_index(out.parent).read_text()
+    listed = index.split("## Findings that do not hold")[1].split("## Reports")[0]
+    assert "TP > PP > DP" in listed and "DP > TP > PP" not in listed
+
+
+def test_a_tie_does_not_hold(tmp_path: Path) -> None:
+    """Equal figures (e.g. a counter that read zero everywhere) satisfy no ordering."""
+    frame = results()
+    frame["comm_bytes_per_step"] = 0.0
+    headline = write(frame, tmp_path)
+    comm = next(f for f in headline["findings"] if f["claim"].startswith("communication"))
+    assert not comm["holds"]
+
+
+def test_targets_are_judged_on_every_cell_they_apply_to(report) -> None:
+    headline, _, _ = report
+    targets = {t["column"]: t for t in headline["targets"]}
+    assert set(targets) == {"comm_count_error", "model_state_vs_theory", "util_vs_bound"}
+    # Counts equal the prediction in the fixture: every ran cell, worst gap 0.
+    counts = targets["comm_count_error"]
+    assert (counts["cells"], counts["measured"], counts["worst"], counts["met"]) == (5, 5, 0, True)
+    # TP layouts hold 5% over 16Ψ/k (replicated LayerNorms): the worst is a TP cell.
+    states = targets["model_state_vs_theory"]
+    assert states["worst"] == pytest.approx(1.05) and "tp=" in states["worst_key"]
+    assert states["met"] and states["cells"] == 5
+    bubble = targets["util_vs_bound"]  # pp4 alone: 55% of its 4/7 bound
+    assert bubble["cells"] == 1 and bubble["worst"] == pytest.approx(0.55 / (4 / 7))
+    assert bubble["worst_key"] == "world_size=4, dp=1, pp=4, tp=1" and bubble["met"]
+
+
+@pytest.mark.parametrize("fill", [0.0, np.nan], ids=["zero", "nan"])
+def test_degenerate_figures_still_write_a_report(tmp_path: Path, fill: float) -> None:
+    frame = results()
+    keep = {"world_size", "dp", "pp", "tp", "host_cores"}
+    for column in frame.columns:
+        if column not in keep and pd.api.types.is_numeric_dtype(frame[column]):
+            frame[column] = fill
+    headline = write(frame, tmp_path)
+    assert not any(t["met"] for t in headline["targets"])
+    assert not any(f["holds"] for f in headline["findings"])
+    assert (tmp_path / "utilization.png").stat().st_size > 0
 
 
 def test_failed_and_wrong_cells_are_reported(tmp_path: Path) -> None:
     frame = results()
     frame.loc[frame["layout"] == "tp4", "wrong"] = 1
-    headline = parallelism_comparison.write_report(frame, tmp_path)
+    headline = write(frame, tmp_path)
     assert headline["wrong_total"] == 1 and headline["failed_cells"] == 1
     text = (tmp_path / "report.md").read_text()
-    assert "**1 layout(s) wrong**" in text and "rank 6 timed out after 900 s" in text
-    figures = {f["figure"]: f["measured"] for f in headline["figures"]}
-    assert figures["wrong layouts"] == "1" and figures["failed cells"] == "1"
+    assert "**1 wrong**" in text and "rank 6 timed out after 900 s" in text
+    assert "| world_size=4, dp=1, pp=1, tp=4 |" in text  # the wrong cell, named
+    assert headline["wrong_cells"] == 1 and len(headline["failures"]) == 1
 
 
 def test_a_run_where_nothing_finished_still_writes_a_report(tmp_path: Path) -> None:
     frame = results()
     frame["status"] = "failed"
-    headline = parallelism_comparison.write_report(frame, tmp_path)
+    headline = write(frame, tmp_path)
     assert headline["failed_cells"] == len(frame)
     assert "No cell finished" in (tmp_path / "report.md").read_text()
 
@@ -157,10 +213,25 @@ def test_index_shows_the_headline_figures(report) -> None:
     assert "parallelism_comparison" in index and "PP utilization, replayed" in index
 
 
+FOLDER = REPO_ROOT / "bench" / "experiments" / "parallelism_comparison"
+REPORT_MODULES = ("report.py", "tables.py", "plots.py")
+
+
 def test_writer_reads_results_only() -> None:
+    """The report's modules import no `impls`, and importing them loads no `impls` module
+    beyond what the harness's own package already does (`bench.experiments`)."""
+    for name in REPORT_MODULES:
+        tree = ast.parse((FOLDER / name).read_text())
+        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [m for m in imported if m and m.split(".")[0] == "impls"], name
+        assert not [m for m in imported if m and m.endswith((".ranks", ".experiment"))], name
     code = (
-        "import sys, bench.reports.parallelism_comparison\n"
-        "bad = sorted(m for m in sys.modules if m == 'impls' or m.startswith('impls.'))\n"
+        "import sys, bench.experiments\n"
+        "def impls(): return {m for m in sys.modules if m == 'impls' or m.startswith('impls.')}\n"
+        "before = impls()\n"
+        "import bench.experiments.parallelism_comparison.report\n"
+        "bad = sorted(impls() - before)\n"
         "assert not bad, bad\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
