@@ -1,0 +1,57 @@
+"""`delayed_averaging`'s typed config: every key, its default and its meaning.
+
+Light on purpose: every rank unpickles this config, so it imports no pandas or plotting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bench.config import check_batch_split, check_choices, check_positive, check_training
+from bench.kit.tasks import TASKS
+from impls.comm import SimulatedNetwork
+
+__all__ = ["METHODS", "DelayedAveragingConfig"]
+
+METHODS = ("sync", "dga")
+
+
+@dataclass(kw_only=True)
+class DelayedAveragingConfig:
+    latencies_ms: list[float] = field(default_factory=lambda: [0.0, 10.0, 50.0, 100.0])
+    """One-way link latency per round of the simulated network, each ≥ 0."""
+    delays: list[int] = field(default_factory=lambda: [4, 16])
+    """DGA's delay D (steps an average may take), each ≥ 1; sync DP is D = 0."""
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    bandwidth_mbps: float | None = None
+    """Link bandwidth; null: unlimited (latency only)."""
+    target_accuracy: float = 0.95
+    """Held-out accuracy whose first crossing is the time-to-accuracy."""
+    task: str = "digits"
+    steps: int = 300
+    batch_size: int = 64
+    lr: float = 0.5
+    """Peak plain-SGD learning rate (cosine decay to 0)."""
+    world_size: int = 4
+    eval_every: int = 10
+    seed: int = 0
+    timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        check_choices("methods", self.methods, METHODS)
+        check_choices("task", [self.task], TASKS)
+        if not self.latencies_ms:
+            raise ValueError("latencies_ms=[]: give at least one latency")
+        for latency in self.latencies_ms:
+            try:
+                SimulatedNetwork.from_units(latency_ms=latency)
+            except ValueError as err:
+                raise ValueError(f"latencies_ms={self.latencies_ms}: {err}") from err
+        if self.bandwidth_mbps is not None:
+            SimulatedNetwork.from_units(bandwidth_mbps=self.bandwidth_mbps)
+        if "dga" in self.methods:
+            check_positive("delays", self.delays)
+        if not (isinstance(self.target_accuracy, int | float) and 0 < self.target_accuracy <= 1):
+            raise ValueError(f"target_accuracy={self.target_accuracy}: must be in (0, 1]")
+        check_training(self, ("steps", "batch_size", "world_size", "eval_every"))
+        check_batch_split(self.batch_size, self.world_size)
