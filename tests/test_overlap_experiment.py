@@ -19,10 +19,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.experiments import EXPERIMENTS
-from bench.experiments.common import parse_config
-from bench.experiments.overlap import EXPERIMENT, OverlapConfig, cells, network_label, to_row
-from bench.reports.overlap import pairs, write_report
+from bench.experiments import experiments
+from bench.experiments.overlap.config import OverlapConfig, network_label
+from bench.experiments.overlap.experiment import EXPERIMENT, cells, to_row
+from bench.experiments.overlap.ranks import Plan
+from bench.experiments.overlap.report import pairs
 from bench.runner import run_experiment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -30,9 +31,17 @@ TINY = {"vocab_size": 64, "seq_len": 16, "d_model": 32, "n_heads": 4, "n_layers"
 LOCAL = {"kind": "local", "backend": "gloo", "device": "cpu"}
 
 
+def write_report(df: pd.DataFrame, report_dir) -> dict:
+    return EXPERIMENT.report_on(df, report_dir, None)
+
+
+def parse_config(experiment, values: dict):
+    return experiment.parse(values)
+
+
 def test_registered():
-    assert EXPERIMENTS["overlap"] is EXPERIMENT
-    assert EXPERIMENT.key_columns == ["network", "bucket_cap_bytes", "overlap"]
+    assert experiments()["overlap"] is EXPERIMENT
+    assert EXPERIMENT.key_columns == ("network", "bucket_cap_bytes", "overlap")
 
 
 @pytest.mark.parametrize(
@@ -97,7 +106,13 @@ def test_grid_pairs_serial_before_overlapped_per_network_and_cap():
         for flag in (False, True)
     ]
     assert all(c.world_size == 2 for c in cells(cfg))
-    assert cells(cfg)[4].task.network == {"latency_ms": 1} and cells(cfg)[3].task.network is None
+    grid = cells(cfg)
+    assert grid[4].carry == Plan(network={"latency_ms": 1}, sides=(False, True))
+    assert grid[3].carry == Plan(network=None, sides=(True, False))  # its twin: serial
+    assert grid[3].carry.paired
+    single = cells(OverlapConfig(bucket_caps_bytes=[1024], overlap=True, networks=[None],
+                                 paired=False, model=TINY))  # fmt: skip
+    assert [c.carry for c in single] == [Plan(network=None, sides=(True,))]
 
 
 def _rank(rank: int) -> dict:
@@ -131,7 +146,7 @@ def test_row_reduces_the_ranks_as_documented():
     link = {"latency_ms": 0.5, "bandwidth_mbps": 1000}
     cfg = OverlapConfig(bucket_caps_bytes=[2048], overlap=[True], networks=[link], model=TINY)
     (cell,) = cells(cfg)
-    row = to_row(cell, [_rank(0), _rank(1)])
+    row = to_row(cfg, cell, [_rank(0), _rank(1)])
     assert row["network"] == "0.5ms-1000Mbps" and row["overlap"] is True
     assert row["latency_ms"] == 0.5 and row["bandwidth_mbps"] == 1000
     assert row["step_time_s"] == 0.20  # median over steps
@@ -152,11 +167,11 @@ def test_row_of_an_unpaired_serial_cell():
         bucket_caps_bytes=[2048], overlap=[False], networks=[None], paired=False, model=TINY
     )
     (cell,) = cells(cfg)
-    assert not cell.task.paired and cell.key["network"] == "loopback"
+    assert not cell.carry.paired and cell.key["network"] == "loopback"
     ranks = [_rank(0), _rank(1)]
     for r in ranks:
         r.update(twin_step_times_s=[], twin_backward_s=[], twin_param_digest="")
-    row = to_row(cell, ranks)
+    row = to_row(cfg, cell, ranks)
     assert row["latency_ms"] == 0.0 and row["bandwidth_mbps"] == math.inf
     assert math.isnan(row["twin_step_time_s"]) and math.isnan(row["paired_speedup"])
     assert row["twin_same_parameters"] is None
@@ -244,12 +259,28 @@ def test_report_on_a_synthetic_frame(tmp_path):
     assert headline["pairs"] == 4 and headline["pairs_bitwise_equal"] == 4
     figures = {f["figure"]: f for f in headline["figures"]}
     speed = figures["DDP serial ÷ overlapped step time, 0.5ms-1000Mbps, best cap (1 MiB)"]
-    assert speed["measured"] == "1.55×" and speed["theory"].startswith("≤ 1.33×")
+    # The ideal is Li et al.'s model on the serial cell's times: the model column.
+    assert speed["measured"] == "1.55×" and speed["model"].startswith("≤ 1.33×")
+    assert speed["theory"] == "—"
     assert "Li et al., VLDB 2020" in speed["source"]
     report = (tmp_path / "report.md").read_text()
+    # "0.98×": the loopback 1 MiB pair's speed-up across cells (0.110 / 0.112), from rows.
     for needle in ("0.98×", "uses no CPU", "1.55×", "Failed cells (1)", "timed out",
                    "4 of 4 pairs", "cell's own in 4 of 4", "separate cells"):  # fmt: skip
         assert needle in report, needle
+    assert "zero_memory" not in report  # another report's figure is not this report's
+    # Issue #4's target: every cap with several buckets on the simulated link, both here.
+    (target,) = headline["targets"]
+    assert target["where"] == {"overlap": True, "link": "simulated", "several_buckets": True}
+    assert target["cells"] == target["measured"] == 2 and target["met"]
+    assert target["worst"] == pytest.approx((1.2 * 1.1) ** 0.5)
+    assert "bucket_cap_bytes=65536" in target["worst_key"]
+    assert target["median"] == pytest.approx(((1.2 * 1.1) ** 0.5 + (1.5 * 1.6) ** 0.5) / 2)
+    # Loopback is shown, and overlap not paying there (1 MiB: 0.98×) is a finding.
+    findings = {f["claim"]: f for f in headline["findings"]}
+    loopback = next(f for claim, f in findings.items() if claim.startswith("On loopback"))
+    assert not loopback["holds"] and "1 MiB: 0.98×" in loopback["detail"]
+    assert all(f["holds"] for f in findings.values() if f is not loopback)
 
 
 def test_report_of_a_grid_with_one_overlap_setting(tmp_path):
@@ -279,6 +310,7 @@ def test_tiny_grid_end_to_end(tmp_path):
     assert len(df) == 4 and (df["status"] == "ok").all(), df.get("error")
     assert (df["wrong"] == 0).all()
     assert df["param_digest"].nunique() == 1  # N = 2: every cell sums the same pairs
+    assert (df["update_error"] < 1e-4).all()  # and lands on the single-process run
     assert (df["buckets"] > 1).all() and (df["steps"] == 2).all()
     assert (df["bytes_per_step"] > 0).all() and (df["simulated_s"] > 0).all()
     on = df[df["overlap"]]

@@ -1,8 +1,8 @@
 """What one rank does in an `overlap` cell: DDP training steps of the GPT with its bucket
 all-reduces overlapped with backward or run after it, timed step by step.
 
-Every rank builds the same GPT (one seed), takes a seeded batch of `batch_size` sequences
-of its own (the global batch is `batch_size` × world size) and wraps the model in
+Every rank builds the same GPT (one seed) and takes its shard of one seeded global batch
+(`bench.kit.workloads`: `batch_size` sequences per rank), and wraps the model in
 `impls.data_parallel.DDP` with the cell's bucket cap and overlap flag. The bucket
 all-reduces run over a process group of their own (`dist.new_group`), through a
 `Communicator` that carries the cell's simulated link, if any: with `overlap=True` on
@@ -10,9 +10,10 @@ DDP's communication thread during backward, with `overlap=False` on the training
 once backward has returned. The data-parallel communicator (weight broadcast) is the
 WORLD group's, without the link.
 
-Each of `warmup` + `repeats` steps opens with a barrier and is timed on every rank as
-forward | backward | the rest (waiting for the buckets, then the optimizer step); the
-step's time is the slowest rank's. From the step's `SyncTimeline` come, per rank:
+The kit times the steps (`bench.kit.timing.alternate`: `warmup` + `repeats` rounds, each
+step barrier-opened, its time the slowest rank's). Inside its step a side times its own
+phases — forward | backward | the rest (waiting for the buckets, then the optimizer
+step) — and from the step's `SyncTimeline` takes, on this rank:
 
 - `allreduce_s`: the bucket all-reduces' time, Σ (finished − started);
 - `hidden_s`: the part of it spent before backward ended, Σ |[started, finished] ∩
@@ -23,9 +24,9 @@ step's time is the slowest rank's. From the step's `SyncTimeline` come, per rank
   produces last, so no schedule can hide it behind backward.
 
 With `paired`, a twin replica (same seed, same batch, its own sync group) runs the other
-overlap setting, its steps alternating with the cell's own: the two settings then share
-the host's state step by step, and the ratio of their medians is a side-by-side
-measurement that drift between cells (other work on the host) cannot bias.
+overlap setting, its steps alternating with the cell's own (the sides of `alternate`):
+the two settings then share the host's state step by step, and the ratio of their
+medians is a side-by-side measurement that drift between cells cannot bias.
 
 After the timed steps every rank fingerprints its parameters (SHA-256 of the fp32
 bytes); the fingerprints are all-gathered and each rank that differs from rank 0's, or
@@ -36,43 +37,45 @@ The groups made here are destroyed at the end, so a pool running many cells leak
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from bench.kit.timing import slowest
-from bench.kit.workloads import lm_loss
+from bench.kit.reference import compare, parameters, train_reference
+from bench.kit.timing import Timed, alternate
+from bench.kit.workloads import gpt, lm_loss, rank_shard, seeded_batch
 from impls.comm import Communicator, SimulatedNetwork
 from impls.data_parallel import DDP, SyncTimeline
 from impls.data_parallel.common import release_group
-from impls.models import GPT, GPTConfig
+from impls.models import GPTConfig
 
-__all__ = ["OverlapCell", "hidden_seconds", "run_overlap_cell"]
+__all__ = ["Plan", "hidden_seconds", "run"]
 
 LR = 0.01
+# fp32: the ring sums the ranks' gradients in another order than one process does, so the
+# replica drifts from the single-process run by rounding only (~1e-6 of the update here);
+# averaging wrongly (a sum, a stale bucket) moves it by the size of the update itself.
+UPDATE_TOLERANCE = 1e-3
 
 
-@dataclass(kw_only=True)
-class OverlapCell:
-    """One measured configuration, as shipped to every rank."""
+@dataclass(frozen=True)
+class Plan:
+    """What a cell's ranks build, decided once per cell: the simulated link under the
+    bucket all-reduces (None: loopback) and the overlap flag of each side — the cell's
+    own first, then its twin's when the cell is paired."""
 
-    bucket_cap_bytes: int
-    overlap: bool
-    network: dict[str, float] | None = None
-    """`SimulatedNetwork.from_units` keywords (latency_ms, bandwidth_mbps); None: loopback."""
-    model: dict[str, Any] = field(default_factory=dict)
-    """`GPTConfig` keyword arguments."""
-    batch_size: int = 8
-    """Sequences per rank per step."""
-    warmup: int = 3
-    repeats: int = 15
-    paired: bool = True
-    """Also time the other overlap setting on a twin replica, in alternating steps."""
-    seed: int = 0
+    network: Mapping[str, float] | None
+    sides: tuple[bool, ...]
+
+    @property
+    def paired(self) -> bool:
+        return len(self.sides) > 1
 
 
 def hidden_seconds(timeline: SyncTimeline) -> tuple[float, float, float]:
@@ -82,14 +85,6 @@ def hidden_seconds(timeline: SyncTimeline) -> tuple[float, float, float]:
     hidden = sum(max(0.0, min(b.finished, end) - b.started) for b in timeline.buckets)
     exposed = max(0.0, max(b.finished for b in timeline.buckets) - end)
     return total, hidden, exposed
-
-
-def _batch(cfg: GPTConfig, cell: OverlapCell, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's own seeded (inputs, targets): a shard of a global batch."""
-    generator = torch.Generator().manual_seed(cell.seed * 1009 + rank + 1)
-    shape = (cell.batch_size, cfg.seq_len)
-    inputs = torch.randint(0, cfg.vocab_size, shape, generator=generator)
-    return inputs, torch.randint(0, cfg.vocab_size, shape, generator=generator)
 
 
 def _fingerprint(model: torch.nn.Module) -> tuple[str, bool]:
@@ -112,48 +107,38 @@ def _replicas_differ(digest: str, finite: bool) -> int:
     return sum(int(g[0]) != reference or int(g[1]) != 0 for g in gathered)
 
 
-RECORDED = ("step_times_s", "forward_s", "backward_s", "rest_s", "allreduce_s", "hidden_s",
-            "exposed_sync_s", "last_bucket_s", "bytes_sent", "rounds", "simulated_s", "losses",
-            "overlapped")  # fmt: skip
-
-
 class _Side:
-    """One DDP replica of the cell's GPT with its own sync group and step record."""
+    """One DDP replica of the cell's GPT with its own sync group."""
 
-    def __init__(self, cell: OverlapCell, cfg: GPTConfig, overlap: bool) -> None:
-        network = SimulatedNetwork.from_units(**cell.network) if cell.network is not None else None
-        self.model = GPT(cfg, seed=cell.seed)
+    def __init__(self, cfg: Any, plan: Plan, bucket_cap_bytes: int, overlap: bool) -> None:
+        network = SimulatedNetwork.from_units(**plan.network) if plan.network else None
+        self.model = gpt(cfg.model, cfg.seed)
         self.group = dist.new_group(list(range(dist.get_world_size())))
         self.sync = Communicator(self.group, network=network)
         self.ddp = DDP(
             self.model,
             Communicator(),
             lambda params: torch.optim.SGD(params, lr=LR),
-            bucket_cap_bytes=cell.bucket_cap_bytes,
+            bucket_cap_bytes=bucket_cap_bytes,
             overlap=overlap,
             sync_group=self.sync,
         )
-        self.record: dict[str, list] = {k: [] for k in RECORDED}
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, keep: bool) -> None:
-        """One timed training step (barrier first); recorded when `keep`."""
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+        """One training step (the harness opens it with a barrier and takes the slowest
+        rank's time); this rank's phases, traffic and bucket timeline."""
         ddp, sync = self.ddp, self.sync
         simulated = sync.simulated_s
         with ddp.comm.measure() as dp_traffic, sync.measure() as sync_traffic:
-            dist.barrier()
             start = time.perf_counter()
             loss = lm_loss(ddp(x).float(), y)
             forward_end = time.perf_counter()
             loss.backward()
             _, timeline = ddp.synchronize_and_step()
             end = time.perf_counter()
-        step_s = slowest(end - start)
-        if not keep:
-            return
         total, hidden, exposed = hidden_seconds(timeline)
         last = timeline.buckets[-1]
-        for key, value in {
-            "step_times_s": step_s,
+        return {
             "forward_s": forward_end - start,
             "backward_s": timeline.backward_end - forward_end,
             "rest_s": end - timeline.backward_end,
@@ -166,41 +151,59 @@ class _Side:
             "simulated_s": sync.simulated_s - simulated,
             "losses": loss.item(),
             "overlapped": timeline.overlapped,
-        }.items():
-            self.record[key].append(value)
+        }
 
     def close(self) -> None:
         self.ddp.close()
         release_group(self.group)
 
 
-def run_overlap_cell(cell: OverlapCell) -> dict[str, Any]:
-    """One rank of a cell: the timed steps, and with `paired` the twin's in alternation."""
-    cfg = GPTConfig(**cell.model)
-    x, y = _batch(cfg, cell, dist.get_rank())
-    sides = [_Side(cell, cfg, cell.overlap)]
+def run(cfg: Any, cell: Any) -> dict[str, Any]:
+    """One rank of a cell: the timed steps of its side, and of the twin's in alternation."""
+    plan: Plan = cell.carry
+    batch = seeded_batch(GPTConfig(**cfg.model), cfg.batch_size * dist.get_world_size(), cfg.seed)
+    x, y = (rank_shard(t) for t in batch)
+    sides: list[_Side] = []
     try:
-        if cell.paired:
-            sides.append(_Side(cell, cfg, not cell.overlap))
-        for step in range(cell.warmup + cell.repeats):
-            for side in sides:
-                side.step(x, y, keep=step >= cell.warmup)
+        for overlap in plan.sides:
+            sides.append(_Side(cfg, plan, cell.key["bucket_cap_bytes"], overlap))
+        steps = {i: functools.partial(side.step, x, y) for i, side in enumerate(sides)}
+        timed = alternate(steps, warmup=cfg.warmup, repeats=cfg.repeats)
         digests = [_fingerprint(side.model) for side in sides]
         wrong = _replicas_differ(*digests[0])
+        update_error = _update_error(cfg, sides[0], batch) if dist.get_rank() == 0 else None
     finally:
         for side in reversed(sides):
             side.close()
-    own, ddp = sides[0], sides[0].ddp
-    twin = sides[1].record if cell.paired else {}
+    records = [_record(timed[i]) for i in range(len(sides))]
+    twin = records[1] if plan.paired else {}
+    ddp = sides[0].ddp
     return {
-        **own.record,
+        **records[0],
         "twin_step_times_s": twin.get("step_times_s", []),
         "twin_backward_s": twin.get("backward_s", []),
         "rank": dist.get_rank(),
-        "params": sum(p.numel() for p in own.model.parameters()),
+        "params": sum(p.numel() for p in sides[0].model.parameters()),
         "buckets": len(ddp.buckets),
         "bucket_bytes": [b.nbytes for b in ddp.buckets],
         "param_digest": digests[0][0],
-        "twin_param_digest": digests[1][0] if cell.paired else "",
-        "wrong": wrong,
+        "twin_param_digest": digests[1][0] if plan.paired else "",
+        "update_error": update_error,
+        # Rank 0 also counts its replica off the single-process run (one "rank" more).
+        "wrong": wrong + int(update_error is not None and not update_error <= UPDATE_TOLERANCE),
     }
+
+
+def _update_error(cfg: Any, side: _Side, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """‖θ − θ_ref‖ / ‖θ_ref − θ_0‖ of the side's replica against the same GPT trained in
+    one process on the whole batch for as many SGD steps (`bench.kit.reference`)."""
+    model = gpt(cfg.model, cfg.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    reference = train_reference(model, *batch, optimizer, cfg.warmup + cfg.repeats)
+    return compare(parameters(side.model), reference)["update_error"]
+
+
+def _record(timed: Timed) -> dict[str, list]:
+    """A side's timed steps as lists: the slowest rank's step times and each phase."""
+    phases = {key: [o[key] for o in timed.outcomes] for key in timed.outcomes[0]}
+    return {"step_times_s": list(timed.seconds), **phases}
