@@ -12,6 +12,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -39,17 +40,34 @@ def ci_cells(name: str) -> tuple[object, list]:
     return typed, experiment.cells(typed)
 
 
-@pytest.mark.parametrize("name", FOLDERS)
-def test_a_rank_unpickles_a_cell_without_heavy_imports(name, tmp_path: Path):
-    cfg, cells = ci_cells(name)
-    assert cells, f"{name}'s CI grid has no cell"
-    path = tmp_path / "call.pkl"
-    path.write_bytes(pickle.dumps(experiments()[name].rank_call(cfg, cells[0])))
-    probe = (
-        "import pickle, sys; pickle.loads(open(sys.argv[1], 'rb').read()); "
-        f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
-    )
-    done = subprocess.run([sys.executable, "-c", probe, str(path)], cwd=REPO_ROOT,
+PROBE = (
+    "import pickle, sys; pickle.loads(open(sys.argv[1], 'rb').read()); "
+    f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+)
+
+
+def _probe(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", PROBE, str(path)], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def unpickled(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """Each experiment's first CI cell, as its ranks receive it, unpickled in a fresh
+    interpreter (two at a time, as the host has two cores)."""
+    root = tmp_path_factory.mktemp("cells")
+    paths = {}
+    for name in FOLDERS:
+        cfg, cells = ci_cells(name)
+        assert cells, f"{name}'s CI grid has no cell"
+        paths[name] = root / f"{name}.pkl"
+        paths[name].write_bytes(pickle.dumps(experiments()[name].rank_call(cfg, cells[0])))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(paths, pool.map(_probe, paths.values()), strict=True))
+
+
+@pytest.mark.parametrize("name", FOLDERS)
+def test_a_rank_unpickles_a_cell_without_heavy_imports(unpickled, name):
+    done = unpickled[name]
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "", f"a rank of {name} imports {done.stdout.strip()}"

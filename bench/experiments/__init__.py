@@ -18,7 +18,6 @@ from bench.experiments.base import Cell, Experiment
 __all__ = ["Cell", "Experiment", "experiments"]
 
 _HERE = Path(__file__).resolve().parent
-_NOT_EXPERIMENTS = {"base", "common"}
 
 
 @cache
@@ -28,25 +27,12 @@ def experiments() -> dict[str, Experiment]:
 
     found: dict[str, Experiment] = {}
     for info in sorted(pkgutil.iter_modules([str(_HERE)]), key=lambda i: i.name):
-        if info.name in _NOT_EXPERIMENTS or info.name.startswith("_"):
+        if not info.ispkg or not (_HERE / info.name / "experiment.py").exists():
             continue
-        if info.ispkg:
-            if not (_HERE / info.name / "experiment.py").exists():
-                continue
-            module = importlib.import_module(f"{__name__}.{info.name}.experiment")
-        else:  # a module not yet moved into a folder of its own
-            module = importlib.import_module(f"{__name__}.{info.name}")
+        module = importlib.import_module(f"{__name__}.{info.name}.experiment")
         experiment = module.EXPERIMENT
         if experiment.name != info.name:
             raise RuntimeError(f"{module.__name__} defines experiment {experiment.name!r}")
         found[experiment.name] = experiment
-        if info.ispkg:
-            register(experiment.name, experiment.schema)
+        register(experiment.name, experiment.schema)
     return found
-
-
-def __getattr__(name: str):
-    # Legacy spelling (`from bench.experiments import EXPERIMENTS`), while tests move over.
-    if name == "EXPERIMENTS":
-        return experiments()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
