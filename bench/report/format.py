@@ -176,7 +176,9 @@ def markdown_table(df: pd.DataFrame, *, numparse: bool = True) -> str:
     otherwise read "+0.50" back as the number 0.5 and drop the sign)."""
     if df.empty:
         return "_(no rows)_"
-    return df.to_markdown(index=False, disable_numparse=not numparse)
+    # A "|" inside a cell (|x − y|) would end the cell: escape it, as GitHub's tables expect.
+    escaped = df.map(lambda v: v.replace("|", "\\|") if isinstance(v, str) else v)
+    return escaped.to_markdown(index=False, disable_numparse=not numparse)
 
 
 def figure_row(figure: str, theory: str, source: str, measured: str, gap: str) -> dict[str, str]:

@@ -5,9 +5,10 @@ bound, and the cells it applies to (`where`). `Target.judge` reads every such ce
 ran and returns a `Verdict`: the median beside the worst cell, with that cell's key, and
 whether every cell meets the bound. A target is met only if its worst cell meets it.
 
-Cells that cannot be fair on the host that measured them (more ranks than cores: ranks
-wait for a core as well as for each other) are still judged and shown, labelled; when
-only such cells miss the bound the verdict says so rather than dropping them.
+Cells that cannot be fair on the host that measured them (a wall-clock target, more
+ranks than cores: ranks wait for a core as well as for each other) are still judged and
+shown, labelled; when only such cells miss the bound the verdict says so rather than
+dropping them.
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ class Target:
     where: Mapping[str, Any] = field(default_factory=dict)
     """The cells it applies to: column -> value (or list of values)."""
     fmt: Callable[[float], str] = format_ratio
+    wall_clock: bool = False
+    """Whether the value is a wall-clock time (or a ratio of two): then a cell with more
+    ranks than the host's cores is labelled so, as ranks wait for a core as well as for
+    each other. Bytes, memory, accuracy and replayed timelines do not depend on it."""
 
     def __post_init__(self) -> None:
         if self.op not in _OPS:
@@ -109,7 +114,7 @@ class Target:
         higher_is_worse = self.op in ("<=", "<")
         worst_index = finite.idxmax() if higher_is_worse else finite.idxmin()
         cores = host_cores(ok)
-        crowded = _crowded(rows, cores)
+        crowded = _crowded(rows, cores if self.wall_clock else math.nan)
         missing = [i for i in finite.index if not self.meets(float(finite[i]))]
         return Verdict(
             target=self,

@@ -41,6 +41,7 @@ SPEEDUP_TARGET = Target(
     bound=1.0,
     source=SOURCE,
     where={"method": "dga", "under_latency": True},
+    wall_clock=True,
 )
 
 

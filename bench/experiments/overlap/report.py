@@ -50,6 +50,7 @@ SPEEDUP_TARGET = Target(
     bound=1.0,
     source="issue #4: overlapped DDP faster than the same DDP without overlap",
     where={"overlap": True, "link": "simulated", "several_buckets": True},
+    wall_clock=True,
 )
 
 

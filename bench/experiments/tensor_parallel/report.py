@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -48,6 +49,7 @@ SPEED_TARGET = Target(
     bound=1.1,
     source="issue #5: TP attention/MLP step at t=2 ≤ 1.1× DTensor parallelize_module",
     where={"method": "distbench", "tp": TARGET_T},
+    wall_clock=True,
 )
 
 
@@ -257,8 +259,7 @@ def _other_degrees(ctx: Context) -> None:
     if not others:
         return
     where = {"method": "distbench", "tp": others}
-    verdict = Target(figure="", column=SPEED_TARGET.column, op=SPEED_TARGET.op,
-                     bound=SPEED_TARGET.bound, source="", where=where).judge(ctx.ok, ctx.key_columns)  # fmt: skip
+    verdict = replace(SPEED_TARGET, where=where).judge(ctx.ok, ctx.key_columns)
     if verdict.measured:
         ts = ", ".join(map(str, others))
         ctx.figure(f"TP blocks step ÷ DTensor at t ∈ {{{ts}}} (paired): median, worst cell",
