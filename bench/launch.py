@@ -10,6 +10,11 @@ failing cell does not poison the next.
 Protocol (one duplex pipe per rank): the rank sends ``(rank, True, None)`` once its
 process group is up, then for every task it receives (a pickled ``(fn, args, kwargs)``,
 or ``None`` to stop) it sends back ``(rank, ok, value_or_traceback)``.
+
+Nothing listens beyond loopback: ranks meet through a file store in a private run
+directory (0700, one per start; torch's TCP store would listen on every interface) and
+gloo is pinned to loopback. Ranks find the directory in `DISTBENCH_RUN_DIR` for their
+scratch files; it goes when the pool closes, or when a rank sees SIGTERM or its parent gone.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ import atexit
 import multiprocessing
 import os
 import pickle
+import shutil
+import signal
 import socket
+import tempfile
 import threading
 import time
 import traceback
@@ -26,9 +34,13 @@ import weakref
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
-__all__ = ["RankFailure", "RankPool", "run_on_ranks"]
+__all__ = ["RUN_DIR_ENV", "RankFailure", "RankPool", "run_on_ranks"]
+
+# Ranks find the pool's private run directory in this environment variable.
+RUN_DIR_ENV = "DISTBENCH_RUN_DIR"
 
 # After the first rank fails, its peers are usually blocked in a send/recv waiting for it;
 # give them this long to report their own errors, then kill the pool.
@@ -37,6 +49,8 @@ FAILURE_GRACE_S = 1.0
 TERMINATE_GRACE_S = 2.0
 # How often a rank checks that its parent is still alive.
 WATCHDOG_PERIOD_S = 0.5
+# A rank's watchdog takes its SIGTERM (a subprocess of a rank inherits it blocked).
+TAKES_SIGTERM = hasattr(signal, "sigtimedwait")
 
 
 class RankFailure(RuntimeError):
@@ -72,11 +86,14 @@ class RankFailure(RuntimeError):
         return "\n".join(parts)
 
 
-def _free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _loopback_interface() -> str:
+    """This host's loopback interface: the one Linux flags IFF_LOOPBACK, else "lo…" (macOS)."""
+    names = [name for _, name in socket.if_nameindex()]
+    for name in names:
+        flags = Path(f"/sys/class/net/{name}/flags")
+        if int(flags.read_text(), 16) & 0x8 if flags.exists() else name.startswith("lo"):
+            return name
+    raise RuntimeError(f"no loopback interface to pin gloo to among {names}")
 
 
 def _default_threads(world_size: int) -> int:
@@ -85,12 +102,27 @@ def _default_threads(world_size: int) -> int:
     return max(1, (cores or 1) // world_size)
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit this rank as soon as its parent is gone (it was re-parented)."""
+def _sigterm_within(seconds: float) -> bool:
+    """Whether a SIGTERM came within `seconds` (taken here where the OS can wait for one)."""
+    if TAKES_SIGTERM:
+        return signal.sigtimedwait([signal.SIGTERM], seconds) is not None
+    time.sleep(seconds)  # no sigtimedwait (macOS): a SIGTERM ends the rank outright
+    return False
+
+
+def _watch_parent(parent_pid: int, run_dir: str) -> None:
+    """Exit this rank once its parent is gone or on SIGTERM, removing the run directory
+    first: a parent that died abruptly (SIGKILL, `os._exit`, a SIGTERM to its whole process
+    group from `timeout`, `scancel` or a terminal) could not. SIGTERM is blocked in the
+    rank's other threads, so it lands here even while the main thread waits inside gloo."""
     while True:
-        if os.getppid() != parent_pid:
+        terminated = _sigterm_within(WATCHDOG_PERIOD_S)
+        if terminated or os.getppid() != parent_pid:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            if terminated:  # then die of it, as its default action would have
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+                signal.raise_signal(signal.SIGTERM)
             os._exit(1)
-        time.sleep(WATCHDOG_PERIOD_S)
 
 
 def _send(conn: Connection, message: tuple[int, bool, Any]) -> None:
@@ -110,14 +142,18 @@ def _rank_main(
     backend: str,
     init_method: str,
     timeout_s: float,
-    threads: int,
+    env: dict[str, str],
     parent_pid: int,
     conn: Connection,
 ) -> None:
     """Entry point of one rank process: join the group, then serve tasks until told to stop."""
-    # Set before torch is imported so its OpenMP pool is sized for a shared host.
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    # Set before torch is imported: its OpenMP pool and gloo's interface are read once.
+    os.environ.update(env)
+    threads = int(env["OMP_NUM_THREADS"])
+    if TAKES_SIGTERM:  # before any thread starts: each inherits the mask, the watchdog waits
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+    watchdog_args = (parent_pid, env[RUN_DIR_ENV])
+    threading.Thread(target=_watch_parent, args=watchdog_args, daemon=True).start()
     try:
         import torch
         import torch.distributed as dist
@@ -189,12 +225,18 @@ class RankPool:
         self.threads_per_rank = threads_per_rank or _default_threads(world_size)
         self._procs: list[multiprocessing.process.BaseProcess] = []
         self._conns: list[Connection] = []
+        self._run_dir: str | None = None
         _LIVE_POOLS.add(self)
 
     @property
     def processes(self) -> list[multiprocessing.process.BaseProcess]:
         """The current rank processes (empty before the first run and after close)."""
         return list(self._procs)
+
+    @property
+    def run_dir(self) -> str | None:
+        """The current private run directory (None before the first run and after close)."""
+        return self._run_dir
 
     def __enter__(self) -> RankPool:
         return self
@@ -230,9 +272,9 @@ class RankPool:
         return self._collect(time.monotonic() + limit, limit)
 
     def close(self) -> None:
-        """Terminate, then kill, every rank process. Idempotent."""
-        procs, conns = self._procs, self._conns
-        self._procs, self._conns = [], []
+        """Terminate, then kill, every rank process; remove the run directory. Idempotent."""
+        procs, conns, run_dir = self._procs, self._conns, self._run_dir
+        self._procs, self._conns, self._run_dir = [], [], None
         for proc in procs:
             if proc.is_alive():
                 proc.terminate()
@@ -244,43 +286,33 @@ class RankPool:
                 proc.join()
         for conn in conns:
             conn.close()
+        if run_dir is not None:  # only now: no rank is left to write into it
+            shutil.rmtree(run_dir, ignore_errors=True)
 
-    def _start(self, attempts: int = 2) -> None:
+    def _start(self) -> None:
         """Spawn the ranks and wait until each has joined the process group."""
-        for attempt in range(attempts):
-            try:
-                try:
-                    self._spawn()
-                except BaseException:
-                    self.close()  # never keep half a pool around
-                    raise
-                self._collect(time.monotonic() + self.start_timeout_s, self.start_timeout_s)
-                return
-            except RankFailure as failure:
-                # Another process may grab the free port between probe and bind: retry once.
-                port_race = any(
-                    "address already in use" in e.lower() for e in failure.errors.values()
-                )
-                if not port_race or attempt == attempts - 1:
-                    raise
+        try:
+            self._spawn()
+        except BaseException:
+            self.close()  # never keep half a pool around
+            raise
+        self._collect(time.monotonic() + self.start_timeout_s, self.start_timeout_s)
 
     def _spawn(self) -> None:
         ctx = multiprocessing.get_context("spawn")
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        # mkdtemp: a fresh directory of mode 0700, so the store and the ranks' files are
+        # this user's alone and a store file never outlives its pool.
+        self._run_dir = tempfile.mkdtemp(prefix="distbench-run-")
+        init_method = f"file://{os.path.join(self._run_dir, 'store')}"
+        loopback = _loopback_interface()  # for gloo, and NCCL's bootstrap with backend=nccl
+        env = {"OMP_NUM_THREADS": str(self.threads_per_rank), RUN_DIR_ENV: self._run_dir,
+               "GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback}  # fmt: skip
+        group = (self.world_size, self.backend, init_method, self.timeout_s, env, os.getpid())
         for rank in range(self.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=_rank_main,
-                args=(
-                    rank,
-                    self.world_size,
-                    self.backend,
-                    init_method,
-                    self.timeout_s,
-                    self.threads_per_rank,
-                    os.getpid(),
-                    child_end,
-                ),
+                args=(rank, *group, child_end),
                 name=f"distbench-rank{rank}",
                 daemon=True,  # multiprocessing also terminates daemons when the parent exits
             )

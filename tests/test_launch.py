@@ -2,21 +2,25 @@
 
 A failure here means multi-process tests and experiment grids cannot be trusted to
 finish: a raising, crashing or hanging rank would hang the caller, be misreported,
-poison the next cell, or leave rank processes behind.
+poison the next cell, or leave rank processes behind; or that a run leaves files behind
+(the pool's run directory, the host lock's file) when a rank or its parent is killed.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from bench.launch import RankFailure, RankPool, run_on_ranks
+from bench.launch import RUN_DIR_ENV, RankFailure, RankPool, run_on_ranks
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,6 +84,43 @@ def exit_on_rank_one() -> None:
 
     if dist.get_rank() == 1:
         os._exit(3)
+
+
+def run_dir_seen_by_rank() -> tuple[str | None, bool]:
+    return os.environ.get(RUN_DIR_ENV), os.path.isdir(os.environ.get(RUN_DIR_ENV, ""))
+
+
+def lock_file_of_the_host() -> tuple[str, bool]:
+    """Where `HostComputeLock` made its file, and whether its name outlived entering it."""
+    from bench.kit.host import HostComputeLock
+
+    with HostComputeLock() as lock, lock():
+        return lock.path, os.path.exists(lock.path)
+
+
+def lock_file_without_a_run_dir() -> tuple[str, bool]:
+    """As under torchrun: no `DISTBENCH_RUN_DIR`, so the system's temp dir holds the file."""
+    saved = os.environ.pop(RUN_DIR_ENV)
+    try:
+        return lock_file_of_the_host()
+    finally:
+        os.environ[RUN_DIR_ENV] = saved
+
+
+def die_holding_the_lock() -> None:
+    """Rank 1 is killed (SIGKILL: no cleanup of its own) while it holds the host's lock."""
+    import torch.distributed as dist
+
+    from bench.kit.host import HostComputeLock
+
+    with HostComputeLock() as lock:
+        if dist.get_rank() == 1:
+            with lock():
+                dist.barrier()
+                os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()
+        with lock():  # rank 0 queues; the kernel frees the lock when its holder dies
+            time.sleep(3600)
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -191,7 +232,7 @@ def test_ranks_die_when_the_parent_dies_abruptly() -> None:
         import os, threading, time
         from bench.launch import RankPool
         pool = RankPool(1, timeout_s=60.0)
-        print(pool.run(os.getpid)[0], flush=True)
+        print(pool.run(os.getpid)[0], pool.run_dir, flush=True)
         threading.Timer(0.5, os._exit, (0,)).start()
         pool.run(time.sleep, 60)
         """
@@ -204,11 +245,94 @@ def test_ranks_die_when_the_parent_dies_abruptly() -> None:
         timeout=60,
         check=True,
     )
-    rank_pid = int(done.stdout.split()[0])
-    assert wait_until_dead([rank_pid], within_s=5.0) == []
+    rank_pid, run_dir = done.stdout.split()
+    assert wait_until_dead([int(rank_pid)], within_s=5.0) == []
+    assert not os.path.exists(run_dir)  # the rank removed it: its parent could not
 
 
 @pytest.mark.parametrize("world_size", [0, -1])
 def test_world_size_below_one_is_refused(world_size: int) -> None:
     with pytest.raises(ValueError, match="world_size"):
         RankPool(world_size)
+
+
+def test_pool_owns_a_private_run_dir_and_removes_it() -> None:
+    with RankPool(2, timeout_s=60.0) as pool:
+        assert pool.run_dir is None  # made with the ranks, not before
+        seen = pool.run(run_dir_seen_by_rank)
+        run_dir = pool.run_dir
+        assert run_dir is not None and seen == [(run_dir, True)] * 2
+        assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+        with pytest.raises(RankFailure):
+            pool.run(exit_on_rank_one, timeout_s=30.0)
+        assert pool.run_dir is None and not os.path.exists(run_dir)  # gone with the failure
+        pool.run(rank_info, "fresh")
+        fresh = pool.run_dir
+        assert fresh is not None and fresh != run_dir and os.path.isdir(fresh)
+    assert pool.run_dir is None and not os.path.exists(fresh)
+
+
+def test_host_lock_lives_in_the_run_dir_and_its_name_goes_at_once(pool: RankPool) -> None:
+    values = pool.run(lock_file_of_the_host)
+    paths = {path for path, _ in values}
+    assert len(paths) == 1 and os.path.dirname(paths.pop()) == pool.run_dir
+    assert [exists for _, exists in values] == [False, False]
+
+
+def test_host_lock_without_a_run_dir_removes_its_file(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the ranks' system temp dir
+    with RankPool(2, timeout_s=60.0) as pool:
+        values = pool.run(lock_file_without_a_run_dir)
+    assert {os.path.dirname(path) for path, _ in values} == {str(tmp_path)}
+    assert [exists for _, exists in values] == [False, False]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rank_killed_holding_the_host_lock_leaves_no_file(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the lock file went before run dirs
+    with RankPool(2, timeout_s=60.0) as pool:
+        pool.run(rank_info, "warm")
+        run_dir = pool.run_dir
+        with pytest.raises(RankFailure) as caught:
+            pool.run(die_holding_the_lock, timeout_s=30.0)
+        assert caught.value.errors == {1: "exited with code -9 (killed by signal 9)"}
+        assert caught.value.killed == [0]
+        assert run_dir is not None and not os.path.exists(run_dir)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_ends_a_rank_blocked_in_gloo_and_its_run_dir(pool: RankPool) -> None:
+    """SIGTERM still kills a rank at once, waiting in gloo or not, and its run dir goes."""
+    pool.run(rank_info, "warm")
+    run_dir, rank_zero = pool.run_dir, pool.processes[0].pid
+    threading.Timer(1.0, os.kill, (rank_zero, signal.SIGTERM)).start()
+    started = time.monotonic()
+    with pytest.raises(RankFailure) as caught:
+        pool.run(recv_from_silent_peer, timeout_s=30.0)
+    assert time.monotonic() - started < 10.0
+    assert caught.value.errors == {0: "exited with code -15 (killed by signal 15)"}
+    assert caught.value.killed == [1]
+    assert run_dir is not None and not os.path.exists(run_dir)
+
+
+def test_sigterm_to_the_whole_process_group_leaves_nothing() -> None:
+    # As `timeout`, `scancel` or a terminal do: the parent dies without running atexit,
+    # and so do its ranks, unless they clean up first.
+    script = textwrap.dedent(
+        """
+        import os, time
+        from bench.launch import RankPool
+        pool = RankPool(2, timeout_s=60.0)
+        print(*pool.run(os.getpid), pool.run_dir, flush=True)
+        pool.run(time.sleep, 60)
+        """
+    )
+    grid = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, text=True,
+                            stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    *rank_pids, run_dir = grid.stdout.readline().split()
+    time.sleep(1.0)  # both ranks are inside time.sleep
+    os.killpg(grid.pid, signal.SIGTERM)
+    assert grid.wait(timeout=30) == -signal.SIGTERM
+    grid.stdout.close()
+    assert wait_until_dead([int(pid) for pid in rank_pids], within_s=5.0) == []
+    assert os.path.isabs(run_dir) and not os.path.exists(run_dir)

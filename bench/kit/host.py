@@ -25,6 +25,7 @@ from contextlib import contextmanager, suppress
 import torch
 import torch.distributed as dist
 
+from bench.launch import RUN_DIR_ENV
 from impls.comm import Communicator
 
 __all__ = ["HostComputeLock", "probe_pairs"]
@@ -35,17 +36,26 @@ class HostComputeLock:
 
     Entering is collective (rank 0 broadcasts the file's name); the lock itself is called
     (`with lock(): ...`) around each compute action. Ranks on other hosts lock their own
-    file.
+    file. The file lives in the rank pool's private run directory (`DISTBENCH_RUN_DIR`;
+    the system's temporary directory where that is unset, as under torchrun), and its name
+    is removed as soon as every rank holds it open: `flock` works on the open file, so
+    nothing is left behind even by a rank killed while it holds the lock.
     """
 
     def __enter__(self) -> HostComputeLock:
         name = [None]
         if dist.get_rank() == 0:
-            handle, name[0] = tempfile.mkstemp(prefix="distbench-compute-", suffix=".lock")
+            folder = os.environ.get(RUN_DIR_ENV) or None  # None: the system's temp dir
+            handle, name[0] = tempfile.mkstemp(".lock", "distbench-compute-", folder)
             os.close(handle)
         dist.broadcast_object_list(name, src=0)
-        self._path = name[0]
-        self._file = open(self._path, "a+b")  # noqa: SIM115 (held until __exit__)
+        self.path: str = name[0]  # where the file was made; the name is gone once entered
+        # O_NOFOLLOW: a rank on another host creates the file itself; never through a link.
+        handle = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        self._file = os.fdopen(handle, "r+b")
+        dist.barrier()  # every rank holds the file open: its name can go
+        with suppress(FileNotFoundError):  # one rank per host wins
+            os.unlink(self.path)
         return self
 
     @contextmanager
@@ -57,11 +67,8 @@ class HostComputeLock:
             fcntl.flock(self._file, fcntl.LOCK_UN)
 
     def __exit__(self, *exc: object) -> None:
+        # No collective here: a rank leaving on an error must not wait for its peers.
         self._file.close()
-        dist.barrier()  # every rank is done with the file before rank 0 removes it
-        if dist.get_rank() == 0:
-            with suppress(FileNotFoundError):
-                os.unlink(self._path)
 
 
 def probe_pairs(
