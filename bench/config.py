@@ -1,50 +1,174 @@
-"""Typed experiment configs: one schema per experiment is the single source of defaults.
+"""Typed configs: one schema per experiment is the single source of defaults, and one
+`RunConfig` holds the run-level keys (report_dir, resume, append, wandb, cluster, profile).
 
 Each experiment's schema is a `@dataclass(kw_only=True)` whose fields are its keys (a
 docstring under each says what it means) and whose `__post_init__` refuses what cannot
-work, naming the key and the allowed values. `register` puts the schema in Hydra's
-ConfigStore as `schema/<name>`; `experiments/experiment/<name>.yaml` starts from it
-(`defaults: [/schema/<name>, _self_]`) and lists only what differs, so Hydra itself
-refuses a value of the wrong type, naming the key. `parse_config` turns the composed
-values into the schema object (refusing keys the experiment does not have) — the typed
-config the runner hands to every rank.
+work, naming the key and the allowed values. `register` puts the schema, joined with
+`RunConfig`, in Hydra's ConfigStore as `schema/<name>`; `experiments/experiment/<name>.yaml`
+starts from it (`defaults: [/schema/<name>, _self_]`) and lists only what differs, so Hydra
+itself refuses a value of the wrong type, naming the key — an experiment's key or a
+run-level one (`resume=maybe`, `cluster.max_ranks=abc`). `parse_config` turns the composed
+values into the schema object (refusing keys the experiment does not have and repeated
+grid values) — the typed config the runner hands to every rank; `parse_run` does the same
+for the run-level keys. `check_host` refuses a grid whose cells this host cannot hold
+(too many ranks, buffers beyond its memory) before any rank starts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import os
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from dataclasses import dataclass, field, fields, make_dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from impls.models import GPTConfig
 
 __all__ = [
+    "CLUSTER_KINDS",
+    "ClusterConfig",
+    "RunConfig",
+    "WandbConfig",
     "check_batch_split",
+    "check_choice",
     "check_choices",
     "check_gpt_model",
+    "check_host",
     "check_number",
     "check_positive",
     "check_training",
+    "check_unique",
+    "gpt_rank_bytes",
     "parse_config",
+    "parse_run",
+    "rank_limit",
     "register",
 ]
 
+CLUSTER_KINDS = ("local", "torchrun", "slurm")
+BACKENDS = ("auto", "gloo", "nccl")
+WANDB_MODES = ("offline", "online", "disabled")
+# A rank is a fresh interpreter with torch imported and a gloo group up: 0.22 GB measured
+# for `import torch` alone on this project's CPU wheel; 0.4 GB leaves room for the group,
+# the kit and the allocator's slack.
+RANK_OVERHEAD_BYTES = 400 * 10**6
+# Ranks per core `cluster=local` spawns at most: the suite runs 8 ranks on 2 cores (their
+# collectives and traffic are exact however oversubscribed; wall clock is labelled).
+RANKS_PER_CORE = 4
+MIN_RANK_LIMIT = 8
+
+
+@dataclass(kw_only=True)
+class ClusterConfig:
+    """Where ranks come from (`cluster=local | torchrun | slurm`) and what they may use."""
+
+    kind: str = "local"
+    """local (spawn each cell's ranks here), torchrun (this process is one rank of an
+    external torchrun) or slurm (Hydra's submitit launcher)."""
+    backend: str = "gloo"
+    """gloo, nccl, or auto (nccl where CUDA is available, else gloo); local ranks: gloo."""
+    device: str = "cpu"
+    max_ranks: int | None = None
+    """Most ranks `cluster=local` spawns for one cell; None: derived from the host,
+    min(max(8, 4 × cores), available memory / 0.4 GB per rank)."""
+    memory_gb: float | None = None
+    """Memory (GB) the local ranks of one cell may allocate; None: what the host has
+    available now (MemAvailable, capped by the cgroup's limit)."""
+    timeout_min: int = 60
+    """SLURM: the job's time limit in minutes."""
+    partition: str | None = None
+    """SLURM: the partition to submit to; None: the cluster's default."""
+    requeues: int = 3
+    """SLURM: times a job killed at its time limit is requeued (a preempted job always is);
+    a requeued job resumes its grid."""
+
+    def __post_init__(self) -> None:
+        check_choice("cluster.kind", self.kind, CLUSTER_KINDS)
+        local = self.kind == "local"
+        why = " (cluster=local spawns CPU ranks on gloo)" if local else ""
+        backends = ("auto", "gloo") if local else BACKENDS
+        check_choice("cluster.backend", self.backend, backends, why)
+        check_choice("cluster.device", self.device, ("cpu",) if local else ("cpu", "cuda"), why)
+        if self.max_ranks is not None:
+            check_positive("cluster.max_ranks", [self.max_ranks])
+        if self.memory_gb is not None:
+            check_number("cluster.memory_gb", self.memory_gb)
+        check_positive("cluster.timeout_min", [self.timeout_min])
+        check_positive("cluster.requeues", [self.requeues], minimum=0)
+        if self.partition == "":
+            raise ValueError("cluster.partition='': give a partition name, or null")
+
+
+@dataclass(kw_only=True)
+class WandbConfig:
+    mode: str = "offline"
+    """offline (runs land in ./wandb), online, or disabled."""
+    project: str = "distbench"
+    entity: str | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("wandb.mode", self.mode, WANDB_MODES)
+
+
+@dataclass(kw_only=True)
+class ProfileConfig:
+    name: str = "full"
+    """full, or ci (profile_grid/ci_<experiment>.yaml shrinks the grid)."""
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """The run-level keys every experiment takes beside its own."""
+
+    report_dir: str | None = None
+    """Where results.csv, report.md and the plots go; None: reports/<experiment>."""
+    resume: bool = False
+    """Skip the cells already recorded as ok with the same settings in results.csv."""
+    append: bool = False
+    """Keep the rows of earlier grids in results.csv and the report (labelled as earlier);
+    false: the report covers the grid just run."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+
+    def __post_init__(self) -> None:
+        if self.report_dir is not None and not self.report_dir.strip():
+            raise ValueError("report_dir='': give a directory, or null for reports/<experiment>")
+
+
+RUN_KEYS = tuple(f.name for f in fields(RunConfig))
+
 
 def register(name: str, schema: type) -> None:
-    """Make `schema` the base of `experiment/<name>.yaml` (as `/schema/<name>`)."""
+    """Make `schema` (with the run-level keys) the base of `experiment/<name>.yaml`."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(group="schema", name=name, node=schema, package="_global_")
+    node = make_dataclass(schema.__name__, [], bases=(schema, RunConfig), kw_only=True)
+    ConfigStore.instance().store(group="schema", name=name, node=node, package="_global_")
 
 
-def parse_config(name: str, schema: type, values: Mapping[str, Any]) -> Any:
-    """The schema object for `values`, refusing unknown keys and values of the wrong type;
-    the schema's own checks (`__post_init__`) run as it is built."""
+def _typed(schema: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` checked against `schema`'s field types by OmegaConf, as plain values."""
     from omegaconf import OmegaConf  # the parent's job: rank processes never parse
     from omegaconf.errors import OmegaConfBaseException
 
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(schema), dict(values))
+        return OmegaConf.to_container(typed, resolve=True)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "?"
+        message = str(error).splitlines()[0]
+        raise ValueError(f"{key}: {message}") from None
+
+
+def parse_config(name: str, schema: type, values: Mapping[str, Any]) -> Any:
+    """The schema object for `values`, refusing unknown keys, values of the wrong type and
+    repeated values of a list key (a grid runs each cell once); the schema's own checks
+    (`__post_init__`) run as it is built."""
     allowed = [f.name for f in fields(schema)]
     unknown = sorted(set(values) - set(allowed))
     if unknown:
@@ -52,24 +176,35 @@ def parse_config(name: str, schema: type, values: Mapping[str, Any]) -> Any:
             f"unknown key(s) {', '.join(unknown)} for experiment {name}; "
             f"allowed keys: {', '.join(allowed)}"
         )
-    try:
-        typed = OmegaConf.merge(OmegaConf.structured(schema), dict(values))
-        # Validate types through OmegaConf, then build the dataclass ourselves: its
-        # __post_init__ checks run once, on plain Python values.
-        plain = OmegaConf.to_container(typed, resolve=True)
-    except OmegaConfBaseException as error:
-        key = getattr(error, "full_key", None) or "?"
-        message = str(error).splitlines()[0]
-        raise ValueError(f"{key}: {message}") from None
+    # Validate types through OmegaConf, then build the dataclass ourselves: its
+    # __post_init__ checks run once, on plain Python values.
+    plain = _typed(schema, values)
+    for key, value in plain.items():
+        if isinstance(value, list):
+            check_unique(key, value)
     return schema(**plain)
 
 
+def parse_run(values: Mapping[str, Any]) -> RunConfig:
+    """The run-level keys as a `RunConfig` (each nested config checked as it is built)."""
+    plain = _typed(RunConfig, {k: v for k, v in values.items() if v is not None})
+    nested = {"wandb": WandbConfig, "cluster": ClusterConfig, "profile": ProfileConfig}
+    return RunConfig(**{k: nested[k](**v) if k in nested else v for k, v in plain.items()})
+
+
 def check_choices(key: str, values: Sequence[str], allowed: Sequence[str]) -> None:
+    """A non-empty list of values, each one of `allowed`."""
     bad = [v for v in values if v not in allowed]
     if bad or not values:
         raise ValueError(
             f"{key}={list(values)} has unknown value(s) {bad}; allowed values: {', '.join(allowed)}"
         )
+
+
+def check_choice(key: str, value: Any, allowed: Sequence[str], why: str = "") -> None:
+    """One value of a key that takes one of `allowed`."""
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is unknown; allowed values: {', '.join(allowed)}{why}")
 
 
 def check_positive(key: str, values: Sequence[int], minimum: int = 1) -> None:
@@ -86,13 +221,24 @@ def check_number(key: str, value: Any, *, minimum: float = 0.0, inclusive: bool 
         raise ValueError(f"{key}={value}: must be a finite number {sign} {minimum:g}")
 
 
+def check_unique(key: str, values: Sequence[Any]) -> None:
+    """Refuse a list that repeats a value: a grid would measure the same cell twice."""
+    seen = [json.dumps(v, sort_keys=True, default=str) for v in values]
+    repeated = sorted({s for s in seen if seen.count(s) > 1})
+    if repeated:
+        raise ValueError(f"{key}={list(values)} repeats {', '.join(repeated)}: each value must "
+                         "be unique (a grid measures each cell once)")  # fmt: skip
+
+
 def check_training(cfg: Any, counts: Sequence[str]) -> None:
     """Checks every training grid shares: each key of `counts` an integer ≥ 1, `warmup`
-    ≥ 0 and `lr` a finite number > 0 (where the config has them), `timeout_s` > 0."""
+    and `seed` ≥ 0 and `lr` a finite number > 0 (where the config has them), `timeout_s`
+    a finite number > 0."""
     for key in counts:
         check_positive(key, [getattr(cfg, key)])
-    if hasattr(cfg, "warmup"):
-        check_positive("warmup", [cfg.warmup], minimum=0)
+    for key in ("warmup", "seed"):
+        if hasattr(cfg, key):
+            check_positive(key, [getattr(cfg, key)], minimum=0)
     if getattr(cfg, "lr", None) is not None:
         check_number("lr", cfg.lr)
     check_number("timeout_s", cfg.timeout_s)
@@ -112,3 +258,79 @@ def check_gpt_model(model: Mapping[str, Any], **extra: Any) -> GPTConfig:
         return GPTConfig(**model, **extra)
     except (TypeError, ValueError) as error:
         raise ValueError(f"model={dict(model)}: {error}") from error
+
+
+def gpt_rank_bytes(model: GPTConfig, sequences: int, copies: int = 2) -> int:
+    """An upper bound on what one rank training `model` on `sequences` sequences holds:
+    fp32 weights, gradients and Adam's two moments (16 bytes a parameter) for `copies`
+    replicas (the model and its twin or reference), and the activations of the batch."""
+    from impls.costmodel.memory import activation_bytes
+
+    h, f, v = model.d_model, model.ff_dim, model.vocab_size
+    params = model.n_layers * (4 * h * h + 2 * h * f) + v * h * (1 if model.tie_embeddings else 2)
+    params += model.seq_len * h
+    return copies * 16 * params + activation_bytes(model, sequences)
+
+
+def host_memory_bytes() -> int:
+    """Memory available to new processes now: MemAvailable, capped by a cgroup v2 limit
+    (elsewhere than Linux: the free pages, or all of them)."""
+    available, page = 0, os.sysconf("SC_PAGE_SIZE")
+    for pages in ("SC_PHYS_PAGES", "SC_AVPHYS_PAGES"):
+        with contextlib.suppress(OSError, ValueError):
+            available = page * os.sysconf(pages)
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo") as meminfo:
+        line = next(line for line in meminfo if line.startswith("MemAvailable:"))
+        available = int(line.split()[1]) * 1024
+    cgroup = Path("/sys/fs/cgroup")
+    with contextlib.suppress(OSError, ValueError):
+        cap = (cgroup / "memory.max").read_text().strip()
+        if cap != "max":
+            used = int((cgroup / "memory.current").read_text())
+            available = min(available, int(cap) - used)
+    return max(available, 0)
+
+
+def host_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def rank_limit(cores: int, memory_bytes: int) -> int:
+    """The most ranks one host spawns for a cell: a few per core (at least 8), and no more
+    than its memory holds at 0.4 GB per rank."""
+    by_cores = max(MIN_RANK_LIMIT, RANKS_PER_CORE * cores)
+    return max(1, min(by_cores, memory_bytes // RANK_OVERHEAD_BYTES))
+
+
+def check_host(cfg: Any, cluster: ClusterConfig) -> None:
+    """Refuse, before any rank starts, a grid `cluster=local` cannot hold on this host: a
+    cell with more ranks than `cluster.max_ranks` (or the host's limit), or one whose ranks'
+    buffers (the schema's `rank_bytes` estimate) exceed the memory available.
+
+    A schema takes part by naming the key its world sizes come from (`RANK_KEY`) and, where
+    some keys size its buffers, those keys (`SIZE_KEYS`) and `rank_bytes()`, an upper
+    bound on what one rank of the grid's largest cell allocates."""
+    key = getattr(type(cfg), "RANK_KEY", None)
+    if key is None:
+        return
+    sizes = getattr(cfg, key)
+    world = max(sizes) if isinstance(sizes, list) else sizes
+    memory = host_memory_bytes() if cluster.memory_gb is None else int(cluster.memory_gb * 1e9)
+    limit = cluster.max_ranks
+    how = "cluster.max_ranks"
+    if limit is None:
+        limit = rank_limit(host_cores(), memory)
+        how = f"this host's limit ({host_cores()} cores, {memory / 1e9:.1f} GB available)"
+    if world > limit:
+        raise ValueError(f"{key}={sizes}: a cell of {world} ranks is more than cluster=local "
+                         f"spawns here: at most {limit}, {how}; lower {key}, or set "
+                         "cluster.max_ranks to allow more")  # fmt: skip
+    if not hasattr(cfg, "rank_bytes"):
+        return
+    need = world * (cfg.rank_bytes() + RANK_OVERHEAD_BYTES)
+    if need > memory:
+        keys = type(cfg).SIZE_KEYS
+        shown = ", ".join(f"{k}={getattr(cfg, k)}" for k in keys)
+        raise ValueError(f"{shown}: the largest cell's {world} ranks would allocate about "
+                         f"{need / 1e9:.3g} GB, more than the {memory / 1e9:.3g} GB available "
+                         f"(cluster.memory_gb); lower {' or '.join(keys)}")  # fmt: skip

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from bench.config import RUN_KEYS
 from bench.experiments import experiments
 from bench.provenance import REPO_ROOT
 
 HEAVY = ("pandas", "matplotlib", "seaborn", "hydra", "omegaconf", "wandb")
-RUN_KEYS = ("report_dir", "resume", "cluster", "wandb", "profile")
 FOLDERS = [n for n in sorted(experiments()) if (REPO_ROOT / "bench/experiments" / n).is_dir()]
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from bench.config import check_choices, check_positive
+from bench.config import check_choice, check_number, check_positive
 from bench.kit.collective_specs import COLLECTIVES
 from bench.kit.timing import alternate, calibrate_iters
 from impls.comm import Communicator
@@ -46,6 +46,9 @@ class CollectiveCall:
 class TimedGridConfig:
     """Keys shared by every grid of timed collectives (subclasses add `message_bytes`)."""
 
+    RANK_KEY: ClassVar[str] = "world_sizes"  # what `bench.config.check_host` bounds
+    SIZE_KEYS: ClassVar[tuple[str, ...]] = ("message_bytes",)
+
     world_sizes: list[int] = field(default_factory=lambda: [2, 4, 8])
     """Numbers of ranks (N)."""
     dtype: str = "float32"
@@ -64,7 +67,7 @@ class TimedGridConfig:
 
     def __post_init__(self) -> None:
         check_positive("world_sizes", self.world_sizes)
-        check_choices("dtype", [self.dtype], list(DTYPE_BYTES))
+        check_choice("dtype", self.dtype, list(DTYPE_BYTES))
         check_positive("message_bytes", self.message_bytes)
         size = DTYPE_BYTES[self.dtype]
         bad = [m for m in self.message_bytes if m % size]
@@ -77,9 +80,14 @@ class TimedGridConfig:
         check_positive("warmup", [self.warmup], minimum=0)
         check_positive("max_iters", [self.max_iters])
         for key in ("window_s", "timeout_s"):
-            value = getattr(self, key)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{key}={value} must be a finite number > 0")
+            check_number(key, getattr(self, key))
+
+    def rank_bytes(self) -> int:
+        """An upper bound on one rank's allocation in the largest cell: its buffers and the
+        known answer (3 S at most), and the int64 temporaries that build the test pattern
+        (two int64 arrays of S / itemsize elements alive at once)."""
+        size = max(self.message_bytes)
+        return 3 * size + 16 * (size // DTYPE_BYTES[self.dtype])
 
 
 def measure_collective(cfg: TimedGridConfig, cell: Any) -> dict[str, Any]:

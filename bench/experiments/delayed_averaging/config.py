@@ -6,8 +6,15 @@ Light on purpose: every rank unpickles this config, so it imports no pandas or p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from bench.config import check_batch_split, check_choices, check_positive, check_training
+from bench.config import (
+    check_batch_split,
+    check_choice,
+    check_choices,
+    check_positive,
+    check_training,
+)
 from bench.kit.tasks import TASKS
 from impls.comm import SimulatedNetwork
 
@@ -18,6 +25,8 @@ METHODS = ("sync", "dga")
 
 @dataclass(kw_only=True)
 class DelayedAveragingConfig:
+    RANK_KEY: ClassVar[str] = "world_size"
+
     latencies_ms: list[float] = field(default_factory=lambda: [0.0, 10.0, 50.0, 100.0])
     """One-way link latency per round of the simulated network, each ≥ 0."""
     delays: list[int] = field(default_factory=lambda: [4, 16])
@@ -39,7 +48,7 @@ class DelayedAveragingConfig:
 
     def __post_init__(self) -> None:
         check_choices("methods", self.methods, METHODS)
-        check_choices("task", [self.task], TASKS)
+        check_choice("task", self.task, TASKS)
         if not self.latencies_ms:
             raise ValueError("latencies_ms=[]: give at least one latency")
         for latency in self.latencies_ms:

@@ -7,8 +7,15 @@ Light on purpose: every rank unpickles this config, so it imports no pandas or p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from bench.config import check_batch_split, check_choices, check_positive, check_training
+from bench.config import (
+    check_batch_split,
+    check_choice,
+    check_choices,
+    check_positive,
+    check_training,
+)
 from bench.kit.tasks import DEFAULT_BATCH, DEFAULT_LR, TASKS
 from impls.comm import SimulatedNetwork
 from impls.compression import check_density, check_levels, check_rank
@@ -38,6 +45,8 @@ NETWORK_KEYS = ("latency_ms", "bandwidth_mbps")
 
 @dataclass(kw_only=True)
 class GradientCompressionConfig:
+    RANK_KEY: ClassVar[str] = "world_size"
+
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     """Any of: dp, topk, topk_noef, randomk, dgc, onebit, terngrad, qsgd, powersgd, fp16,
     bf16, torch_powersgd, torch_fp16."""
@@ -70,7 +79,7 @@ class GradientCompressionConfig:
 
     def __post_init__(self) -> None:
         check_choices("methods", self.methods, METHODS)
-        check_choices("task", [self.task], TASKS)
+        check_choice("task", self.task, TASKS)
         for ratio in self.ratios:
             check_density(ratio)
         for key, check in (("ranks", check_rank), ("levels", check_levels)):

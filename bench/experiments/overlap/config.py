@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from bench.config import check_gpt_model, check_positive, check_training
+from bench.config import (
+    check_gpt_model,
+    check_positive,
+    check_training,
+    check_unique,
+    gpt_rank_bytes,
+)
 from impls.comm import SimulatedNetwork
 
 __all__ = ["OverlapConfig", "network_label"]
@@ -26,13 +32,6 @@ def network_label(network: dict[str, float] | None) -> str:
     bandwidth = network.get("bandwidth_mbps", math.inf)
     label = f"{latency:g}ms"
     return label if math.isinf(bandwidth) else f"{label}-{bandwidth:g}Mbps"
-
-
-def _unique(key: str, values: list) -> None:
-    seen = [repr(v) for v in values]
-    repeated = sorted({s for s in seen if seen.count(s) > 1})
-    if repeated:
-        raise ValueError(f"{key}={values} repeats {', '.join(repeated)}: each cell must be unique")
 
 
 def _check_network(network: Any) -> None:
@@ -52,6 +51,9 @@ def _check_network(network: Any) -> None:
 
 @dataclass(kw_only=True)
 class OverlapConfig:
+    RANK_KEY: ClassVar[str] = "world_size"
+    SIZE_KEYS: ClassVar[tuple[str, ...]] = ("model", "batch_size")
+
     bucket_caps_bytes: list[int] = field(default_factory=lambda: [65536, 262144, 1048576, 26214400])
     """DDP bucket caps in bytes, each ≥ 1 (26214400 = 25 MiB, torch's default)."""
     overlap: Any = field(default_factory=lambda: [False, True])
@@ -83,20 +85,25 @@ class OverlapConfig:
 
     def __post_init__(self) -> None:
         check_positive("bucket_caps_bytes", self.bucket_caps_bytes)
-        _unique("bucket_caps_bytes", self.bucket_caps_bytes)
+        check_unique("bucket_caps_bytes", self.bucket_caps_bytes)
         if isinstance(self.overlap, bool):
             self.overlap = [self.overlap]
         if not self.overlap or any(not isinstance(v, bool) for v in self.overlap):
             raise ValueError(f"overlap={self.overlap}: a non-empty list of true/false")
-        _unique("overlap", self.overlap)
+        check_unique("overlap", self.overlap)
         if not self.networks:
             raise ValueError("networks=[]: give at least one entry (null: loopback)")
         for network in self.networks:
             _check_network(network)
-        _unique("networks", [network_label(n) for n in self.networks])
+        # Two links with one label ({latency_ms: 1} and {latency_ms: 1.0}) are one cell.
+        check_unique("networks", [network_label(n) for n in self.networks])
         check_positive("world_size", [self.world_size], minimum=2)
         check_positive("seed", [self.seed], minimum=0)
         if not isinstance(self.paired, bool):
             raise ValueError(f"paired={self.paired!r}: must be true or false")
         check_training(self, ("batch_size", "repeats"))
         check_gpt_model(self.model)
+
+    def rank_bytes(self) -> int:
+        """An upper bound on what one rank holds: the model and its twin, on its batch."""
+        return gpt_rank_bytes(check_gpt_model(self.model), self.batch_size)

@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from bench.config import check_choices, check_gpt_model, check_positive, check_training
+from bench.config import (
+    check_choice,
+    check_gpt_model,
+    check_positive,
+    check_training,
+    check_unique,
+    gpt_rank_bytes,
+)
 from bench.experiments.parallelism_comparison.ranks import AXES
 from impls.models import GPTConfig
 from impls.tensor_parallel import check_tp_config
@@ -34,6 +41,9 @@ DEFAULT_LAYOUTS = [
 
 @dataclass(kw_only=True)
 class ParallelismComparisonConfig:
+    RANK_KEY: ClassVar[str] = "world_sizes"
+    SIZE_KEYS: ClassVar[tuple[str, ...]] = ("model", "batch_size")
+
     world_sizes: list[int] = field(default_factory=lambda: [4, 8])
     """Numbers of ranks; every layout must use exactly one of them."""
     layouts: list[dict[str, int]] = field(default_factory=lambda: list(DEFAULT_LAYOUTS))
@@ -68,16 +78,22 @@ class ParallelismComparisonConfig:
     def __post_init__(self) -> None:
         check_positive("world_sizes", self.world_sizes)
         check_training(self, ("batch_size", "microbatches", "steps", "repeats", "profile_steps"))
-        check_choices("schedule", [self.schedule], SCHEDULES)
+        check_choice("schedule", self.schedule, SCHEDULES)
         model = _gpt_config(self.model)
         if not isinstance(self.layouts, list) or not self.layouts:
             raise ValueError(f"layouts={self.layouts!r}: give a non-empty list such as [{{dp: 4}}]")
         self.layouts = [
             self._check_layout(i, layout, model) for i, layout in enumerate(self.layouts)
         ]
+        check_unique("layouts", self.layouts)  # {dp: 4} and {dp: 4, tp: 1} are one cell
         unused = sorted(set(self.world_sizes) - {math.prod(lay.values()) for lay in self.layouts})
         if unused:
             raise ValueError(f"world_sizes={self.world_sizes}: no layout has {unused} ranks")
+
+    def rank_bytes(self) -> int:
+        """An upper bound on what one rank holds: the whole model (as if no axis split it)
+        and the single-device reference, on the whole batch."""
+        return gpt_rank_bytes(_gpt_config(self.model), self.batch_size)
 
     def _check_layout(self, i: int, layout: Any, model: GPTConfig) -> dict[str, int]:
         """`layout` with every axis filled in, or a ValueError naming `layouts[i]`."""

@@ -5,9 +5,9 @@ so this imports no pandas or plotting."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from bench.config import check_choices, check_number, check_positive
+from bench.config import check_choices, check_number, check_positive, gpt_rank_bytes
 from bench.experiments.pipeline_utilization.names import INTERLEAVED, TORCH_SCHEDULES, torch_refuses
 from impls.models import GPTConfig
 from impls.pipeline import SCHEDULES, Plan, build_plan
@@ -21,6 +21,9 @@ LIST_KEYS = ("schedules", "stages", "microbatches", "trace_microbatches")
 
 @dataclass(kw_only=True)
 class PipelineUtilizationConfig:
+    RANK_KEY: ClassVar[str] = "stages"
+    SIZE_KEYS: ClassVar[tuple[str, ...]] = (*MODEL_KEYS, "batch_size")
+
     schedules: Any = field(default_factory=lambda: list(ALLOWED))
     """distbench schedules, and torch.distributed.pipelining baselines (`torch_*`); a lone
     name means one."""
@@ -67,6 +70,7 @@ class PipelineUtilizationConfig:
         for key in (*MODEL_KEYS, "batch_size", "repeats"):
             _check_count(key, getattr(self, key), 1)
         _check_count("warmup", self.warmup, 0)
+        _check_count("seed", self.seed, 0)
         interleaved = sorted(set(self.schedules) & INTERLEAVED)
         if interleaved:
             _check_count("virtual_stages", self.virtual_stages, 2, f" for {interleaved[0]}")
@@ -80,6 +84,11 @@ class PipelineUtilizationConfig:
                 f"micro-batch must hold the same number of sequences"
             )
         self._check_grid()
+
+    def rank_bytes(self) -> int:
+        """An upper bound on what one rank holds: the whole model (P = 1) and torch's twin,
+        on the whole batch."""
+        return gpt_rank_bytes(GPTConfig(**self.model()), self.batch_size)
 
     def model(self) -> dict[str, int]:
         """The `GPTConfig` keyword arguments."""

@@ -6,9 +6,15 @@ Light on purpose: every rank unpickles this config, so it imports no pandas or p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from bench.config import check_choices, check_gpt_model, check_positive, check_training
+from bench.config import (
+    check_choices,
+    check_gpt_model,
+    check_positive,
+    check_training,
+    gpt_rank_bytes,
+)
 from impls.models import GPTConfig
 
 __all__ = ["METHODS", "SequenceParallelConfig"]
@@ -18,6 +24,9 @@ METHODS = ("megatron_sp", "ulysses", "ring_attention")
 
 @dataclass(kw_only=True)
 class SequenceParallelConfig:
+    RANK_KEY: ClassVar[str] = "sp_degrees"
+    SIZE_KEYS: ClassVar[tuple[str, ...]] = ("model", "seq_lens", "batch_size")
+
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     """Sequence-parallel methods: megatron_sp, ulysses, ring_attention."""
     sp_degrees: list[int] = field(default_factory=lambda: [1, 2, 4])
@@ -49,6 +58,11 @@ class SequenceParallelConfig:
         check_training(self, ("batch_size", "repeats", "memory_budget_bytes"))
         cfg = self._check_model()
         self._check_degrees(cfg)
+
+    def rank_bytes(self) -> int:
+        """An upper bound on what one rank holds: the block (P = 1) and the reference, on the
+        longest sequence."""
+        return gpt_rank_bytes(self._check_model(), self.batch_size)
 
     def _check_model(self) -> GPTConfig:
         if "seq_len" in self.model:

@@ -6,9 +6,15 @@ Light on purpose: every rank unpickles this config, so it imports no pandas or p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from bench.config import check_choices, check_gpt_model, check_positive, check_training
+from bench.config import (
+    check_choices,
+    check_gpt_model,
+    check_positive,
+    check_training,
+    gpt_rank_bytes,
+)
 from impls.tensor_parallel import check_tp_config
 
 __all__ = ["METHODS", "TensorParallelConfig"]
@@ -18,6 +24,9 @@ METHODS = ("distbench", "torch_dtensor")
 
 @dataclass(kw_only=True)
 class TensorParallelConfig:
+    RANK_KEY: ClassVar[str] = "tp_degrees"
+    SIZE_KEYS: ClassVar[tuple[str, ...]] = ("model", "batch_size")
+
     tp_degrees: list[int] = field(default_factory=lambda: [1, 2, 4])
     """Tensor-parallel degrees t; each must divide the model's n_heads, d_ff and vocab."""
     methods: list[str] = field(default_factory=lambda: list(METHODS))
@@ -53,3 +62,8 @@ class TensorParallelConfig:
                 check_tp_config(cfg, t)
             except ValueError as error:
                 raise ValueError(f"tp_degrees={self.tp_degrees}: {error}") from error
+
+    def rank_bytes(self) -> int:
+        """An upper bound on what one rank holds: the whole model (t = 1) and its twin, on
+        the whole batch."""
+        return gpt_rank_bytes(check_gpt_model(self.model), self.batch_size)

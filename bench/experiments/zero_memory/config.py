@@ -6,9 +6,15 @@ plotting or report code."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from bench.config import check_choices, check_gpt_model, check_positive, check_training
+from bench.config import (
+    check_choices,
+    check_gpt_model,
+    check_positive,
+    check_training,
+    gpt_rank_bytes,
+)
 from bench.experiments.zero_memory.methods import EXTRA_METHODS, METHOD_OF_STAGE
 from impls.precision import PRECISIONS, check_precision
 
@@ -23,6 +29,9 @@ def _default_model() -> dict[str, Any]:
 
 @dataclass(kw_only=True)
 class ZeroMemoryConfig:
+    RANK_KEY: ClassVar[str] = "world_sizes"
+    SIZE_KEYS: ClassVar[tuple[str, ...]] = ("model", "batch_size")
+
     stages: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
     """distbench ZeRO stages to run (0: plain data parallelism, the memory baseline)."""
     world_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
@@ -76,3 +85,8 @@ class ZeroMemoryConfig:
                 "trains on an equal share of the batch"
             )
         check_gpt_model(self.model)
+
+    def rank_bytes(self) -> int:
+        """An upper bound on what one rank holds: the unsharded model (N = 1) and its twin,
+        on the whole batch."""
+        return gpt_rank_bytes(check_gpt_model(self.model), self.batch_size)
