@@ -2,9 +2,16 @@
 
 `ResultStore` keeps ``<report_dir>/results.csv`` with one row per measured configuration
 (a *cell*), identified by its key columns. Every write reads the file, upserts the new
-rows by key and replaces the file atomically (a temporary file in the same directory,
-then ``os.replace``) while holding an ``fcntl`` lock, so an interrupted grid loses no
-finished cell and Hydra multirun jobs writing at the same time do not clobber each other.
+rows by key and replaces the file atomically (a temporary file of a unique name in the same
+directory, then ``os.replace``, which replaces a planted link instead of writing through
+it) while holding an ``fcntl`` lock, so an interrupted grid loses no finished cell and
+Hydra multirun jobs writing at the same time do not clobber each other.
+
+`ResultStore.check` is the preflight a run passes before any rank starts: report_dir is a
+directory, holds no other experiment's results, and its results.csv parses (a corrupted
+file is refused with its path and line, and left as it is). `ResultStore.claim` holds the
+report directory for one run (or the jobs of one sweep) until it ends: a second run into
+it is refused instead of mixing, or dropping, the first one's rows.
 
 Key values are compared in their CSV form: an int key ``2`` is written ``2`` and reads back
 as ``2``, a float ``0.5`` as ``0.5``, ``None`` as an empty cell. `ResultStore.key_of`
@@ -14,8 +21,11 @@ gives the canonical key tuple of a row, the same form `finished_keys` returns.
 from __future__ import annotations
 
 import contextlib
+import csv
 import fcntl
+import hashlib
 import io
+import json
 import math
 import numbers
 import os
@@ -23,7 +33,7 @@ import platform
 import re
 import socket
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -32,9 +42,20 @@ import pandas as pd
 
 from bench.provenance import git_sha
 
-__all__ = ["ResultStore", "run_metadata"]
+__all__ = ["MEASURED", "STATUSES", "ResultStore", "run_metadata", "settings_hash"]
 
 _INT_TEXT = re.compile(r"[+-]?\d+")
+# A row's status: measured and checked ("ok"), measured but off its reference ("wrong":
+# `wrong > 0`), or no measurement at all ("failed": raised, crashed or timed out).
+STATUSES = ("ok", "wrong", "failed")
+MEASURED = ("ok", "wrong")
+_FIX = "fix or delete that line, or move the file away (nothing was overwritten)"
+
+
+def settings_hash(settings: Mapping[str, Any]) -> str:
+    """A short stable hash of the settings that change a measurement (JSON, sorted keys)."""
+    text = json.dumps(settings, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def run_metadata(*, backend: str, device: str, world_size: int | None = None) -> dict[str, Any]:
@@ -125,30 +146,49 @@ class ResultStore:
                 )
         return tuple(_parse_key_text(_key_text(v)) for v in values)
 
-    def finished_keys(self) -> set[tuple]:
-        """Keys of the rows whose ``status`` is ``"ok"`` (cells a resumed grid may skip)."""
+    def finished_keys(self, settings: str | None = None) -> set[tuple]:
+        """Keys of the rows whose ``status`` is ``"ok"`` (cells a resumed grid may skip);
+        with `settings`, only rows measured with that `settings_hash`."""
         if not self.path.exists():
             return set()
         table = _read_text(self.path)
         if "status" not in table.columns:
             return set()
         done = table[table["status"] == "ok"]
+        if settings is not None:
+            hashes = done["settings_hash"] if "settings_hash" in done.columns else ""
+            done = done[hashes == settings]
         columns = [done[k] if k in done.columns else [""] * len(done) for k in self.key_columns]
         return {tuple(_parse_key_text(text) for text in key) for key in zip(*columns, strict=True)}
 
-    def write(self, rows: Sequence[Mapping[str, Any]]) -> None:
+    def write(
+        self, rows: Sequence[Mapping[str, Any]], keep: Callable[[dict], bool] | None = None
+    ) -> int:
         """Upsert `rows` by key: a row replaces the stored row with its key, in place;
         rows with new keys are appended. Columns: key columns first, then in first-seen order.
+        With `keep`, stored rows it refuses (given each as its CSV text) are dropped in the
+        same replacement. Returns how many were dropped.
         """
-        if not rows:
-            return
         for row in rows:
             self.key_of(row)  # fail on a missing key column before touching the file
-        new = self._as_text(rows)
+        if not rows and keep is None:
+            return 0
+        new = self._as_text(rows) if rows else pd.DataFrame(columns=self.key_columns)
         self.report_dir.mkdir(parents=True, exist_ok=True)
         with self.locked():
             old = _read_text(self.path) if self.path.exists() else pd.DataFrame()
-            self._replace(self._merge(old, new))
+            dropped = 0
+            if keep is not None and len(old):
+                kept = [keep(record) for record in old.to_dict("records")]
+                dropped = len(kept) - sum(kept)
+                old = old[kept]
+            if rows or dropped:
+                self._replace(self._merge(old, new))
+            return dropped
+
+    def text_key(self, record: Mapping[str, str]) -> tuple:
+        """The canonical key of a row read as CSV text (what `write`'s `keep` is given)."""
+        return self._text_key(record)
 
     def _as_text(self, rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         """New rows as text, exactly as pandas would write them, keys canonicalised."""
@@ -202,3 +242,87 @@ class ResultStore:
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def check(self, experiment: str) -> None:
+        """The preflight of a run into this directory, before any rank starts: a
+        ValueError, one line naming the file, if it cannot hold this experiment's results.
+        Reads only: a refused directory is left exactly as it was."""
+        where = f"report_dir={self.report_dir}"
+        if self.report_dir.exists() and not self.report_dir.is_dir():
+            raise ValueError(f"{where} is a file, not a directory; give a directory")
+        other = _experiment_of(self.report_dir / "headline.json")
+        if other not in (None, experiment):
+            raise ValueError(f"{where} holds the results of experiment {other}; give "
+                             f"{experiment} a report_dir of its own")  # fmt: skip
+        if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+            raise ValueError(f"{self.path} is not a regular file; move it away")
+        if self.path.exists():
+            self._check_rows()
+
+    def _check_rows(self) -> None:
+        """Every line of results.csv a row of this experiment's table (see `check`)."""
+        data = self.path.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data[: error.start].count(b"\n") + 1
+            raise ValueError(
+                f"{self.path}:{line}: not UTF-8 text ({error.reason}); {_FIX}"
+            ) from None
+        reader = csv.reader(io.StringIO(text, newline=""))
+        try:
+            self._check_table(reader)
+        except csv.Error as error:
+            raise ValueError(f"{self.path}:{reader.line_num}: {error}; {_FIX}") from None
+
+    def _check_table(self, reader) -> None:
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(f"{self.path}:1: empty file, no header line; {_FIX}")
+        missing = [c for c in [*self.key_columns, "status"] if c not in header]
+        if missing:
+            raise ValueError(f"{self.path}:1: the header has no {', '.join(missing)} column: "
+                             "not this experiment's results; move it away, or give another "
+                             "report_dir")  # fmt: skip
+        status = header.index("status")
+        for fields in reader:
+            if not fields:
+                continue  # a blank line: pandas skips it too
+            line = f"{self.path}:{reader.line_num}"
+            if len(fields) != len(header):
+                raise ValueError(f"{line}: {len(fields)} fields where the header has "
+                                 f"{len(header)} (a truncated or foreign line); {_FIX}")  # fmt: skip
+            if fields[status] not in STATUSES:
+                raise ValueError(f"{line}: status={fields[status]!r} is none of "
+                                 f"{', '.join(STATUSES)}; {_FIX}")  # fmt: skip
+
+    @contextlib.contextmanager
+    def claim(self, *, shared: bool = False) -> Iterator[None]:
+        """Hold the report directory for one run (`shared`: for the jobs of one sweep, which
+        write rows of one grid), refusing with a ValueError while another run holds it.
+        The claim is an `flock` on the directory itself, so a killed run leaves nothing
+        behind; the run that ends last removes the writers' lock file."""
+        self.report_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.report_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ValueError(f"report_dir={self.report_dir} is in use by another run "
+                                 "until it ends; wait for it, or give another report_dir"
+                                 ) from None  # fmt: skip
+            yield
+        finally:
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no other run holds it now
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.lock_path)
+            os.close(fd)
+
+
+def _experiment_of(headline: Path) -> str | None:
+    """The experiment a headline.json was written for (None when there is none to read)."""
+    try:
+        return json.loads(headline.read_text()).get("experiment")
+    except (FileNotFoundError, ValueError, AttributeError):
+        return None

@@ -5,16 +5,22 @@ cells of that size; a cell whose ranks raise, crash or hang past `timeout_s` bec
 failed row and the grid goes on. `cluster=torchrun` (and SLURM tasks) make this process
 one rank of an external launch: every rank runs the same cells, rank 0 records them.
 Each finished cell is written to results.csv at once (atomically), so an interrupted
-grid loses nothing and `resume=true` skips the cells already done.
+grid loses nothing and `resume=true` skips the cells already done with the same settings.
+A row is "ok", "wrong" (measured, but off its reference) or "failed"; the caller turns a
+grid with any row not ok into a failed run (`bench.app`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
+import signal
+import threading
+import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,7 +29,7 @@ from tqdm import tqdm
 
 from bench.experiments.base import Cell, Experiment
 from bench.launch import RankFailure, RankPool
-from bench.results import ResultStore, run_metadata
+from bench.results import ResultStore, run_metadata, settings_hash
 from bench.wandb_log import WandbLogger
 
 __all__ = ["run_experiment"]
@@ -41,39 +47,160 @@ def run_experiment(
     cluster: dict,
     resume: bool,
     wandb_cfg: dict,
+    append: bool = False,
+    sweep: str | None = None,
 ) -> pd.DataFrame:
-    """Measure every cell of `cfg`'s grid (skipping finished ones on resume), then report."""
+    """Measure every cell of `cfg`'s grid (on resume, skipping cells finished with the same
+    settings), then report; return the rows of this grid (failed and wrong ones included).
+
+    Before any rank starts, `ResultStore.check` refuses a report_dir that cannot hold the
+    results (a ValueError, one line) and the run claims the directory. Each row carries the
+    `settings_hash` of the settings that change a measurement and the `run_id` of the run
+    that measured it; rows of earlier grids are dropped from results.csv and the report
+    unless `append` (then the report marks them as earlier). The jobs of one Hydra `sweep`
+    (its id) share report_dir and write one grid together.
+    """
     store = ResultStore(report_dir, experiment.key_columns)
-    cells = experiment.cells(cfg)
-    done = store.finished_keys() if resume else set()
-    todo = [c for c in cells if store.key_of(c.key) not in done]
     as_rank = _is_one_rank(cluster.get("kind", "local"))
     rank = int(os.environ.get("RANK", 0)) if as_rank else 0
+    store.check(experiment.name)
+    grid = Grid.of(experiment, cfg, cluster, sweep)
+    claim = store.claim(shared=sweep is not None) if rank == 0 else contextlib.nullcontext()
+    with _sigterm_as_exit(), claim:
+        return _run_claimed(experiment, cfg, store, grid, cluster, rank, as_rank,
+                            resume=resume, append=append, wandb_cfg=wandb_cfg)  # fmt: skip
+
+
+@dataclass
+class Grid:
+    """This run's cells and what ties their rows to it: the settings hash and the run id."""
+
+    cells: list[Cell]
+    settings: dict
+    settings_hash: str
+    run_id: str
+    sweep: bool
+
+    @classmethod
+    def of(cls, experiment: Experiment, cfg, cluster: dict, sweep: str | None) -> Grid:
+        settings = measured_settings(experiment, cfg, cluster)
+        run_id = sweep or f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        return cls(experiment.cells(cfg), settings, settings_hash(settings), run_id, bool(sweep))
+
+
+def measured_settings(experiment: Experiment, cfg, cluster: dict) -> dict:
+    """The settings that change a measurement: every config key but the grid's axes (list
+    values and key columns: they choose which cells exist, and the key says where in them),
+    `timeout_s` and the experiment's `unmeasured` keys; plus the cluster's backend and device."""
+    values = asdict(cfg)
+    skip = {*experiment.key_columns, *experiment.unmeasured, "timeout_s"}
+    kept = {k: v for k, v in values.items() if k not in skip and not isinstance(v, list)}
+    return {
+        **kept,
+        "backend": cluster.get("backend", "gloo"),
+        "device": cluster.get("device", "cpu"),
+    }
+
+
+def _run_claimed(experiment, cfg, store, grid, cluster, rank, as_rank, *, resume, append,
+                 wandb_cfg) -> pd.DataFrame:  # fmt: skip
+    cells = grid.cells
+    this_grid = {store.key_of(c.key) for c in cells}
+    resumed = store.finished_keys(grid.settings_hash) & this_grid if resume else set()
+    todo = [c for c in cells if store.key_of(c.key) not in resumed]
     logger = WandbLogger(
         mode=wandb_cfg.get("mode", "offline") if rank == 0 else "disabled",
         project=wandb_cfg.get("project", "distbench"),
         entity=wandb_cfg.get("entity"),
         experiment=experiment.name,
-        config={"experiment": experiment.name, **asdict(cfg), "cluster": cluster},
+        config={
+            "experiment": experiment.name,
+            **asdict(cfg),
+            "cluster": cluster,
+            "settings_hash": grid.settings_hash,
+        },
     )
-    if resume and len(todo) < len(cells):
-        log.info("resume: %d of %d cells already finished", len(cells) - len(todo), len(cells))
+    if resume:
+        log.info("resume: %d of %d cells already finished with these settings (%s)",
+                 len(cells) - len(todo), len(cells), grid.settings_hash)  # fmt: skip
+
+    def ours(record: dict) -> bool:
+        """A stored row (as CSV text) of this grid: measured by this run (or a job of its
+        sweep), or kept by resume (in a sweep: any finished row with these settings, as
+        the sibling jobs resume theirs)."""
+        if record.get("run_id") == grid.run_id:
+            return True
+        if grid.sweep:
+            same = record.get("settings_hash") == grid.settings_hash
+            return resume and same and record.get("status") == "ok"
+        return store.text_key(record) in resumed
+
+    writer = RowWriter(store, None if append else ours, logger)
     try:
         if as_rank:
-            _run_as_rank(experiment, cfg, cells, todo, store, logger, cluster)
+            _run_as_rank(experiment, cfg, cells, todo, writer, grid, cluster)
         else:
-            _run_local(experiment, cfg, todo, len(cells), store, logger, cluster)
+            _run_local(experiment, cfg, todo, len(cells), writer, grid, cluster)
         if rank != 0:
             return pd.DataFrame()
+        writer.prune()
         # Multirun jobs of one sweep share report_dir: one report writer at a time, each
         # reading every row written so far.
         with store.locked():
             df = store.read()
-            headline = experiment.report_on(df, Path(report_dir), cfg)
-        logger.log_report(df, headline, Path(report_dir))
-        return df
+            if append:
+                df["earlier"] = [not ours(_as_text(r)) for r in df.to_dict("records")]
+            headline = experiment.report_on(df, Path(store.report_dir), cfg)
+        logger.log_report(df, headline, Path(store.report_dir))
+        return df[[store.key_of(r) in this_grid for r in df.to_dict("records")]]
     finally:
         logger.finish()
+
+
+def _as_text(record: dict) -> dict:
+    """A typed row as the text its CSV line holds, near enough for `ours` (which reads the
+    key, run_id, settings_hash and status)."""
+    return {k: "" if v is None or v != v else str(v) for k, v in record.items()}
+
+
+class RowWriter:
+    """Writes each finished row at once; without append, the first write also drops the
+    rows of earlier grids (`keep` refuses them), logging how many."""
+
+    def __init__(self, store: ResultStore, keep, logger: WandbLogger) -> None:
+        self.store, self.keep, self.logger = store, keep, logger
+
+    def write(self, row: dict) -> None:
+        self._dropped(self.store.write([row], keep=self.keep))
+        self.logger.log_row(row)
+
+    def prune(self) -> None:
+        """Drop the rows of earlier grids even when no cell ran (a resumed, finished grid)."""
+        if self.keep is not None and self.store.path.exists():
+            self._dropped(self.store.write([], keep=self.keep))
+
+    def _dropped(self, count: int) -> None:
+        if count:
+            log.warning("results.csv: dropped %d row(s) of earlier grids or settings "
+                        "(append=true keeps them)", count)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit():
+    """SIGTERM (scancel, timeout, a container stop) ends the run as Ctrl-C does: the rank
+    pool closes and the claim is released, instead of the process vanishing mid-write."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _is_one_rank(kind: str) -> bool:
@@ -101,21 +228,28 @@ def _is_one_rank(kind: str) -> bool:
 
 def _row(experiment: Experiment, cfg, cell: Cell, per_rank, error: str | None, meta: dict,
          report_dir: Path) -> dict:  # fmt: skip
-    if error is None:
-        row = {**experiment.row(cfg, cell, per_rank, report_dir), "status": "ok", "error": ""}
+    """The cell's row: "failed" with its error, "wrong" when it measured results off its
+    reference (`wrong > 0`), else "ok"; with the run's metadata."""
+    if error is not None:
+        return {**cell.key, "status": "failed", "error": error, **meta}
+    row = experiment.row(cfg, cell, per_rank, report_dir)
+    wrong = pd.to_numeric(pd.Series([row.get("wrong", 0)]), errors="coerce").iloc[0]
+    if wrong > 0:
+        row.update(status="wrong", error=f"wrong={row['wrong']}: results off the reference")
     else:
-        row = {**cell.key, "status": "failed", "error": error}
+        row.update(status="ok", error="")
     return {**row, **meta}
 
 
-def _run_local(experiment, cfg, todo, total, store, logger, cluster) -> None:
+def _run_local(experiment, cfg, todo, total, writer, grid, cluster) -> None:
     backend, device = cluster.get("backend", "gloo"), cluster.get("device", "cpu")
     if backend == "auto":  # the spawned pool is the CPU path (its ranks pick no GPU)
         backend = "gloo"
     bar = tqdm(total=total, initial=total - len(todo), desc=experiment.name, unit="cell")
     with bar:
         for world_size, group in itertools.groupby(todo, key=lambda c: c.world_size):
-            meta = run_metadata(backend=backend, device=device, world_size=world_size)
+            meta = {**run_metadata(backend=backend, device=device, world_size=world_size),
+                    "settings_hash": grid.settings_hash, "run_id": grid.run_id}  # fmt: skip
             with RankPool(world_size, backend=backend, timeout_s=cfg.timeout_s) as pool:
                 for cell in group:
                     bar.set_postfix_str(" ".join(f"{v}" for v in cell.key.values()))
@@ -127,13 +261,13 @@ def _run_local(experiment, cfg, todo, total, store, logger, cluster) -> None:
                         error = str(failure).splitlines()[0][:500]
                     except Exception as exc:  # a cell that cannot even be shipped
                         error = f"{type(exc).__name__}: {exc}"[:500]
-                    row = _row(experiment, cfg, cell, per_rank, error, meta, store.report_dir)
-                    store.write([row])
-                    logger.log_row(row)
+                    row = _row(experiment, cfg, cell, per_rank, error, meta,
+                               writer.store.report_dir)  # fmt: skip
+                    writer.write(row)
                     bar.update()
 
 
-def _run_as_rank(experiment, cfg, cells, todo, store, logger, cluster) -> None:
+def _run_as_rank(experiment, cfg, cells, todo, writer, grid, cluster) -> None:
     """This process is one rank of torchrun / SLURM: run the cells of our world size."""
     import torch
     import torch.distributed as dist
@@ -146,6 +280,7 @@ def _run_as_rank(experiment, cfg, cells, todo, store, logger, cluster) -> None:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s))
     world, rank = dist.get_world_size(), dist.get_rank()
+    store = writer.store
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     # Rank 0's results.csv decides what is left to run (nodes need not share a filesystem).
     decided = [[store.key_of(c.key) for c in todo] if rank == 0 else None]
@@ -156,7 +291,8 @@ def _run_as_rank(experiment, cfg, cells, todo, store, logger, cluster) -> None:
     if rank == 0 and len(mine) < len(todo):
         sizes = sorted({c.world_size for c in todo} - {world})
         log.warning("torchrun world size is %d: skipping cells for world sizes %s", world, sizes)
-    meta = run_metadata(backend=dist.get_backend(), device=device, world_size=world)
+    meta = {**run_metadata(backend=dist.get_backend(), device=device, world_size=world),
+            "settings_hash": grid.settings_hash, "run_id": grid.run_id}  # fmt: skip
     for cell in tqdm(mine, desc=experiment.name, unit="cell", disable=rank != 0):
         try:
             fn, args = experiment.rank_call(cfg, cell)
@@ -170,6 +306,5 @@ def _run_as_rank(experiment, cfg, cells, todo, store, logger, cluster) -> None:
             per_rank = [value for _, value in gathered] if not errors else None
             error = "; ".join(errors) or None
             row = _row(experiment, cfg, cell, per_rank, error, meta, store.report_dir)
-            store.write([row])
-            logger.log_row(row)
+            writer.write(row)
     dist.barrier()

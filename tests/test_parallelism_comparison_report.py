@@ -204,7 +204,9 @@ def test_a_run_where_nothing_finished_still_writes_a_report(tmp_path: Path) -> N
     frame["status"] = "failed"
     headline = write(frame, tmp_path)
     assert headline["failed_cells"] == len(frame)
-    assert "No cell finished" in (tmp_path / "report.md").read_text()
+    assert (
+        "No cell ran, so there is nothing measured to show" in (tmp_path / "report.md").read_text()
+    )
 
 
 def test_index_shows_the_headline_figures(report) -> None:

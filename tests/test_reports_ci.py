@@ -109,3 +109,17 @@ def test_index_shows_every_target_by_its_worst_cell(reports):
             line = next((x for x in index.splitlines() if figure in x), None)
             assert line is not None, (name, figure)
             assert worst in line and target["status"] in line, line
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_report_survives_an_all_failed_grid(reports, name, tmp_path):
+    """Every cell failed, rows holding only their keys and metadata: the report is still
+    written, lists every failure, and meets no target."""
+    experiment = experiments()[name]
+    df = load(reports, name)[0]
+    kept = [c for c in df.columns if c in set(experiment.key_columns) | KEEP]
+    failed = df[kept].assign(status="failed", error="RuntimeError: no rank started")
+    headline = experiment.report_on(failed, tmp_path, None)
+    assert headline["failed_cells"] == len(df) and headline["cells"] == len(df)
+    assert "no rank started" in (tmp_path / "report.md").read_text()
+    assert not any(target["met"] for target in headline["targets"])

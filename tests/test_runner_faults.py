@@ -9,7 +9,6 @@ finished cells again (or skip unfinished ones).
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 import subprocess
 import sys
@@ -19,9 +18,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.results import ResultStore
-from bench.runner import run_experiment
-from tests.runner_cells import LOCAL, FakeConfig, fake_experiment, rank_pids
+from bench.results import ResultStore, settings_hash
+from bench.runner import measured_settings, run_experiment
+from tests.runner_cells import (
+    LOCAL,
+    FakeConfig,
+    fake_experiment,
+    is_running,
+    rank_descendants,
+    rank_pids,
+    wait_until,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Also the ranks' process-group timeout: long enough for two ranks that start unevenly on a
@@ -29,7 +36,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 5.0
 
 
-def run_grid(report_dir: Path, marker_dir: Path, cells: list[str], *, resume: bool = False):
+def run_grid(report_dir: Path, marker_dir: Path, cells: list[str], *, resume: bool = False,
+             **options):  # fmt: skip
     marker_dir.mkdir(parents=True, exist_ok=True)
     cfg = FakeConfig(cells=cells, marker_dir=str(marker_dir), timeout_s=TIMEOUT_S)
     return run_experiment(
@@ -39,50 +47,8 @@ def run_grid(report_dir: Path, marker_dir: Path, cells: list[str], *, resume: bo
         cluster=LOCAL,
         resume=resume,
         wandb_cfg={"mode": "disabled"},
+        **options,
     )
-
-
-def is_running(pid: int) -> bool:
-    """Alive and not a zombie (a killed rank re-parented to init may linger as one)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def rank_descendants() -> dict[int, str]:
-    """``{pid: command line}`` of live multiprocessing-spawned descendants of this process.
-
-    The resource tracker that the spawn context starts once per interpreter is not a rank
-    and is meant to live as long as we do.
-    """
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = {}, list(children.get(os.getpid(), []))
-    while todo:
-        pid = todo.pop()
-        todo.extend(children.get(pid, []))
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except FileNotFoundError:
-            continue
-        if is_running(pid) and "spawn_main" in cmdline:
-            found[pid] = cmdline
-    return found
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
 
 
 # --- one grid with every kind of fault, between cells that succeed ------------------------
@@ -189,14 +155,29 @@ def test_interrupted_grid_keeps_finished_cells_and_resume_runs_only_the_rest(tmp
     assert list(df["cell"]) == ["a", "b", "c"] and set(df["status"]) == {"ok"}
 
 
+def fake_settings_hash() -> str:
+    """The settings hash a `run_grid` row carries (marker_dir and timeout_s change no
+    measurement, so any values do)."""
+    cfg = FakeConfig(cells=[], marker_dir="anywhere", timeout_s=1.0)
+    return settings_hash(measured_settings(fake_experiment(), cfg, LOCAL))
+
+
 def test_resume_reruns_failed_and_missing_cells_and_no_resume_reruns_all(tmp_path):
     report_dir = tmp_path / "report"
     grid = ["a:ok", "b:ok", "c:ok"]
-    # As if a grid had finished a, failed b and been stopped before c.
+    # As if a grid had finished a, failed b and been stopped before c; d is a finished
+    # cell of the same settings but another grid, e one of this grid with other settings.
+    same = fake_settings_hash()
     ResultStore(report_dir, ["cell"]).write(
         [
-            {"cell": "a", "pids": "101 102", "status": "ok", "error": ""},
-            {"cell": "b", "status": "failed", "error": "rank 1: exited with code 9"},
+            {"cell": "a", "pids": "101 102", "status": "ok", "error": "", "settings_hash": same},
+            {
+                "cell": "b",
+                "status": "failed",
+                "error": "rank 1: exited with code 9",
+                "settings_hash": same,
+            },  # fmt: skip
+            {"cell": "d", "pids": "1 2", "status": "ok", "error": "", "settings_hash": same},
         ]
     )
 
@@ -204,8 +185,33 @@ def test_resume_reruns_failed_and_missing_cells_and_no_resume_reruns_all(tmp_pat
     assert sorted(rank_pids(tmp_path / "m1")) == ["b.rank0", "b.rank1", "c.rank0", "c.rank1"]
     assert list(resumed["cell"]) == ["a", "b", "c"] and set(resumed["status"]) == {"ok"}
     assert resumed.set_index("cell").loc["a", "pids"] == "101 102"  # kept, not measured again
+    # d is not of this grid: gone from results.csv (no append), so not in the report either.
+    assert list(ResultStore(report_dir, ["cell"]).read()["cell"]) == ["a", "b", "c"]
 
     rerun = run_grid(report_dir, tmp_path / "m2", grid, resume=False)
     assert len(rank_pids(tmp_path / "m2")) == 6
     assert list(rerun["cell"]) == ["a", "b", "c"] and set(rerun["status"]) == {"ok"}
     assert rerun.set_index("cell").loc["a", "pids"] != "101 102"
+
+
+def test_append_keeps_earlier_grids_and_the_report_names_them(tmp_path):
+    report_dir = tmp_path / "report"
+    run_grid(report_dir, tmp_path / "m1", ["a:ok", "b:ok"])
+    df = run_grid(report_dir, tmp_path / "m2", ["c:ok"], append=True)
+    assert list(df["cell"]) == ["c"]  # what the caller counts: the grid just run
+    assert list(ResultStore(report_dir, ["cell"]).read()["cell"]) == ["a", "b", "c"]
+    report = (report_dir / "report.md").read_text()
+    assert "**Earlier rows kept (`append=true`):** 2 of the 3 cells" in report
+    assert "cell=a; cell=b" in report
+
+    df = run_grid(report_dir, tmp_path / "m3", ["c:ok"])  # without append: c alone
+    assert list(ResultStore(report_dir, ["cell"]).read()["cell"]) == ["c"]
+    assert "Earlier rows" not in (report_dir / "report.md").read_text()
+
+
+def test_jobs_of_one_sweep_share_report_dir_and_rows(tmp_path):
+    report_dir = tmp_path / "report"
+    run_grid(report_dir, tmp_path / "m0", ["old:ok"])  # an earlier grid
+    run_grid(report_dir, tmp_path / "m1", ["a:ok"], sweep="sweep-1")
+    run_grid(report_dir, tmp_path / "m2", ["b:ok"], sweep="sweep-1")
+    assert list(ResultStore(report_dir, ["cell"]).read()["cell"]) == ["a", "b"]

@@ -48,6 +48,9 @@ class Experiment:
     report: Report
     reads: tuple[str, ...] = ()
     """Experiments whose results this one's report reads (`make reports` runs them first)."""
+    unmeasured: tuple[str, ...] = ()
+    """Config keys that change no measurement (where files go): left out of the settings
+    a row is tied to, so changing them does not make `resume=true` measure again."""
     artefacts: Callable[[Any, Cell, list[dict], Path], dict] | None = None
     """(cfg, cell, every rank's result, report_dir) -> columns naming the files it wrote
     there for the cell (traces); kept apart from `to_row`, which only builds the row."""

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bench.results import MEASURED
+
 __all__ = [
     "METADATA_COLUMNS",
     "failed_cells_markdown",
@@ -34,6 +36,7 @@ __all__ = [
     "run_context",
     "to_jsonable",
     "write_headline",
+    "write_bytes_atomic",
     "write_text_atomic",
 ]
 
@@ -86,16 +89,19 @@ def format_percent(fraction: float | None, digits: int = 1) -> str:
 
 
 def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows whose cell ran (`status == "ok"`); a frame without `status` counts as all ok."""
+    """Rows whose cell ran and measured (status "ok", or "wrong": measured but off its
+    reference, which the correctness section shows); a frame without `status` counts as
+    all ok."""
     if "status" not in df.columns:
         return df
-    return df[df["status"] == "ok"]
+    return df[df["status"].isin(MEASURED)]
 
 
 def failed_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose cell measured nothing: it raised, crashed or timed out."""
     if "status" not in df.columns:
         return df.iloc[0:0]
-    return df[df["status"] != "ok"]
+    return df[~df["status"].isin(MEASURED)]
 
 
 def failures_list(df: pd.DataFrame, keys: Iterable[str]) -> list[dict[str, Any]]:
@@ -205,12 +211,17 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Write through a temporary file of a unique name in the same directory, then rename
     it over `path`: an interrupted run never leaves half a report, and a link planted at
     `path` (or at a guessable temporary name) is replaced, never written through."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """`write_text_atomic` for bytes (plots)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the report from its readers
         os.replace(tmp, path)
     except BaseException:

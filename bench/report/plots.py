@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from bench.report.format import format_bytes
+from bench.report.format import format_bytes, write_bytes_atomic
 
 __all__ = ["PLOT_DPI", "log2_axis", "new_figure", "save_figure"]
 
@@ -19,9 +20,12 @@ PLOT_DPI = 120
 
 
 def save_figure(fig: Any, path: Path) -> Path:
-    """Save a `matplotlib.figure.Figure` (built without pyplot, so no global state)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=PLOT_DPI, bbox_inches="tight")
+    """Save a `matplotlib.figure.Figure` (built without pyplot, so no global state) through
+    a temporary file renamed over `path`, as every report file is written."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix.lstrip(".") or "png", dpi=PLOT_DPI,
+                bbox_inches="tight")  # fmt: skip
+    write_bytes_atomic(Path(path), buffer.getvalue())
     return path
 
 

@@ -35,6 +35,7 @@ from bench.report.format import (
     failures_list,
     format_bytes,
     host_cores,
+    is_missing,
     markdown_table,
     ok_rows,
     run_context,
@@ -170,10 +171,25 @@ def _setup(ctx: Context) -> str:
             f"**Mixed provenance:** the rows come from {len(commits)} commits "
             f"({', '.join(commits)}); a report should come from one."
         )
+    hashes = _settings_hashes(df)
+    if len(hashes) > 1:
+        lines.append(f"**Mixed settings:** the rows were measured with {len(hashes)} sets of "
+                     f"settings (`settings_hash` {', '.join(hashes)}).")  # fmt: skip
+    if "earlier" in df.columns and df["earlier"].any():
+        earlier = df[df["earlier"].astype(bool)]
+        cells = "; ".join(ctx.key(r) for _, r in earlier.iterrows())
+        lines.append(f"**Earlier rows kept (`append=true`):** {len(earlier)} of the {len(df)} "
+                     f"cells come from earlier grids, not this run: {cells}.")  # fmt: skip
     if ctx.settings:
         settings = ", ".join(f"`{k}={_setting_text(v)}`" for k, v in ctx.settings.items())
         lines.append(f"Settings: {settings}.")
     return "## Setup\n\n" + "\n\n".join(lines)
+
+
+def _settings_hashes(df: pd.DataFrame) -> list[str]:
+    if "settings_hash" not in df.columns:
+        return []
+    return sorted({str(h) for h in df["settings_hash"] if not is_missing(h)})
 
 
 def _setting_text(value: Any) -> str:
@@ -249,7 +265,11 @@ def write_report(
     ctx = Context(df=df, ok=ok_rows(df), report_dir=report_dir, key_columns=list(key_columns),
                   settings=dict(settings or {}))  # fmt: skip
     verdicts = [target.judge(ctx.ok, ctx.key_columns) for target in report.targets]
-    sections = [text for s in report.sections if (text := _section_text(s, ctx)) is not None]
+    if ctx.ok.empty:  # no cell ran: the rows hold their keys and errors, nothing measured
+        sections = ["## Results\n\nNo cell ran, so there is nothing measured to show; the "
+                    "failed cells and their errors are listed below."]  # fmt: skip
+    else:
+        sections = [t for s in report.sections if (t := _section_text(s, ctx)) is not None]
     failed_text, failures = _failed(df, ctx.key_columns)
     blocks = [f"# {report.title}", report.intro.strip(), _setup(ctx), _targets(verdicts),
               _correctness(ctx, report.correctness), *sections, failed_text]  # fmt: skip
@@ -301,5 +321,7 @@ def _headline(ctx: Context, experiment: str, report: Report, verdicts, failures)
         "findings": ctx.findings,
         "failures": failures,
         "settings": ctx.settings,
+        "settings_hash": _settings_hashes(ctx.df),
+        "earlier_cells": int(ctx.df["earlier"].sum()) if "earlier" in ctx.df.columns else 0,
         **ctx.headline,
     }

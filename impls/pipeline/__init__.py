@@ -14,6 +14,7 @@ from impls.pipeline.schedules import SCHEDULES, build_plan
 from impls.pipeline.theory import utilization_bound
 from impls.pipeline.trace import (
     chrome_trace,
+    chrome_trace_json,
     replay_measured,
     transfer_costs,
     utilization_wall,
@@ -39,6 +40,7 @@ __all__ = [
     "Timeline",
     "build_plan",
     "chrome_trace",
+    "chrome_trace_json",
     "dry_run",
     "insert_communication",
     "max_inflight_microbatches",

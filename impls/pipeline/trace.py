@@ -30,14 +30,25 @@ from impls.pipeline.dataflow import partner
 from impls.pipeline.executor import ActionRecord
 from impls.pipeline.replay import Timeline, replay
 
-__all__ = ["chrome_trace", "replay_measured", "transfer_costs", "utilization_wall"]
+__all__ = [
+    "chrome_trace",
+    "chrome_trace_json",
+    "replay_measured",
+    "transfer_costs",
+    "utilization_wall",
+]
 
 Records = Mapping[int, Sequence[ActionRecord]]
 TRANSFER_MODES = ("median", "each")
 
 
 def chrome_trace(records_by_rank: Records, path: str | Path) -> None:
-    """Write the records as Chrome trace-event JSON (Perfetto, chrome://tracing).
+    """Write the records as Chrome trace-event JSON (see `chrome_trace_json`)."""
+    Path(path).write_text(chrome_trace_json(records_by_rank))
+
+
+def chrome_trace_json(records_by_rank: Records) -> str:
+    """The records as Chrome trace-event JSON (Perfetto, chrome://tracing).
 
     One complete event (`ph: "X"`) per record: `pid` 0, `tid` the rank, `ts`/`dur` in µs,
     `name` the action (`1F0`), `cat` its kind; thread-name metadata labels each row.
@@ -66,7 +77,7 @@ def chrome_trace(records_by_rank: Records, path: str | Path) -> None:
                     "args": {"cpu_ms": record.cpu_s * 1e3},
                 }
             )
-    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return json.dumps({"traceEvents": events, "displayTimeUnit": "ms"})
 
 
 def utilization_wall(records_by_rank: Records) -> float:

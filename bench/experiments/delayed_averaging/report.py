@@ -97,8 +97,6 @@ def what_was_measured(ctx: Context) -> str | None:
     flight on a communication thread. Each step is barrier-opened and timed on the
     slowest rank; time is training wall-clock, evaluation excluded; DGA's last D
     corrections are applied and their wait counted before the final evaluation."""
-    if ctx.ok.empty:
-        return "No cell finished; nothing was measured."
     first = ctx.ok.iloc[0]
     bandwidth = _number(first, "bandwidth_mbps")
     link = "unlimited bandwidth" if not math.isfinite(bandwidth) else f"{bandwidth:g} Mbit/s"

@@ -141,4 +141,5 @@ EXPERIMENT = Experiment(
     to_row=to_row,
     report=report.REPORT,
     artefacts=artefacts,
+    unmeasured=("trace_dir",),
 )

@@ -12,16 +12,18 @@ replays each timed step as recorded instead (median over steps).
 from __future__ import annotations
 
 import csv
+import io
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
+from bench.report import write_text_atomic
 from impls.pipeline import (
     Action,
     Plan,
     Timeline,
-    chrome_trace,
+    chrome_trace_json,
     max_inflight_microbatches,
     replay,
     replay_measured,
@@ -113,7 +115,7 @@ def write_trace(folder: Path, stem: str, plan: Plan, key: dict[str, Any],
     chosen = steps[sorted(range(len(walls)), key=walls.__getitem__)[len(walls) // 2]]
     (folder / "traces").mkdir(parents=True, exist_ok=True)
     files = {"trace_file": f"traces/{stem}.json", "spans_file": f"traces/{stem}_spans.csv"}
-    chrome_trace(chosen, str(folder / files["trace_file"]))
+    write_text_atomic(folder / files["trace_file"], chrome_trace_json(chosen))
     _write_spans(folder / files["spans_file"], chosen, replayed(plan, key, per_rank))
     return files
 
@@ -131,10 +133,9 @@ def _write_spans(path: Path, records_by_rank: Records, timeline: Timeline) -> No
             action = Action.parse(rec.action)
             rows.append(["wall", rank, rec.action, action.stage, action.kind, action.microbatch,
                          rec.start_s - origin, rec.end_s - origin])  # fmt: skip
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["timeline", "rank", "action", "stage", "kind", "microbatch",
-                         "start_s", "end_s"])  # fmt: skip
-        writer.writerows(rows)
-    tmp.replace(path)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(["timeline", "rank", "action", "stage", "kind", "microbatch",
+                     "start_s", "end_s"])  # fmt: skip
+    writer.writerows(rows)
+    write_text_atomic(path, text.getvalue())

@@ -1,0 +1,231 @@
+"""The fault-injection suite: each fault a user or a cluster can throw at a run, and what the
+harness must do about it (issue 13).
+
+| fault                                         | expected outcome                                    |
+|-----------------------------------------------|-----------------------------------------------------|
+| kill -9 of a rank mid-cell                    | that cell failed, the grid goes on, exit 1          |
+| SIGSTOP of a rank mid-cell                    | that cell failed at its timeout, the grid goes on   |
+| a cell off its reference (`wrong > 0`)        | status "wrong" (never "ok"), exit 1                 |
+| every cell failing                            | report still written, exit 1, summary says so       |
+| SIGINT / SIGTERM of the parent mid-grid       | finished rows kept, exit ≠ 0                        |
+| a second run into a report_dir in use         | refused in one line (exit 2); the first run intact  |
+| corrupted results.csv (each kind below)       | refused before any cell, file and line named,       |
+|                                               | the file byte for byte unchanged                    |
+| report_dir a file / another experiment's      | refused before any cell, in one line                |
+| results.csv a planted link                    | refused before any cell                             |
+| report.md / headline.json planted links       | replaced, the link's target untouched               |
+| `resume=true` with changed settings           | the cell is measured again                          |
+
+Under every fault: no rank process outlives the run, and nothing is left behind in the report
+directory or in the temporary directory (the pool's private run directory included).
+That the rendezvous listens on loopback only is `tests/test_loopback.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.results import ResultStore
+from bench.runner import run_experiment
+from tests.runner_cells import (
+    LOCAL,
+    FakeConfig,
+    fake_experiment,
+    is_running,
+    rank_pids,
+    wait_until,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 4.0
+# What a finished run leaves in its report directory, and nothing else.
+REPORT_FILES = {"results.csv", "report.md", "headline.json"}
+
+
+def start(tmp: Path, cells: list[str], *, name: str = "run", timeout_s: float = TIMEOUT_S,
+          report_dir: Path | None = None) -> tuple[subprocess.Popen, Path, Path]:  # fmt: skip
+    """A grid in its own process (`python -m tests.runner_cells`), with a private TMPDIR
+    so that whatever it leaves behind there can be seen."""
+    markers, scratch = tmp / f"{name}-markers", tmp / f"{name}-tmp"
+    markers.mkdir()
+    scratch.mkdir()
+    report_dir = report_dir or tmp / "report"
+    argv = [str(report_dir), str(markers), str(timeout_s), *cells]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.runner_cells", *argv],
+        cwd=REPO_ROOT,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, markers, scratch
+
+
+def finish(proc: subprocess.Popen, markers: Path, scratch: Path) -> tuple[int, str]:
+    """Wait for the run; check it left no rank and nothing in its TMPDIR; (exit, output)."""
+    out, err = proc.communicate(timeout=120)
+    pids = rank_pids(markers)
+    wait_until(lambda: not any(map(is_running, pids.values())), 10, "the ranks to exit")
+    assert not list(scratch.iterdir()), f"left behind in TMPDIR: {list(scratch.iterdir())}"
+    return proc.returncode, out + err
+
+
+def statuses(report_dir: Path) -> dict[str, str]:
+    df = ResultStore(report_dir, ["cell"]).read()
+    return dict(zip(df["cell"], df["status"], strict=True))
+
+
+def left_in(report_dir: Path) -> set[str]:
+    return {p.name for p in report_dir.iterdir()}
+
+
+# --- faults of ranks and cells, in one grid --------------------------------------------------
+
+
+def test_rank_faults_fail_their_cell_and_the_run(tmp_path):
+    proc, markers, scratch = start(tmp_path, ["a:ok", "k:kill9", "s:stop", "w:wrong", "b:ok"])
+    code, output = finish(proc, markers, scratch)
+    report_dir = tmp_path / "report"
+    assert code == 1, output
+    assert "runner_faults: 2 ok, 2 failed, 1 wrong" in output
+    assert statuses(report_dir) == {"a": "ok", "k": "failed", "s": "failed", "w": "wrong",
+                                    "b": "ok"}  # fmt: skip
+    errors = ResultStore(report_dir, ["cell"]).read().set_index("cell")["error"]
+    assert "rank 1" in errors["k"] and "-9" in errors["k"], errors["k"]
+    assert f"timed out after {TIMEOUT_S:g} s" in errors["s"]
+    assert "wrong=3" in errors["w"]
+    assert left_in(report_dir) == REPORT_FILES
+    headline = json.loads((report_dir / "headline.json").read_text())
+    assert headline["failed_cells"] == 2 and headline["wrong_cells"] == 1
+
+
+def test_a_grid_whose_every_cell_fails_still_reports(tmp_path):
+    proc, markers, scratch = start(tmp_path, ["x:raise", "y:exit"])
+    code, output = finish(proc, markers, scratch)
+    report_dir = tmp_path / "report"
+    assert code == 1 and "runner_faults: 0 ok, 2 failed, 0 wrong" in output, output
+    assert "Traceback" not in output
+    assert statuses(report_dir) == {"x": "failed", "y": "failed"}
+    assert "## Failed cells (2)" in (report_dir / "report.md").read_text()
+    assert left_in(report_dir) == REPORT_FILES
+
+
+# --- the parent interrupted -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_parent_keeps_finished_rows_and_leaves_nothing(tmp_path, signum):
+    proc, markers, scratch = start(tmp_path, ["a:ok", "h:hang", "c:ok"], timeout_s=60)
+    wait_until(lambda: len(rank_pids(markers)) == 4, 60, "cell h to start on both ranks")
+    proc.send_signal(signum)
+    code, output = finish(proc, markers, scratch)
+    assert code != 0, output
+    assert statuses(tmp_path / "report") == {"a": "ok"}  # finished rows kept
+    assert left_in(tmp_path / "report") == {"results.csv"}  # no lock, no temporary file
+
+
+# --- two runs, one report_dir ---------------------------------------------------------------
+
+
+def test_a_second_run_into_a_report_dir_in_use_is_refused(tmp_path):
+    first, markers, scratch = start(tmp_path, ["a:ok", "h:hang"], name="first")
+    wait_until(lambda: len(rank_pids(markers)) == 4, 60, "the first run's cell h to start")
+    second, markers2, scratch2 = start(tmp_path, ["z:ok"], name="second")
+    code2, output2 = finish(second, markers2, scratch2)
+    assert code2 == 2 and "is in use by another run" in output2, output2
+    assert len(output2.strip().splitlines()) == 1 and not rank_pids(markers2)
+    code, output = finish(first, markers, scratch)
+    assert code == 1, output  # h timed out
+    assert statuses(tmp_path / "report") == {"a": "ok", "h": "failed"}
+
+
+# --- what is refused before any cell runs ---------------------------------------------------
+
+HEADER = "cell,pids,wrong,status,error\n"
+CORRUPTED = {  # kind -> (results.csv bytes, the line the refusal names, words it says)
+    "garbage line": (HEADER + "a,1 2,0,ok,\n%%%% garbage\n", 3, "fields"),
+    "truncated key": (HEADER + "a,1 2,0,ok,\nb\n", 3, "fields"),
+    "malformed row": (HEADER + 'a,"1 2,0,ok,\n', 2, ""),
+    "unknown status": (HEADER + "a,1 2,0,done,\n", 2, "status='done'"),
+    "another table": ("algorithm,world_size,status\nring,2,ok\n", 1, "no cell column"),
+    "empty file": ("", 1, "empty file"),
+    "not text": ("cell,status\n\xff\xfe,ok\n", 2, ""),
+}
+
+
+def run_fake(report_dir: Path, markers: Path, cells: list[str], *, resume=False, setting=0):
+    markers.mkdir(parents=True, exist_ok=True)
+    cfg = FakeConfig(cells=cells, marker_dir=str(markers), timeout_s=TIMEOUT_S, setting=setting)
+    return run_experiment(fake_experiment(), cfg, report_dir=report_dir, cluster=LOCAL,
+                          resume=resume, wandb_cfg={"mode": "disabled"})  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(CORRUPTED))
+def test_a_corrupted_results_csv_is_refused_untouched(tmp_path, kind):
+    text, line, words = CORRUPTED[kind]
+    report_dir = tmp_path / "report"
+    report_dir.mkdir()
+    path = report_dir / "results.csv"
+    data = text.encode("latin-1")
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=f"{path}:{line}: ") as refused:
+        run_fake(report_dir, tmp_path / "markers", ["a:ok"], resume=True)
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+    assert path.read_bytes() == data and left_in(report_dir) == {"results.csv"}
+    assert not rank_pids(tmp_path / "markers")
+
+
+@pytest.mark.parametrize("case", ["a file", "another experiment's", "results.csv a link"])
+def test_a_report_dir_that_cannot_hold_the_results_is_refused(tmp_path, case):
+    report_dir, victim = tmp_path / "report", tmp_path / "victim.txt"
+    victim.write_text("mine")
+    if case == "a file":
+        report_dir.write_text("not a directory")
+        needle = "is a file"
+    elif case == "another experiment's":
+        report_dir.mkdir()
+        (report_dir / "headline.json").write_text('{"experiment": "collectives"}')
+        needle = "holds the results of experiment collectives"
+    else:
+        report_dir.mkdir()
+        (report_dir / "results.csv").symlink_to(victim)
+        needle = "not a regular file"
+    with pytest.raises(ValueError, match=needle):
+        run_fake(report_dir, tmp_path / "markers", ["a:ok"])
+    assert not rank_pids(tmp_path / "markers") and victim.read_text() == "mine"
+
+
+# --- what a run writes, and what resume skips ------------------------------------------------
+
+
+def test_links_are_replaced_not_written_through_and_resume_follows_settings(tmp_path):
+    report_dir = tmp_path / "report"
+    report_dir.mkdir()
+    before = {p.pid for p in multiprocessing.active_children()}  # other tests' pools
+    victims = {}
+    for name in ("report.md", "headline.json"):
+        victims[name] = tmp_path / f"victim-{name}"
+        victims[name].write_text("mine")
+        (report_dir / name).symlink_to(victims[name])
+    run_fake(report_dir, tmp_path / "m0", ["a:ok", "b:ok"])
+    assert all(v.read_text() == "mine" for v in victims.values())
+    assert not any((report_dir / name).is_symlink() for name in victims)
+    assert left_in(report_dir) == REPORT_FILES
+
+    run_fake(report_dir, tmp_path / "m1", ["a:ok", "b:ok"], resume=True)
+    assert not rank_pids(tmp_path / "m1")  # same settings: nothing measured again
+    df = run_fake(report_dir, tmp_path / "m2", ["a:ok"], resume=True, setting=1)
+    assert sorted(rank_pids(tmp_path / "m2")) == ["a.rank0", "a.rank1"]  # other settings
+    assert list(df["cell"]) == ["a"] and list(statuses(report_dir)) == ["a"]
+    headline = json.loads((report_dir / "headline.json").read_text())
+    assert headline["settings"]["setting"] == 1 and len(headline["settings_hash"]) == 1
+    assert {p.pid for p in multiprocessing.active_children()} <= before  # every pool closed
