@@ -44,7 +44,8 @@ def run_order(names: list[str]) -> list[str]:
 
 
 def regenerate(out: Path, profile: str, names: list[str], extra: list[str]) -> list[str]:
-    """Run each experiment into out/NAME; returns the names that failed to run."""
+    """Run each experiment into out/NAME; returns the names whose run exited non-zero (a
+    refused config, or a failed, timed-out or wrong cell: its report is written all the same)."""
     failed = []
     for name in run_order(names):
         cmd = [sys.executable, "-m", "bench", f"experiment={name}", f"profile={profile}"]
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = regenerate(args.out, args.profile, args.only, args.overrides)
     print(f"index: {args.out / 'README.md'}")
     if failed:
-        print(f"experiments that failed to run: {', '.join(failed)}", file=sys.stderr)
+        print(f"experiments with a refused config or a failed or wrong cell (see their "
+              f"reports): {', '.join(failed)}", file=sys.stderr)  # fmt: skip
     return 1 if failed else 0
 
 
