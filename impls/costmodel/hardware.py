@@ -1,0 +1,140 @@
+"""What a cluster can do: a typed spec of its devices and links, with each number's source.
+
+A `Hardware` is one kind of device, `devices_per_node` of them to a node, joined inside a
+node by `intra` and across nodes by `inter`. Compute is priced in two ways, because a
+training step has two kinds of kernels:
+
+- matrix multiplications run at `peak_flops[dtype]` × an achieved efficiency that depends
+  on the GEMM's size (`gemm_efficiency`: a table of (FLOPs of one GEMM, fraction of peak),
+  interpolated in log FLOPs and clamped at both ends: small GEMMs cannot fill the device);
+- element-wise work (norms, activations, softmax, residual adds, the optimizer) is bound
+  by memory bandwidth: bytes moved ÷ (`memory_bandwidth` × `elementwise_efficiency`).
+
+Every kernel also pays `kernel_overhead_s` (launch and tail). A link moves n bytes in
+α + n ÷ (bandwidth × efficiency) (Hockney's α–β model); `bandwidth` is per device and per
+direction, the figure NCCL's bus bandwidth is compared with.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["DTYPES", "Hardware", "Link"]
+
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+
+def _positive(owner: str, **values: float) -> None:
+    for key, value in values.items():
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ValueError(f"{owner}.{key}={value!r}: must be a number")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{owner}.{key}={value!r}: must be a finite number > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """One kind of link: latency α (s per message), bandwidth (bytes/s per device and
+    direction) and the fraction of it large transfers achieve."""
+
+    name: str
+    alpha_s: float
+    bandwidth: float
+    efficiency: float = 1.0
+
+    def __post_init__(self) -> None:
+        _positive(f"Link({self.name})", bandwidth=self.bandwidth, efficiency=self.efficiency)
+        if not math.isfinite(self.alpha_s) or self.alpha_s < 0:
+            raise ValueError(f"Link({self.name}).alpha_s={self.alpha_s!r}: must be ≥ 0")
+        if self.efficiency > 1:
+            raise ValueError(f"Link({self.name}).efficiency={self.efficiency}: must be ≤ 1")
+
+    @property
+    def effective_bandwidth(self) -> float:
+        return self.bandwidth * self.efficiency
+
+    def seconds(self, nbytes: float, messages: int = 1) -> float:
+        """α per message plus the bytes at the achieved bandwidth."""
+        return messages * self.alpha_s + nbytes / self.effective_bandwidth
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """A cluster's device and links; `sources` names where each number came from."""
+
+    name: str
+    devices_per_node: int
+    peak_flops: Mapping[str, float]
+    """Dense FLOP/s of one device per dtype (no sparsity)."""
+    memory_bytes: float
+    """Memory of one device (bytes)."""
+    memory_bandwidth: float
+    """Device memory bandwidth (bytes/s)."""
+    intra: Link
+    inter: Link
+    gemm_efficiency: tuple[tuple[float, float], ...]
+    """(FLOPs of one GEMM, achieved fraction of peak), FLOPs ascending."""
+    elementwise_efficiency: float = 0.7
+    kernel_overhead_s: float = 0.0
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        owner = f"Hardware({self.name})"
+        if not isinstance(self.devices_per_node, int) or self.devices_per_node < 1:
+            raise ValueError(f"{owner}.devices_per_node={self.devices_per_node!r}: must be ≥ 1")
+        _positive(owner, memory_bytes=self.memory_bytes, memory_bandwidth=self.memory_bandwidth,
+                  elementwise_efficiency=self.elementwise_efficiency)  # fmt: skip
+        if not self.peak_flops:
+            raise ValueError(f"{owner}.peak_flops: give at least one dtype")
+        for dtype, flops in self.peak_flops.items():
+            if dtype not in DTYPES:
+                raise ValueError(f"{owner}.peak_flops: unknown dtype {dtype!r}; "
+                                 f"allowed: {', '.join(DTYPES)}")  # fmt: skip
+            _positive(owner, **{f"peak_flops[{dtype}]": flops})
+        points = self.gemm_efficiency
+        if not points or any(not 0 < eff <= 1 or size <= 0 for size, eff in points):
+            raise ValueError(f"{owner}.gemm_efficiency: need (FLOPs > 0, 0 < fraction ≤ 1) "
+                             "points")  # fmt: skip
+        if list(points) != sorted(points):
+            raise ValueError(f"{owner}.gemm_efficiency: points must be sorted by FLOPs")
+
+    def peak(self, dtype: str) -> float:
+        if dtype not in self.peak_flops:
+            raise ValueError(f"dtype={dtype!r}: {self.name} lists "
+                             f"{', '.join(self.peak_flops)}")  # fmt: skip
+        return self.peak_flops[dtype]
+
+    def efficiency(self, flops: float) -> float:
+        """Achieved fraction of peak for one GEMM of `flops`, log-linear between points."""
+        points = self.gemm_efficiency
+        if flops <= points[0][0]:
+            return points[0][1]
+        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+            if flops <= x1:
+                t = (math.log(flops) - math.log(x0)) / (math.log(x1) - math.log(x0))
+                return y0 + t * (y1 - y0)
+        return points[-1][1]
+
+    def gemm_seconds(self, m: int, n: int, k: int, dtype: str = "bf16", count: int = 1) -> float:
+        """Time of `count` (m × k)·(k × n) products: 2mnk FLOPs each."""
+        flops = 2.0 * m * n * k
+        if flops <= 0:
+            return 0.0
+        each = flops / (self.peak(dtype) * self.efficiency(flops)) + self.kernel_overhead_s
+        return count * each
+
+    def elementwise_seconds(self, nbytes: float, kernels: int = 1) -> float:
+        """Memory-bound work moving `nbytes` through device memory in `kernels` kernels."""
+        return nbytes / (self.memory_bandwidth * self.elementwise_efficiency) + (
+            kernels * self.kernel_overhead_s
+        )
+
+    def link(self, spans_nodes: bool) -> Link:
+        return self.inter if spans_nodes else self.intra
+
+    def group_link(self, group_size: int, stride: int = 1) -> Link:
+        """The link a group of `group_size` devices `stride` apart uses: intra-node when
+        they all fit in one node, otherwise the slower inter-node link."""
+        return self.link(group_size * stride > self.devices_per_node and group_size > 1)
