@@ -76,6 +76,9 @@ class ParallelPlan:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: unknown; choose one of "
                              f"{', '.join(SCHEDULES)}")  # fmt: skip
+        if self.schedule == "naive" and self.num_microbatches != 1:
+            raise ValueError(f"num_microbatches={self.num_microbatches}: schedule 'naive' "
+                             "does no micro-batching (use 'gpipe' or '1f1b')")  # fmt: skip
         if self.schedule in INTERLEAVED:
             if self.virtual_stages < 2:
                 raise ValueError(f"virtual_stages={self.virtual_stages}: schedule "

@@ -2,8 +2,8 @@
 
 1. Each layer is priced per micro-batch on one rank (`costs`); a stage's F, I, W are the
    sums over its layers, its TP collectives added to F and to the backward (exposed).
-2. The schedule (`impls.pipeline.schedules.build_plan`) is replayed twice with
-   `impls.pipeline.replay.replay`: once with free transfers (the schedule's own bubble) and
+2. The schedule (`impls.pipeline.schedules.build_plan`) is replayed twice (`timeline`, the
+   compiled equivalent of `impls.pipeline.replay.replay`): once with free transfers (the schedule's own bubble) and
    once with each activation / gradient send priced as a point-to-point transfer of
    T·h·B bytes (÷ t when the sequence is sharded) over the link between the two pipeline
    ranks: inter-node when, in the tp-innermost, then dp, then pp layout (`plan`), the two
@@ -33,9 +33,6 @@ from impls.costmodel.comm import p2p_seconds
 from impls.costmodel.compute import TransformerSpec, hfu, mfu, step_flops
 from impls.costmodel.hardware import Hardware
 from impls.costmodel.memory import activation_bytes_per_layer, model_state_bytes
-from impls.pipeline.actions import Action, Plan
-from impls.pipeline.replay import replay
-from impls.pipeline.schedules import build_plan
 from impls.simulator.costs import DTYPE_BYTES, LayerPrice, layer_prices, logit_gradient_bytes
 from impls.simulator.memory import (
     WORKSPACE_BYTES,
@@ -44,6 +41,7 @@ from impls.simulator.memory import (
     rank_memory,
 )
 from impls.simulator.plan import ParallelPlan, Prediction, stage_slices, validate_plan
+from impls.simulator.timeline import compile_schedule, evaluate
 from impls.simulator.zero_comm import StageDataParallel, dp_group, end_of_step, per_action
 
 __all__ = ["LayerCost", "layer_costs", "simulate"]
@@ -95,11 +93,6 @@ def _stage(prices: Sequence[LayerPrice], start: int, stop: int, total: int) -> _
         transformer_layers=len(range(max(start, 1), min(stop, total - 1))),
         has_head=stop == total,
     )
-
-
-@lru_cache(maxsize=512)
-def _schedule(name: str, pp: int, microbatches: int, virtual_stages: int) -> Plan:
-    return build_plan(name, pp, microbatches, virtual_stages)
 
 
 @lru_cache(maxsize=4096)
@@ -177,27 +170,16 @@ def simulate(
         f = st.forward + st.tp_forward + dpc.forward
         i = st.input + st.tp_backward + dpc.input
         w = st.weight + dpc.weight
-        table.append({"F": f, "I": i, "W": w, "B": i + w})
-    schedule = _schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
-
-    def durations(action: Action) -> float:
-        return table[action.stage][action.kind]
-
-    sends_f, sends_b = _transfers(plan, spec, hw, dtype)
-
-    def transfer(action: Action) -> float:
-        return (sends_f if action.kind == "SEND_F" else sends_b)[action.stage]
-
-    free = replay(schedule, durations, 0.0, plan.stages)
-    real = replay(schedule, durations, transfer, plan.stages)
-    ends = [0.0] * plan.pp
-    for span in real.spans:
-        ends[span.rank] = max(ends[span.rank], span.end)
-    return _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule, free, real, ends,
+        table.append((f, i, w, i + w))  # the columns of timeline.KIND_INDEX
+    schedule = compile_schedule(plan.schedule, plan.pp, plan.num_microbatches,
+                                plan.virtual_stages)  # fmt: skip
+    free = evaluate(schedule, table)
+    real = evaluate(schedule, table, *_transfers(plan, spec, hw, dtype))
+    return _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule.plan, free, real,
                      workspace_bytes)  # fmt: skip
 
 
-def _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule, free, real, ends,
+def _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule, free, real,
               workspace_bytes) -> Prediction:  # fmt: skip
     """Breakdown of the critical rank, end-of-step DP and optimizer, memory, rates."""
     m, bpp = plan.num_microbatches, bytes_per_param(dtype)
@@ -210,7 +192,7 @@ def _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule, free, real, end
     dp_end = step = 0.0
     for r, own in enumerate(per_rank):
         params = sum(stages[s].params for s in own)
-        after = ends[r] + end_of_step(
+        after = real.ends[r] + end_of_step(
             plan, hw, params, bpp.weights, bpp.gradients,
             sum(stages[s].forward for s in own),
             sum(stages[s].input + stages[s].weight for s in own),

@@ -32,6 +32,7 @@ PLAN_REFUSALS = [
         "num_microbatches=3",
     ),
     ({"virtual_stages": 2}, "virtual_stages=2"),
+    ({"schedule": "naive", "num_microbatches": 2}, "num_microbatches=2"),
     ({"pp": 2, "stage_layers": (4,)}, "stage_layers=(4,)"),
     ({"pp": 2, "stage_layers": (4, 0)}, "stage_layers entry=0"),
 ]
