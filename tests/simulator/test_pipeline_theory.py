@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from impls.costmodel.compute import TransformerSpec
+from impls.costmodel.hardware import Link
 from impls.pipeline import theory
 from impls.simulator import ParallelPlan, simulate
 from tests.simulator import flat_hardware
@@ -59,3 +60,19 @@ def test_priced_transfers_only_add_time():
     assert slow.exposed_pp_s > 0.3 - 1e-9  # at least the fill: 3 sends of 0.1 s
     assert slow.bubble_s == pytest.approx(free.bubble_s)
     assert slow.compute_s == free.compute_s
+
+
+def test_pipeline_neighbours_on_other_nodes_use_the_inter_node_link():
+    """Layout tp innermost, then dp, then pp: with tp·dp = 8 devices per pipeline rank, a node
+    of 8 puts every pipeline rank on its own node; a node of 16 holds two of them."""
+    spec = TransformerSpec(n_layers=2, d_model=64, n_heads=4, vocab_size=128, seq_len=16)
+    plan = ParallelPlan(dp=4, tp=2, pp=2, num_microbatches=1)
+    costs = [(1.0, 1.0, 1.0)] * 2
+    base = flat_hardware()
+    results = {}
+    for per_node in (8, 16):
+        hw = type(base)(**{**base.__dict__, "devices_per_node": per_node,
+                           "inter": Link(name="slow", alpha_s=1.0, bandwidth=1e30)})  # fmt: skip
+        results[per_node] = simulate(spec, plan, hw, stage_costs=costs).exposed_pp_s
+    assert results[8] == pytest.approx(2.0)  # one activation forward, one gradient back
+    assert results[16] == pytest.approx(0.0, abs=1e-12)
