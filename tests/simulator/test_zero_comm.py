@@ -1,0 +1,68 @@
+"""Data-parallel / ZeRO communication: which collectives, on which group, how much exposed.
+
+A failure means the simulator charges a ZeRO stage the wrong collectives (ZeRO paper §7:
+2Ψ for stages 0–2, 3Ψ for stage 3) or hides more of them behind compute than a bucketed
+overlap can.
+"""
+
+from __future__ import annotations
+
+import pytest
+from impls.costmodel.comm import collective_seconds
+
+from impls.simulator import ParallelPlan
+from impls.simulator.zero_comm import BUCKET_BYTES, dp_group, end_of_step, exposed, per_action
+from tests.simulator import flat_hardware
+
+HW = flat_hardware(alpha_s=1e-4, bandwidth=1e10, per_node=4)
+BIG = 400 * 2**20  # 400 MiB: 16 buckets
+
+
+def _plan(**changes) -> ParallelPlan:
+    return ParallelPlan(**{"dp": 4, "tp": 2, "pp": 1, **changes})
+
+
+def _t(kind: str, nbytes: float, plan: ParallelPlan) -> float:
+    size, stride = dp_group(plan)
+    return collective_seconds(kind, nbytes, size, HW, stride=stride)
+
+
+def test_groups_follow_the_layout():
+    assert dp_group(_plan()) == (4, 2)  # dp ranks sit tp apart
+    assert dp_group(_plan(sp="ulysses")) == (8, 1)  # Ulysses reduces over dp·tp
+
+
+def test_exposed_is_what_the_window_cannot_hide_plus_the_last_bucket():
+    plan = _plan()
+    total, bucket = _t("all_reduce", BIG, plan), _t("all_reduce", BUCKET_BYTES, plan)
+    assert exposed("all_reduce", BIG, plan, HW, 0.0) == pytest.approx(total)
+    assert exposed("all_reduce", BIG, plan, HW, 1e9) == pytest.approx(bucket)
+    assert exposed("all_reduce", BIG, plan, HW, total / 2) == pytest.approx(total / 2 + bucket)
+    small = _t("all_reduce", 1e6, plan)
+    assert exposed("all_reduce", 1e6, plan, HW, 1e9) == pytest.approx(small)
+    assert exposed("all_reduce", BIG, _plan(dp=1), HW, 0.0) == 0
+
+
+@pytest.mark.parametrize(
+    ("stage", "collectives"),
+    [(0, [("all_reduce", 2)]), (1, [("reduce_scatter", 2), ("all_gather", 2)]),
+     (2, [("all_gather", 2)]), (3, [])],
+)  # fmt: skip
+def test_end_of_step(stage, collectives):
+    plan = _plan(zero_stage=stage)
+    params = BIG / 2
+    expected = sum(_t(kind, params * per, plan) for kind, per in collectives)
+    assert end_of_step(plan, HW, params, 2, 2, 0.0, 0.0) == pytest.approx(expected)
+
+
+def test_zero_2_and_3_communicate_every_microbatch():
+    params = BIG / 2
+    assert per_action(_plan(zero_stage=1), HW, params, 2, 2, 0, 0, 0, False).weight == 0
+    two = per_action(_plan(zero_stage=2), HW, params, 2, 2, 0.0, 0.0, 0.0, False)
+    assert (two.forward, two.input) == (0, 0)
+    assert two.weight == pytest.approx(_t("reduce_scatter", BIG, _plan()))
+    three = per_action(_plan(zero_stage=3), HW, params, 2, 2, 0.0, 0.0, 0.0, True)
+    gather = _t("all_gather", BIG, _plan())
+    assert three.forward == pytest.approx(gather) and three.input == pytest.approx(gather)
+    # 3Ψ: two weight all-gathers and one gradient reduce-scatter per micro-batch.
+    assert three.weight == pytest.approx(two.weight)
