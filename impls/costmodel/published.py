@@ -169,18 +169,30 @@ _NEMO_NOTES = (
     "recomputation are NeMo's usual recipe settings, not stated in the table."
 )
 _NEMO_ASSUMED = ("hardware", "sp", "zero_stage", "recompute")
+_NEMO_25_02 = (
+    "NVIDIA NeMo Framework user guide, 'Performance' (NeMo 2.0, container 25.02), "
+    "Pretraining at FP8, 'System: DGX-H100' table (docs.nvidia.com/nemo-framework/"
+    "user-guide/latest/performance/performance_summary.html): GPT3-175B, 512 GPUs, GBS "
+    "2048, MBS 2, TP 4, PP 8, CP 1, VP 6, GA 64, 866 tokens/s/GPU, 932 model TFLOP/s/GPU"
+)
+_NEMO_25_02_NOTES = (
+    "DGX H100 stated by the page. The 24.12 rows use this same layout for GPT3-175B at 512 "
+    "GPUs (825 tokens/s/GPU), which supports reading them as H100 too. Sequence "
+    "parallelism, ZeRO-1 (distributed optimizer) and no recomputation are assumed."
+)
 
 
 def _nemo(name: str, model: str, gpus: int, gbs: int, mbs: int, seq: int, tp: int, pp: int,
-          vp: int, tokens: float, tflops: float) -> PublishedRun:  # fmt: skip
+          vp: int, tokens: float, tflops: float, *, source: str = _NEMO, notes: str = _NEMO_NOTES,
+          assumed: tuple[str, ...] = _NEMO_ASSUMED) -> PublishedRun:  # fmt: skip
     return PublishedRun(
-        name=f"nemo_24_12_{name}", model=model, hardware="h100_sxm", gpus=gpus,
+        name=name, model=model, hardware="h100_sxm", gpus=gpus,
         gpus_per_node=8, dp=gpus // (tp * pp), tp=tp, pp=pp,
         sp="megatron_sp" if tp > 1 else "none", zero_stage=1, microbatch_size=mbs,
         global_batch=gbs, seq_len=seq, schedule="interleaved_1f1b" if vp > 1 else "1f1b",
         virtual_stages=vp, recompute="none", dtype="fp8", flops_convention="model",
-        source=_NEMO, notes=_NEMO_NOTES, tflops_per_gpu=tflops, tokens_per_s_per_gpu=tokens,
-        assumed=_NEMO_ASSUMED,
+        source=source, notes=notes, tflops_per_gpu=tflops, tokens_per_s_per_gpu=tokens,
+        assumed=assumed,
     )  # fmt: skip
 
 
@@ -233,11 +245,28 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
         assumed=("zero_stage", "schedule", "recompute", "flops_convention"),
     ),  # fmt: skip
     # NeMo 24.12 H100 FP8 pre-training benchmarks (CP = 1 rows with a preset model).
-    _nemo("gpt3_175b_128", "gpt3_175b", 128, 256, 1, 2048, 4, 8, 6, 716, 771),
-    _nemo("gpt3_175b_512", "gpt3_175b", 512, 2048, 2, 2048, 4, 8, 6, 825, 888),
-    _nemo("llama2_7b_8", "llama2_7b", 8, 128, 1, 4096, 1, 1, 1, 16934, 780),
-    _nemo("llama2_13b_16", "llama2_13b", 16, 128, 1, 4096, 1, 4, 10, 8715, 760),
-    _nemo("llama2_70b_64", "llama2_70b", 64, 128, 1, 4096, 4, 4, 20, 1728, 768),
+    _nemo("nemo_24_12_gpt3_175b_128", "gpt3_175b", 128, 256, 1, 2048, 4, 8, 6, 716, 771),
+    _nemo("nemo_24_12_gpt3_175b_512", "gpt3_175b", 512, 2048, 2, 2048, 4, 8, 6, 825, 888),
+    _nemo("nemo_24_12_llama2_7b_8", "llama2_7b", 8, 128, 1, 4096, 1, 1, 1, 16934, 780),
+    _nemo("nemo_24_12_llama2_13b_16", "llama2_13b", 16, 128, 1, 4096, 1, 4, 10, 8715, 760),
+    _nemo("nemo_24_12_llama2_70b_64", "llama2_70b", 64, 128, 1, 4096, 4, 4, 20, 1728, 768),
+    # NeMo 25.02, "System: DGX-H100" table: the same GPT-3 175B layout as the 24.12 row.
+    _nemo(
+        "nemo_25_02_gpt3_175b_512",
+        "gpt3_175b",
+        512,
+        2048,
+        2,
+        2048,
+        4,
+        8,
+        6,
+        866,
+        932,
+        source=_NEMO_25_02,
+        notes=_NEMO_25_02_NOTES,
+        assumed=_NEMO_ASSUMED[1:],
+    ),
 )
 
 
