@@ -1,11 +1,12 @@
 """A data-parallel-only model (ResNet-50 on SUMMIT): compute, one gradient all-reduce, SGD.
 
-The model is given by its parameter count and forward FLOPs per sample (any object with
-`.params` and `.flops_per_sample`, e.g. `impls.costmodel.models.DataParallelModel`).
+The model is given by its parameter count and its *training* FLOPs per sample (forward +
+backward ≈ 3 × forward, Kaplan et al. 2020 §2.1), as
+`impls.costmodel.models.DataParallelModel` states them; any object with `.params` and
+`.flops_per_sample` will do.
 
-- Compute: forward + backward = 3 × forward FLOPs (backward ≈ 2 × forward, Kaplan et al.
-  2020 §2.1) × `batch_per_gpu`, at peak × `hw.efficiency` of a representative GEMM. The
-  representative GEMM is the average weight layer of the batch: forward FLOPs ÷
+- Compute: `flops_per_sample` × `batch_per_gpu` at peak × `hw.efficiency` of a
+  representative GEMM: the average weight layer of the batch's forward, forward FLOPs ÷
   `weight_layers` (assumption: 50, ResNet-50's convolutions and classifier; a convolution
   runs as an implicit GEMM of the same FLOPs).
 - Communication: one all-reduce of params × `grad_bytes` over all GPUs
@@ -70,8 +71,8 @@ def simulate_data_parallel(
     peak = hw.peak(dtype)
     if grad_bytes is None:
         grad_bytes = 2.0 if dtype in _HALF else 4.0
-    forward = per_sample * batch_per_gpu
-    compute = 3 * forward / (peak * hw.efficiency(forward / weight_layers))
+    step_flops = per_sample * batch_per_gpu
+    compute = step_flops / (peak * hw.efficiency(step_flops / 3 / weight_layers))
     backward = compute * 2 / 3
     exposed_dp = 0.0
     if gpus > 1:
@@ -104,9 +105,9 @@ def simulate_data_parallel(
         peak_memory_bytes=memory["total"],
         fits=memory["total"] <= hw.memory_bytes,
         tokens_per_s=gpus * batch_per_gpu / step,
-        tflops_per_gpu=3 * forward / step / 1e12,
-        mfu=mfu(3 * forward * gpus, step, gpus, peak),
-        hfu=mfu(3 * forward * gpus, step, gpus, peak),
+        tflops_per_gpu=step_flops / step / 1e12,
+        mfu=mfu(step_flops * gpus, step, gpus, peak),
+        hfu=mfu(step_flops * gpus, step, gpus, peak),
         memory_breakdown={**memory, "rank": 0},
         stage_times=(compute,),
     )

@@ -19,13 +19,13 @@ from tests.simulator import flat_hardware
 class Model:
     name: str = "resnet50_like"
     params: float = 25.6e6
-    flops_per_sample: float = 4.1e9 * 2
+    flops_per_sample: float = 3 * 2 * 4.1e9  # a training step: 3 × forward
 
 
 def test_step_by_hand():
     hw = flat_hardware(alpha_s=1e-5, bandwidth=10e9)
     pred = simulate_data_parallel(Model(), 48, 64, hw, dtype="bf16")
-    compute = 3 * 8.2e9 * 64 / (1e14 * 0.5)
+    compute = 3 * 8.2e9 * 64 / (1e14 * 0.5)  # one GEMM efficiency in flat_hardware
     nbytes = 25.6e6 * 2
     total = collective_seconds("all_reduce", nbytes, 48, hw)
     bucket = collective_seconds("all_reduce", 25 * 2**20, 48, hw)
