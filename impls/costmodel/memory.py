@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from impls.costmodel.compute import RECOMPUTE, TransformerSpec
 from impls.models import GPTConfig, MLPConfig
 
 __all__ = [
@@ -38,7 +39,9 @@ __all__ = [
     "STAGES",
     "BytesPerParam",
     "ModelStateBytes",
+    "ACTIVATION_SP",
     "activation_bytes",
+    "activation_bytes_per_layer",
     "bytes_per_param_for",
     "comm_bytes_per_step",
     "comm_psi_multiple",
@@ -281,3 +284,68 @@ def activation_bytes(
     per_block += (4 * t + t * model.n_heads) * _STAT_BYTES
     head = (2 * t * h + t * model.vocab_size) * bytes_per_elem + 2 * t * _STAT_BYTES
     return model.n_layers * per_block + head + s * _INDEX_BYTES
+
+
+ACTIVATION_SP = ("none", "megatron_sp", "ulysses")
+
+
+def activation_bytes_per_layer(
+    spec: TransformerSpec,
+    microbatch: int,
+    *,
+    tp: int = 1,
+    sp: str = "none",
+    recompute: str = "none",
+    dtype_bytes: float = 2,
+) -> float:
+    """Bytes one transformer layer keeps for its backward, per device (Korthikanti et al.
+    2022, "Reducing Activation Recomputation in Large Transformer Models", arXiv 2205.05198,
+    §4 and Table 2), for b = `microbatch` sequences of s = `spec.seq_len` tokens, width h,
+    a heads, on a tensor-parallel group of t = `tp`:
+
+        sp="none", t = 1           sbh(34 + 5as/h)
+        sp="none" (Megatron TP)    sbh(10 + 24/t + 5as/(ht))
+        sp="megatron_sp"           sbh(34/t + 5as/(ht))
+        recompute="selective"      the 5as²b attention-core term is dropped (recomputed)
+        recompute="full"           2sbh, the layer's input only; 2sbh/t with sequence parallel
+
+    The 34 is §4.1's count: attention 11sbh (q/k/v input 2, Q and K 4, V 2, output
+    projection input 2, dropout mask 1) + 5as²b (softmax output 2, its dropout mask 1,
+    dropout output 2), MLP 19sbh (input 2, GeLU input 8, second matrix input 8, dropout
+    mask 1), the two LayerNorm inputs 4sbh. Under TP the 24sbh inside the sharded matrices
+    and the s² terms split t ways; the 10sbh around them (LayerNorms, the first matrices'
+    inputs, dropout masks) is replicated unless sequence parallelism splits it too.
+    `spec`'s MLP width f and key/value heads k generalise the 24sbh to sb(2h + 2hk/a +
+    2hk/a + 2h) (Q, K, V, projection input) + 4sbf (GeLU input, second matrix input; 6sbf
+    for a SwiGLU's gate, up and product): 24sbh for f = 4h and k = a.
+
+    sp="ulysses" (Jacobs et al. 2023, "DeepSpeed Ulysses", arXiv 2309.14509, §3): the tp
+    axis is the sequence-parallel group; everything outside attention holds s/t tokens and
+    attention holds a/t heads of the whole sequence, so all of it divides by t:
+    sbh·34/t + 5as²b/t, the Megatron-SP figure.
+
+    The paper counts 2-byte activations and 1-byte dropout masks; `dtype_bytes` scales the
+    whole formula by dtype_bytes/2 (masks included: an approximation for other dtypes).
+    """
+    _check_count("microbatch", microbatch)
+    _check_count("tp", tp)
+    if sp not in ACTIVATION_SP:
+        raise ValueError(f"sp={sp!r}: unknown; allowed values: {', '.join(ACTIVATION_SP)}")
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r}: unknown; allowed values: "
+                         f"{', '.join(RECOMPUTE)}")  # fmt: skip
+    if spec.n_heads % tp:
+        raise ValueError(f"tp={tp}: must divide n_heads={spec.n_heads}")
+    if not _is_number(dtype_bytes) or dtype_bytes <= 0:
+        raise ValueError(f"dtype_bytes={dtype_bytes!r}: must be a number > 0")
+    s, b, h, a, t = spec.seq_len, microbatch, spec.d_model, spec.n_heads, tp
+    sbh = s * b * h
+    split_all = sp != "none"
+    if recompute == "full":
+        paper_bytes = 2 * sbh / (t if split_all else 1)
+    else:
+        replicated = 10 * sbh
+        sharded = s * b * ((4 + 4 * spec.kv_fraction) * h + (6 if spec.gated_mlp else 4) * spec.ffn)
+        core = 0 if recompute == "selective" else 5 * a * s * s * b
+        paper_bytes = (replicated / t if split_all else replicated) + (sharded + core) / t
+    return paper_bytes * dtype_bytes / 2

@@ -1,0 +1,217 @@
+"""Time of a collective on a link, in the α–β model (Hockney), for the algorithms of
+`impls.collectives` and NCCL's hierarchical all-reduce.
+
+A link charges α per message and moves bytes at its achieved bandwidth (`Link.seconds`).
+The time of a collective is the critical path of its busiest rank: every round costs α
+plus that round's bytes ÷ bandwidth; a send and a receive in the same round overlap (links
+are full duplex), while the several messages a rank sends (or receives) in one round queue
+on its one port, so each pays α. For M bytes all-reduced over N ranks (Thakur, Rabenseifner
+& Gropp 2005, "Optimization of Collective Communication Operations in MPICH", IJHPCA 19(1),
+§4 and Table 1; the byte counts are those `impls.collectives` sends, see
+`impls/collectives/all_reduce.py`):
+
+| algorithm          | messages on the critical path | bytes on the critical path   |
+|--------------------|-------------------------------|------------------------------|
+| ring               | 2(N−1)                        | 2(N−1)/N · M                 |
+| recursive_halving  | 2·log2 p (+2 if N ≠ p)        | 2(p−1)/p · M (+2M if N ≠ p)  |
+| tree               | 2·⌈log2 N⌉                    | 2·⌈log2 N⌉ · M               |
+| parameter_server   | 2(N−1)  (the server)          | 2(N−1) · M  (the server)     |
+| sequential         | 2(N−1)                        | 2(N−1) · M                   |
+| parallel           | N−1                           | (N−1) · M                    |
+
+with p the largest power of two ≤ N (MPICH's fold of the N − p extra ranks adds a round
+of the whole buffer before and after). Reduce-scatter and all-gather by ring are half of
+the ring all-reduce, (N−1) rounds of M/N, and all-to-all sends (N−1)/N of each rank's
+buffer: the bus-bandwidth factors 2(N−1)/N, (N−1)/N and (N−1)/N of nccl-tests'
+`doc/PERFORMANCE.md`, so `Link.bandwidth` is directly comparable to a measured busbw.
+
+A group spread over nodes all-reduces hierarchically, as NCCL does across nodes: a
+reduce-scatter inside each node, an all-reduce of each device's 1/per_node share between
+nodes, an all-gather inside each node (`hierarchical_allreduce_seconds`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from impls.costmodel.hardware import Hardware, Link
+
+__all__ = [
+    "ALLREDUCE_ALGORITHMS",
+    "COLLECTIVES",
+    "all_gather_seconds",
+    "all_to_all_seconds",
+    "allreduce_seconds",
+    "best_allreduce",
+    "collective_seconds",
+    "hierarchical_allreduce_seconds",
+    "p2p_seconds",
+    "reduce_scatter_seconds",
+]
+
+ALLREDUCE_ALGORITHMS = (
+    "ring",
+    "tree",
+    "recursive_halving",
+    "parameter_server",
+    "sequential",
+    "parallel",
+)
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "p2p")
+
+
+def _check(nbytes: float, n: int) -> None:
+    if not isinstance(nbytes, int | float) or isinstance(nbytes, bool):
+        raise ValueError(f"nbytes={nbytes!r}: must be a number of bytes")
+    if not math.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes={nbytes!r}: must be a finite number ≥ 0")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n={n!r}: must be an integer ≥ 1")
+
+
+def _allreduce_path(nbytes: float, n: int, algorithm: str) -> tuple[int, float]:
+    """(messages, bytes) on the busiest rank's critical path."""
+    if algorithm == "ring":
+        return 2 * (n - 1), 2 * (n - 1) / n * nbytes
+    if algorithm == "recursive_halving":
+        p = 1 << (n.bit_length() - 1)
+        messages, volume = 2 * (p.bit_length() - 1), 2 * (p - 1) / p * nbytes
+        if n != p:  # MPICH's fold: hand the buffer over, get the result back
+            messages, volume = messages + 2, volume + 2 * nbytes
+        return messages, volume
+    if algorithm == "tree":
+        depth = (n - 1).bit_length()  # ⌈log2 n⌉
+        return 2 * depth, 2 * depth * nbytes
+    if algorithm in ("parameter_server", "sequential"):
+        # Both move (N−1)·M through the server each way; the parameter server posts the N−1
+        # messages of a round at once, but they still queue on the server's one port.
+        return 2 * (n - 1), 2 * (n - 1) * nbytes
+    if algorithm == "parallel":
+        return n - 1, (n - 1) * nbytes
+    allowed = ", ".join(ALLREDUCE_ALGORITHMS)
+    raise ValueError(f"algorithm={algorithm!r}: unknown; allowed values: {allowed}")
+
+
+def allreduce_seconds(nbytes: float, n: int, link: Link, algorithm: str = "ring") -> float:
+    """All-reduce of `nbytes` (each rank's whole buffer) over `n` ranks on `link`."""
+    _check(nbytes, n)
+    messages, volume = _allreduce_path(nbytes, n, algorithm)
+    if n == 1 or nbytes == 0:
+        return 0.0
+    return link.seconds(volume, messages)
+
+
+def reduce_scatter_seconds(nbytes: float, n: int, link: Link) -> float:
+    """Ring reduce-scatter of a `nbytes` buffer (unsharded): (n−1) rounds of nbytes/n."""
+    _check(nbytes, n)
+    if n == 1 or nbytes == 0:
+        return 0.0
+    return link.seconds((n - 1) / n * nbytes, n - 1)
+
+
+def all_gather_seconds(nbytes: float, n: int, link: Link) -> float:
+    """Ring all-gather into a `nbytes` buffer (the gathered size): (n−1) rounds of nbytes/n."""
+    return reduce_scatter_seconds(nbytes, n, link)
+
+
+def all_to_all_seconds(nbytes: float, n: int, link: Link) -> float:
+    """All-to-all where each rank holds `nbytes` (the share it keeps included): n−1 pairwise
+    exchanges of nbytes/n (nccl-tests' alltoall busbw factor (n−1)/n)."""
+    _check(nbytes, n)
+    if n == 1 or nbytes == 0:
+        return 0.0
+    return link.seconds((n - 1) / n * nbytes, n - 1)
+
+
+def p2p_seconds(nbytes: float, link: Link) -> float:
+    """One message of `nbytes` from one device to another."""
+    _check(nbytes, 1)
+    return 0.0 if nbytes == 0 else link.seconds(nbytes, 1)
+
+
+def hierarchical_allreduce_seconds(
+    nbytes: float, n: int, per_node: int, intra: Link, inter: Link
+) -> float:
+    """All-reduce over `n` ranks, `per_node` to a node: intra-node reduce-scatter, a ring
+    all-reduce of each rank's nbytes/per_node share among the n/per_node nodes (the
+    per_node shares cross the nodes' per-device links in parallel), intra-node all-gather.
+
+    Bytes crossing nodes per device: 2(nodes−1)/nodes · M/per_node, the inter-node
+    traffic of NCCL's ring over nodes with every device on its own NIC.
+    """
+    _check(nbytes, n)
+    if not isinstance(per_node, int) or isinstance(per_node, bool) or per_node < 1:
+        raise ValueError(f"per_node={per_node!r}: must be an integer ≥ 1")
+    if n % per_node:
+        raise ValueError(f"per_node={per_node}: must divide n={n}")
+    nodes = n // per_node
+    if nodes == 1:
+        return allreduce_seconds(nbytes, n, intra)
+    if per_node == 1:
+        return allreduce_seconds(nbytes, n, inter)
+    return (
+        reduce_scatter_seconds(nbytes, per_node, intra)
+        + allreduce_seconds(nbytes / per_node, nodes, inter)
+        + all_gather_seconds(nbytes, per_node, intra)
+    )
+
+
+def _per_node(group_size: int, stride: int, devices_per_node: int) -> int:
+    """Members of a group of `group_size` ranks `stride` apart that share a node (the group
+    starting at a node boundary)."""
+    return max(1, min(group_size, devices_per_node // stride))
+
+
+def collective_seconds(
+    kind: str,
+    nbytes: float,
+    group_size: int,
+    hw: Hardware,
+    *,
+    stride: int = 1,
+    algorithm: str = "ring",
+) -> float:
+    """One collective of `kind` over a group of `group_size` devices `stride` ranks apart.
+
+    `nbytes` is the full buffer: the all-reduced tensor, the unsharded tensor a
+    reduce-scatter splits or an all-gather assembles, each rank's all-to-all buffer, the
+    message of a p2p. A group inside one node uses `hw.intra`; a group spanning nodes uses
+    `hw.inter`, and with more than one member per node its ring all-reduce is hierarchical.
+    Other all-reduce algorithms (the lecture's) run flat on the group's link.
+    """
+    if kind not in COLLECTIVES:
+        raise ValueError(f"kind={kind!r}: unknown; allowed values: {', '.join(COLLECTIVES)}")
+    _check(nbytes, group_size)
+    if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1:
+        raise ValueError(f"stride={stride!r}: must be an integer ≥ 1")
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        allowed = ", ".join(ALLREDUCE_ALGORITHMS)
+        raise ValueError(f"algorithm={algorithm!r}: unknown; allowed values: {allowed}")
+    if group_size == 1:
+        return 0.0
+    link = hw.group_link(group_size, stride)
+    if kind == "p2p":
+        return p2p_seconds(nbytes, link)
+    if kind == "reduce_scatter":
+        return reduce_scatter_seconds(nbytes, group_size, link)
+    if kind == "all_gather":
+        return all_gather_seconds(nbytes, group_size, link)
+    if kind == "all_to_all":
+        return all_to_all_seconds(nbytes, group_size, link)
+    per_node = _per_node(group_size, stride, hw.devices_per_node)
+    spans = group_size * stride > hw.devices_per_node
+    if algorithm == "ring" and spans and per_node > 1 and group_size % per_node == 0:
+        return hierarchical_allreduce_seconds(nbytes, group_size, per_node, hw.intra, hw.inter)
+    return allreduce_seconds(nbytes, group_size, link, algorithm)
+
+
+def best_allreduce(nbytes: float, n: int, link: Link) -> tuple[str, float]:
+    """The fastest algorithm of `ALLREDUCE_ALGORITHMS` and its time (ties: the first listed).
+
+    MPICH's choice in miniature (Thakur et al. 2005 §4.4): latency-bound small messages
+    favour the logarithmic algorithms, large ones the bandwidth-optimal ring — for N not a
+    power of two, where recursive halving pays the fold's two whole-buffer rounds.
+    """
+    times = [(allreduce_seconds(nbytes, n, link, name), name) for name in ALLREDUCE_ALGORITHMS]
+    seconds, name = min(times, key=lambda pair: pair[0])
+    return name, seconds
