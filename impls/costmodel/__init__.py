@@ -45,8 +45,12 @@ from impls.costmodel.memory import (
     max_trainable_params,
     model_state_bytes,
 )
+from impls.costmodel.presets import HARDWARE, hardware, host_hardware
 
 __all__ = [
+    "HARDWARE",
+    "hardware",
+    "host_hardware",
     "ACTIVATION_SP",
     "ALLREDUCE_ALGORITHMS",
     "COLLECTIVES",

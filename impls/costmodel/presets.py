@@ -1,0 +1,254 @@
+"""Cluster presets for the simulator, each number with where it came from (`sources`).
+
+Peaks and memory are datasheet figures (dense, no sparsity). What a device *achieves* comes
+from published microbenchmarks only — GEMM sweeps and nccl-tests — never from the
+end-to-end training throughputs the simulator is asked to predict:
+
+- large-GEMM efficiency: the best bf16/fp16 matmul found by a shape search ("Maximum
+  Achievable Matmul FLOPS", MAMF, stas00/ml-engineering `compute/accelerator/README.md`,
+  table "Maximum Achievable Matmul FLOPS comparison table"; derived from Anthony et al.
+  2024, "The Case for Co-Designing Model Architectures with Hardware", arXiv 2401.14489),
+  or a square-matmul sweep (chsasank/device-benchmarks README summary table) where MAMF
+  has no row;
+- the roll-off for small GEMMs: NVIDIA's "Matrix Multiplication Background User's Guide"
+  §3.2 (wave quantization) — an n × n × n GEMM in 256 × 128 output tiles (the largest
+  cuBLAS tile of §2.3) keeps tiles ÷ (waves × SMs) of the SMs busy; that fraction times
+  the large-GEMM efficiency is the table's value at n = 256 … 4096 (`_wave_table`);
+- links: `bandwidth` per device and direction from the datasheets, `efficiency` the
+  nccl-tests bus bandwidth over it (busbw is comparable with a link's bandwidth, nccl-tests
+  `doc/PERFORMANCE.md`), α NCCL's own per-step latency for the LL128 protocol
+  (`src/graph/tuning.cc`, `hwLatencies`, ring: NVLink 1.9 µs, network 4.0 µs);
+- element-wise efficiency: a large device-to-device copy over the datasheet bandwidth
+  (chsasank/device-benchmarks).
+
+Anything not found in a published source is marked "assumption: …" in `sources`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from impls.costmodel.hardware import Hardware, Link
+
+__all__ = ["HARDWARE", "hardware", "host_hardware"]
+
+GB = 1e9
+_MAMF = "stas00/ml-engineering compute/accelerator/README.md, MAMF comparison table"
+_SQUARE = "chsasank/device-benchmarks README.md, summary table (best square matmul / copy)"
+_WAVES = ("NVIDIA Matrix Multiplication Background User's Guide §3.2 wave quantization, "
+          "256×128 tiles (§2.3), scaled by the large-GEMM efficiency")  # fmt: skip
+_NCCL_LAT = "NCCL src/graph/tuning.cc hwLatencies, ring LL128 (commit 5067397)"
+_KERNEL = "assumption: 4 µs launch + tail per kernel (no published figure used)"
+
+
+def _wave_table(sms: int, large_flops: float, large_eff: float) -> tuple[tuple[float, float], ...]:
+    """(FLOPs, fraction) for n × n × n GEMMs n = 256 … 4096, then the large-GEMM point."""
+    points = []
+    for n in (256, 512, 1024, 2048, 4096):
+        tiles = math.ceil(n / 256) * math.ceil(n / 128)
+        waves = math.ceil(tiles / sms)
+        points.append((2.0 * n**3, large_eff * tiles / (waves * sms)))
+    return (*points, (large_flops, large_eff))
+
+
+def _a100(memory_gb: int, bandwidth: float) -> Hardware:
+    return Hardware(
+        name=f"DGX A100 {memory_gb}GB (8 × A100 SXM4, NVLink3, 8 × HDR 200 Gb/s)",
+        devices_per_node=8,
+        peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+        memory_bytes=memory_gb * GB,
+        memory_bandwidth=bandwidth,
+        # 600 GB/s bidirectional NVLink3 = 300 GB/s per direction; nccl-tests all_reduce on
+        # 8 × A100 NVLink: busbw ~208 GB/s (nccl-tests issue #178), ~200 GB/s (#149).
+        intra=Link(name="NVLink3", alpha_s=1.9e-6, bandwidth=300 * GB, efficiency=0.69),
+        # One HDR HCA (200 Gb/s = 25 GB/s) per GPU; 3 nodes × 8 A100 with 4 HDR per node
+        # reached busbw 96 GB/s of 100 GB/s (nccl-tests issue #119, largest message).
+        inter=Link(name="HDR InfiniBand", alpha_s=4.0e-6, bandwidth=25 * GB, efficiency=0.96),
+        # MAMF: 267.9 of 312 TFLOP/s (85.9 %) at 6912 × 16384 × 2048.
+        gemm_efficiency=_wave_table(108, 2.0 * 6912 * 16384 * 2048, 0.859),
+        # A100 80GB: a large copy at 1490 of 2039 GB/s (chsasank/device-benchmarks).
+        elementwise_efficiency=0.73,
+        kernel_overhead_s=4e-6,
+        sources={
+            "peak_flops": "NVIDIA A100 Tensor Core GPU datasheet (dense: FP32 19.5, TF32 156, "
+            "BF16/FP16 312 TFLOPS)",
+            "memory": f"NVIDIA A100 datasheet: {memory_gb} GB HBM2(e), "
+            f"{bandwidth / GB:.0f} GB/s (SXM4)",
+            "devices_per_node": "NVIDIA DGX A100 datasheet: 8 A100, 8 single-port HDR "
+            "ConnectX-6 for compute",
+            "intra.bandwidth": "NVIDIA A100 datasheet: NVLink 600 GB/s (both directions)",
+            "intra.efficiency": "nccl-tests issue #178 (busbw 208 GB/s, 8 × A100 NVLink); "
+            "#149 (~200 GB/s, HPE Apollo 6500 8 × A100 80GB)",
+            "inter.bandwidth": "DGX A100 datasheet: HDR 200 Gb/s per GPU",
+            "inter.efficiency": "nccl-tests issue #119: 24 × A100, 4 HDR per node, busbw peak "
+            "96 of 100 GB/s (average 84.8 over 8 B–128 MB)",
+            "alpha_s": _NCCL_LAT + ": NVLink 1.9 µs, NET 4.0 µs",
+            "gemm_efficiency": f"{_MAMF}: A100 SXM 267.9/312 = 85.9 % at 6912×16384×2048; "
+            f"small GEMMs: {_WAVES}, 108 SMs (A100 whitepaper)",
+            "elementwise_efficiency": f"{_SQUARE}: A100 80GB copy 1490 of 2039 GB/s",
+            "kernel_overhead_s": _KERNEL,
+        },
+    )
+
+
+def _h100() -> Hardware:
+    return Hardware(
+        name="DGX H100 (8 × H100 SXM5, NVLink4, 8 × NDR 400 Gb/s)",
+        devices_per_node=8,
+        peak_flops={
+            "fp32": 67e12,
+            "tf32": 494.5e12,
+            "bf16": 989e12,
+            "fp16": 989e12,
+            "fp8": 1979e12,
+        },  # fmt: skip
+        memory_bytes=80 * GB,
+        memory_bandwidth=3.35e12,
+        # 900 GB/s bidirectional = 450 GB/s per direction; NCCL gets ~370 GB/s after its
+        # ~20 % protocol overhead (NCCL maintainer, nccl-tests issue #212).
+        intra=Link(name="NVLink4", alpha_s=1.9e-6, bandwidth=450 * GB, efficiency=370 / 450),
+        inter=Link(name="NDR InfiniBand", alpha_s=4.0e-6, bandwidth=50 * GB, efficiency=0.96),
+        # MAMF: 792.1 of 989 TFLOP/s (80.1 %) at 6144 × 17920 × 2816.
+        gemm_efficiency=_wave_table(132, 2.0 * 6144 * 17920 * 2816, 0.801),
+        elementwise_efficiency=0.815,
+        kernel_overhead_s=4e-6,
+        sources={
+            "peak_flops": "NVIDIA H100 Tensor Core GPU datasheet, SXM5 (dense = half the "
+            "sparse figures: TF32 494.5, BF16/FP16 989, FP8 1979; FP32 67 TFLOPS)",
+            "memory": "NVIDIA H100 datasheet: 80 GB HBM3, 3.35 TB/s (SXM5)",
+            "devices_per_node": "NVIDIA DGX H100 datasheet: 8 H100, 8 × ConnectX-7 400 Gb/s",
+            "intra.bandwidth": "NVIDIA H100 datasheet: NVLink 900 GB/s (both directions)",
+            "intra.efficiency": "nccl-tests issue #212 (NCCL maintainer): 450 GB/s line rate, "
+            "~370 GB/s effective with NCCL_ALGO=RING",
+            "inter.bandwidth": "DGX H100 datasheet: NDR 400 Gb/s per GPU",
+            "inter.efficiency": "assumption: the HDR fraction of nccl-tests issue #119 (0.96); "
+            "no NDR nccl-tests figure used",
+            "alpha_s": _NCCL_LAT + ": NVLink 1.9 µs, NET 4.0 µs",
+            "gemm_efficiency": f"{_MAMF}: H100 SXM 792.1/989 = 80.1 % at 6144×17920×2816; "
+            f"small GEMMs: {_WAVES}, 132 SMs (H100 whitepaper, SXM5)",
+            "elementwise_efficiency": f"{_SQUARE}: H100 PCIe copy 1630 of 2000 GB/s, "
+            "assumption: the same fraction on SXM5",
+            "kernel_overhead_s": _KERNEL,
+        },
+    )
+
+
+def _v100(name: str, *, memory_gb: int, per_node: int, intra_bw: float, inter_bw: float,
+          notes: dict[str, str]) -> Hardware:  # fmt: skip
+    return Hardware(
+        name=name,
+        devices_per_node=per_node,
+        peak_flops={"fp32": 15.7e12, "fp16": 125e12},
+        memory_bytes=memory_gb * GB,
+        memory_bandwidth=900 * GB,
+        intra=Link(name="NVLink2", alpha_s=1.9e-6, bandwidth=intra_bw, efficiency=0.69),
+        inter=Link(name="EDR InfiniBand", alpha_s=4.0e-6, bandwidth=inter_bw, efficiency=0.96),
+        # Best square fp16 matmul 84 of 125 TFLOP/s (sizes up to 6888).
+        gemm_efficiency=_wave_table(80, 2.0 * 6888**3, 84 / 125),
+        elementwise_efficiency=766 / 900,
+        kernel_overhead_s=4e-6,
+        sources={
+            "peak_flops": "NVIDIA V100 datasheet, SXM2: FP16 tensor 125, FP32 15.7 TFLOPS "
+            "(no bf16 on Volta)",
+            "memory": f"NVIDIA V100 datasheet: {memory_gb} GB HBM2, 900 GB/s",
+            "intra.efficiency": "assumption: the A100 NVLink fraction (nccl-tests #178)",
+            "inter.efficiency": "assumption: the HDR fraction of nccl-tests issue #119",
+            "alpha_s": _NCCL_LAT + ": NVLink 1.9 µs, NET 4.0 µs",
+            "gemm_efficiency": f"{_SQUARE}: V100 32GB fp16 84 of 125 TFLOPS (square matmuls "
+            f"up to 6888); small GEMMs: {_WAVES}, 80 SMs (V100 whitepaper)",
+            "elementwise_efficiency": f"{_SQUARE}: V100 32GB copy 766 of 900 GB/s",
+            "kernel_overhead_s": _KERNEL,
+            **notes,
+        },
+    )
+
+
+HARDWARE: dict[str, Hardware] = {
+    "a100_40gb": _a100(40, 1555 * GB),
+    "a100_80gb": _a100(80, 2039 * GB),
+    "h100_sxm": _h100(),
+    "v100_32gb": _v100(
+        "DGX-1-style V100 32GB node (8 × V100 SXM2, NVLink2, 4 × EDR 100 Gb/s)",
+        memory_gb=32,
+        per_node=8,
+        intra_bw=150 * GB,
+        inter_bw=50 * GB / 8,
+        notes={
+            "intra.bandwidth": "NVLink 2.0: 25 GB/s per link and direction (Alibaba Cloud ACK "
+            "'topology-aware GPU scheduling'), 6 links per V100 = 150 GB/s; assumption: a "
+            "ring on the hybrid cube-mesh uses them all",
+            "devices_per_node": "assumption: DGX-1 layout, 8 GPUs and 4 EDR HCAs (100 Gb/s) "
+            "per node, i.e. 6.25 GB/s per GPU; not re-sourced here",
+        },
+    ),  # fmt: skip
+    "v100_summit": _v100(
+        "OLCF Summit node (6 × V100 SXM2 16GB, NVLink2, dual-rail EDR)",
+        memory_gb=16,
+        per_node=6,
+        intra_bw=50 * GB,
+        inter_bw=25 * GB / 6,
+        notes={
+            "devices_per_node": "OLCF Summit: 6 V100 16GB per node (as stated in the issue "
+            "brief; the OLCF user guide was not re-read here)",
+            "intra.bandwidth": "assumption: GPUs of a socket joined by 2 NVLink 2.0 bricks, "
+            "2 × 25 GB/s per direction; the X-Bus between sockets is not modelled",
+            "inter.bandwidth": "dual-rail EDR InfiniBand, 2 × 100 Gb/s = 25 GB/s per node, "
+            "shared by 6 GPUs (issue brief)",
+        },
+    ),  # fmt: skip
+}
+
+
+def hardware(name: str) -> Hardware:
+    """The preset called `name`."""
+    if name not in HARDWARE:
+        raise ValueError(f"hardware={name!r}: unknown; choose one of {', '.join(HARDWARE)}")
+    return HARDWARE[name]
+
+
+def host_hardware(
+    *,
+    gemm_efficiency: tuple[tuple[float, float], ...],
+    peak_flops: dict[str, float],
+    memory_bandwidth: float,
+    link_alpha_s: float,
+    link_bandwidth: float,
+    cores: int,
+    ranks: int,
+    memory_bytes: float | None = None,
+) -> Hardware:
+    """This CPU host as a `Hardware` of `ranks` devices, from measurements.
+
+    `peak_flops` and `memory_bandwidth` are what the whole host measured with `cores`
+    threads. With ranks ≤ cores each rank has cores // ranks threads of its own, so a rank
+    gets (cores // ranks) / cores of the host; with more ranks than cores they time-share,
+    each getting 1/ranks. Every rank sits on one node (devices_per_node = ranks) joined by
+    one loopback link, intra = inter; the copy bandwidth is already achieved, so
+    elementwise_efficiency = 1.
+    """
+    for key, value in (("cores", cores), ("ranks", ranks)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{key}={value!r}: must be an integer ≥ 1")
+    share = (cores // ranks) / cores if ranks <= cores else 1.0 / ranks
+    wire = Link(name="loopback", alpha_s=link_alpha_s, bandwidth=link_bandwidth)
+    memory = memory_bytes
+    if memory is None:
+        import os
+
+        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / ranks
+    return Hardware(
+        name=f"this host: {ranks} rank(s) on {cores} core(s), {share:.3g} of it each",
+        devices_per_node=ranks,
+        peak_flops={dtype: flops * share for dtype, flops in peak_flops.items()},
+        memory_bytes=memory,
+        memory_bandwidth=memory_bandwidth * share,
+        intra=wire,
+        inter=wire,
+        gemm_efficiency=tuple(sorted(gemm_efficiency)),
+        elementwise_efficiency=1.0,
+        sources={
+            "all": "measured on this host (impls.costmodel.calibrate or the caller)",
+            "share": "a rank's share of the host: (cores // ranks) / cores, or 1/ranks when "
+            "ranks > cores (time-shared)",
+        },
+    )

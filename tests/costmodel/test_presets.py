@@ -1,0 +1,71 @@
+"""The hardware presets: datasheet numbers, the derived tables, and the host builder.
+
+A failure means a preset lost a datasheet figure or a source, the wave-quantization table
+no longer follows NVIDIA's rule (tiles ÷ (waves × SMs) × the large-GEMM efficiency), a
+name is accepted that should be refused, or the host's per-rank share rule changed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from impls.costmodel.presets import HARDWARE, hardware, host_hardware
+
+
+def test_the_agreed_presets_exist_with_datasheet_numbers():
+    a40, a80, h100, v100 = (hardware(n) for n in ("a100_40gb", "a100_80gb", "h100_sxm",
+                                                  "v100_32gb"))  # fmt: skip
+    assert a40.peak("bf16") == 312e12 and a40.peak("fp32") == 19.5e12
+    assert a40.memory_bandwidth == 1555e9 and a80.memory_bandwidth == 2039e9
+    assert a80.memory_bytes == 80e9 and a40.memory_bytes == 40e9
+    assert a40.intra.bandwidth == 300e9 and a40.inter.bandwidth == 25e9  # 600/2, 200 Gb/s
+    assert h100.peak("bf16") == 989e12 and h100.peak("fp8") == 1979e12
+    assert h100.intra.bandwidth == 450e9 and h100.inter.bandwidth == 50e9  # 900/2, 400 Gb/s
+    assert h100.intra.effective_bandwidth == pytest.approx(370e9)  # nccl-tests #212
+    assert v100.peak("fp16") == 125e12 and v100.memory_bandwidth == 900e9
+    summit = hardware("v100_summit")
+    assert summit.devices_per_node == 6 and summit.memory_bytes == 16e9
+    assert summit.inter.bandwidth * 6 == pytest.approx(25e9)  # dual-rail EDR per node
+    with pytest.raises(ValueError, match="dtype='bf16'"):
+        v100.peak("bf16")  # Volta has no bf16
+
+
+@pytest.mark.parametrize("name", sorted(HARDWARE))
+def test_every_preset_names_its_sources(name):
+    sources = HARDWARE[name].sources
+    for key in ("peak_flops", "memory", "gemm_efficiency", "alpha_s", "kernel_overhead_s",
+                "intra.efficiency", "inter.efficiency", "elementwise_efficiency"):  # fmt: skip
+        assert sources.get(key), f"{name}: no source for {key}"
+
+
+def test_wave_quantization_table_by_hand():
+    hw = hardware("a100_80gb")
+    table = dict(hw.gemm_efficiency)
+    # 1024³ in 256×128 tiles: 4·8 = 32 tiles on 108 SMs, one wave: 32/108 of 85.9 %
+    assert table[2.0 * 1024**3] == pytest.approx(0.859 * 32 / 108)
+    # 4096³: 16·32 = 512 tiles, 5 waves of 108: 512/540
+    assert table[2.0 * 4096**3] == pytest.approx(0.859 * 512 / 540)
+    assert hw.efficiency(1e13) == pytest.approx(0.859)  # MAMF plateau
+    assert hw.efficiency(2.0 * 6912 * 16384 * 2048) == pytest.approx(0.859)
+
+
+def test_unknown_name_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="hardware='tpu': unknown; choose one of a100_40gb"):
+        hardware("tpu")
+
+
+def test_host_hardware_shares_the_host():
+    common = dict(gemm_efficiency=((1e9, 0.5), (1e6, 0.1)), peak_flops={"fp32": 100e9},
+                  memory_bandwidth=10e9, link_alpha_s=1e-5, link_bandwidth=1e9, cores=4,
+                  memory_bytes=8e9)  # fmt: skip
+    two = host_hardware(ranks=2, **common)  # 2 threads each of 4
+    assert two.peak("fp32") == pytest.approx(50e9)
+    assert two.memory_bandwidth == pytest.approx(5e9)
+    assert two.devices_per_node == 2 and two.intra is two.inter
+    assert two.gemm_efficiency == ((1e6, 0.1), (1e9, 0.5))  # sorted
+    three = host_hardware(ranks=3, **common)  # 1 thread each, one core idle
+    assert three.peak("fp32") == pytest.approx(25e9)
+    eight = host_hardware(ranks=8, **common)  # time-shared: 1/8 each
+    assert eight.peak("fp32") == pytest.approx(12.5e9)
+    with pytest.raises(ValueError, match="ranks=0"):
+        host_hardware(ranks=0, **common)
