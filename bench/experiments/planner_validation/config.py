@@ -1,0 +1,62 @@
+"""`planner_validation`'s typed config: every key, its default and its meaning.
+
+Light on purpose: every rank unpickles this config, so it imports no pandas,
+plotting or report code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.config import check_choices, check_number, check_positive, check_unique
+
+__all__ = ["SOURCES", "PlannerValidationConfig", "repository_reports"]
+
+SOURCES = ("parallelism_comparison", "zero_memory", "pipeline_utilization")
+"""The experiments whose measured rows are the ground truth (DP/TP/PP/hybrids, ZeRO,
+pipeline schedules)."""
+
+
+def repository_reports() -> Path:
+    """The repository's `reports/` (the committed reports, or those `make reports` wrote)."""
+    return Path(__file__).resolve().parents[3] / "reports"
+
+
+@dataclass(kw_only=True)
+class PlannerValidationConfig:
+    sources: list[str] = field(default_factory=lambda: list(SOURCES))
+    """Experiments whose measured rows are predicted (their `results.csv`)."""
+    reports_root: str | None = None
+    """Folder holding `<source>/results.csv`; null: the repository's reports/ (where
+    `make reports` writes them, and what is committed)."""
+    max_rows: int | None = None
+    """At most this many ground-truth rows per source (spread over its rows); null: all."""
+    gemm_sizes: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256, 512, 1024])
+    """Square matmul sizes n timed for the GEMM-efficiency table (2n³ FLOPs each)."""
+    copy_mib: int = 64
+    """Size of the tensor copied to measure memory bandwidth (MiB)."""
+    repeats: int = 20
+    """Timed repeats of each calibration kernel (the fastest counts)."""
+    timeout_s: float = 300.0
+    """A cell not finished by then is recorded as failed."""
+
+    def __post_init__(self) -> None:
+        check_choices("sources", self.sources, SOURCES)
+        check_unique("sources", self.sources)
+        if self.reports_root is not None and not str(self.reports_root).strip():
+            raise ValueError("reports_root='': give a folder, or null for the repository's "
+                             "reports/")  # fmt: skip
+        if self.max_rows is not None:
+            check_positive("max_rows", [self.max_rows])
+        check_positive("gemm_sizes", self.gemm_sizes)
+        check_unique("gemm_sizes", self.gemm_sizes)
+        if len(self.gemm_sizes) < 2:
+            raise ValueError(f"gemm_sizes={self.gemm_sizes}: give at least 2 sizes (a table)")
+        self.gemm_sizes = sorted(self.gemm_sizes)
+        check_positive("copy_mib", [self.copy_mib])
+        check_positive("repeats", [self.repeats])
+        check_number("timeout_s", self.timeout_s)
+
+    def root(self) -> Path:
+        """Where the sources' results.csv are read."""
+        return Path(self.reports_root) if self.reports_root else repository_reports()

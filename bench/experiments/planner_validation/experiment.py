@@ -1,0 +1,195 @@
+"""`planner_validation`: the simulator, calibrated on this host, against configurations
+distbench ran here for real.
+
+Each cell is one measured row of a source experiment (`parallelism_comparison`,
+`zero_memory`, `pipeline_utilization`, read from `<reports_root>/<source>/results.csv`),
+predicted on a one-rank world: the rank calibrates the host once (cached per thread count)
+and prices the configuration with the simulator (`ranks.py`). The metadata's `world_size`
+is that 1; the source's rank count is the `ranks` column, and `source_git_sha` is the commit
+that measured the ground truth.
+
+Which measured time is the ground truth (`ground_truth`): the wall clock where the source
+ran no more ranks than the host has cores; otherwise the source's replayed timeline (each
+rank's compute timed with the host to itself, transfers α–β) where it has one; otherwise
+the wall clock with modelled core sharing (each rank gets cores/N of the host).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.experiments.base import Cell, Experiment
+from bench.experiments.planner_validation import ranks, report
+from bench.experiments.planner_validation.config import PlannerValidationConfig
+
+__all__ = ["EXPERIMENT", "PlannerValidationConfig", "cells", "ground_truth", "to_row"]
+
+_ZERO_METHODS = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+_MODEL = ("d_model", "n_layers", "n_heads", "seq_len", "vocab_size")
+
+
+def _read(root: Path, name: str) -> list[dict[str, str]]:
+    path = root / name / "results.csv"
+    if not path.is_file():
+        raise ValueError(f"reports_root={str(root)!r}: {name}/results.csv does not exist "
+                         f"(run `python -m bench experiment={name}` first)")  # fmt: skip
+    with path.open(newline="") as handle:
+        return [r for r in csv.DictReader(handle) if r.get("status") == "ok"]
+
+
+def _model(row: dict[str, str]) -> dict[str, Any]:
+    model: dict[str, Any] = {k: int(float(row[k])) for k in _MODEL}
+    model["bias"] = row.get("bias", "False") == "True"
+    return model
+
+
+def _label(ranks_: int, cores: int, replayed: bool) -> str:
+    if ranks_ <= cores:
+        return "wall clock"
+    if replayed:
+        return "replayed"
+    return f"wall clock, {ranks_} ranks on {cores} cores (modelled core sharing)"
+
+
+def _truth(source: str, row: dict[str, str], config: str, **plan: Any) -> dict[str, Any]:
+    n, cores = int(float(row["world_size"])), int(float(row["host_cores"]))
+    replayed = plan.pop("replayed", None)
+    label = _label(n, cores, replayed is not None)
+    measured = float(row["step_time_s"]) if label != "replayed" else replayed
+    return {"source": source, "config": config, "ranks": n, "host_cores": cores,
+            "ground_truth": label, "measured_step_time_s": measured,
+            "source_git_sha": row.get("git_sha", ""), "model": _model(row), **plan}  # fmt: skip
+
+
+def _parallelism(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        dp, tp, pp, m = (int(float(r[k])) for k in ("dp", "tp", "pp", "microbatches"))
+        out.append(_truth(
+            "parallelism_comparison", r, f"{r['layout']}, M={m}", dp=dp, tp=tp, pp=pp,
+            zero_stage=0, precision="fp32", schedule=r["schedule"] if pp > 1 else "1f1b",
+            microbatches=m, virtual_stages=1, optimizer=True,
+            microbatch_size=int(float(r["batch_size"])) // (dp * m),
+            measured_peak_bytes=float(r["memory_per_rank_bytes"]),
+            memory_includes_states=True, replayed=float(r["replayed_step_time_s"]),
+        ))  # fmt: skip
+    return out
+
+
+def _zero(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        if r.get("impl") != "distbench" or r["method"] not in _ZERO_METHODS:
+            continue
+        n = int(float(r["world_size"]))
+        out.append(_truth(
+            "zero_memory", r, f"{r['method']}, N={n}, {r['precision']}", dp=n, tp=1, pp=1,
+            zero_stage=_ZERO_METHODS[r["method"]], precision=r["precision"],
+            schedule="1f1b", microbatches=1, virtual_stages=1, optimizer=True,
+            microbatch_size=int(float(r["batch_size"])) // n,
+            measured_peak_bytes=float(r["peak_bytes"]), memory_includes_states=True,
+        ))  # fmt: skip
+    return out
+
+
+def _pipeline(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        if r.get("impl") != "distbench":
+            continue
+        p, m, v = (int(float(r[k])) for k in ("stages", "microbatches", "virtual_stages"))
+        out.append(_truth(
+            "pipeline_utilization", r, f"{r['schedule']}, P={p}, M={m}, V={v}", dp=1, tp=1,
+            pp=p, zero_stage=0, precision="fp32", schedule=r["schedule"], microbatches=m,
+            virtual_stages=v, optimizer=False,
+            microbatch_size=int(float(r["microbatch_size"])),
+            measured_peak_bytes=float(r["peak_activation_bytes"]),
+            memory_includes_states=False, replayed=float(r["replayed_makespan_s"]),
+        ))  # fmt: skip
+    return out
+
+
+_PARSERS = {"parallelism_comparison": _parallelism, "zero_memory": _zero,
+            "pipeline_utilization": _pipeline}  # fmt: skip
+
+
+def _link(root: Path) -> tuple[float, float]:
+    """(α s, β s/byte): the median of parallelism_comparison's probes of this host."""
+    rows = _read(root, "parallelism_comparison")
+    alphas = [float(r["link_alpha_s"]) for r in rows if r.get("link_alpha_s")]
+    betas = [float(r["link_beta_s_per_byte"]) for r in rows if r.get("link_beta_s_per_byte")]
+    if not alphas or not betas:
+        raise ValueError(f"reports_root={str(root)!r}: parallelism_comparison/results.csv "
+                         "has no link_alpha_s / link_beta_s_per_byte (the link probe)")  # fmt: skip
+    return statistics.median(alphas), statistics.median(betas)
+
+
+def _spread(items: list, k: int | None) -> list:
+    if k is None or len(items) <= k:
+        return items
+    return [items[round(i * (len(items) - 1) / (k - 1))] for i in range(k)] if k > 1 else items[:1]
+
+
+def ground_truth(cfg: PlannerValidationConfig) -> list[dict[str, Any]]:
+    """Every ground-truth configuration of `cfg.sources`, with the link it is priced on."""
+    root = cfg.root()
+    link = _link(root)
+    out = []
+    for source in cfg.sources:
+        truths = _spread(_PARSERS[source](_read(root, source)), cfg.max_rows)
+        out += [{**t, "link": link} for t in truths]
+    return out
+
+
+def cells(cfg: PlannerValidationConfig) -> list[Cell]:
+    return [
+        Cell(
+            world_size=1, key={"source": t["source"], "config": t["config"]}, fn=ranks.run, carry=t
+        )  # fmt: skip
+        for t in ground_truth(cfg)
+    ]
+
+
+def _error(predicted: float, measured: float) -> float:
+    """predicted ÷ measured − 1 (NaN for a measurement that is not positive)."""
+    return predicted / measured - 1 if measured > 0 else math.nan
+
+
+def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> dict:
+    t, p = cell.carry, per_rank[0]
+    measured_step, measured_peak = t["measured_step_time_s"], t["measured_peak_bytes"]
+    return {
+        **cell.key,
+        "ranks": t["ranks"], "source_host_cores": t["host_cores"], "dp": t["dp"], "tp": t["tp"], "pp": t["pp"],
+        "zero_stage": t["zero_stage"], "precision": t["precision"],
+        "schedule": t["schedule"], "microbatches": t["microbatches"],
+        "virtual_stages": t["virtual_stages"], "microbatch_size": t["microbatch_size"],
+        "ground_truth": t["ground_truth"], "source_git_sha": t["source_git_sha"],
+        "measured_step_time_s": measured_step,
+        "predicted_step_time_s": p["predicted_step_time_s"],
+        "step_error": _error(p["predicted_step_time_s"], measured_step),
+        "memory_measure": "model states + activations" if t["memory_includes_states"]
+        else "activations",
+        "measured_peak_bytes": measured_peak,
+        "predicted_peak_bytes": p["predicted_peak_bytes"],
+        "memory_error": _error(p["predicted_peak_bytes"], measured_peak),
+        **{k: v for k, v in p.items() if k not in ("predicted_step_time_s",
+                                                   "predicted_peak_bytes")},
+    }  # fmt: skip
+
+
+EXPERIMENT = Experiment(
+    name="planner_validation",
+    summary="the simulator, calibrated on this host, against DP/TP/PP/ZeRO/schedule runs "
+    "measured here",
+    schema=PlannerValidationConfig,
+    key_columns=("source", "config"),
+    cells=cells,
+    to_row=to_row,
+    report=report.REPORT,
+    reads=("parallelism_comparison", "zero_memory", "pipeline_utilization"),
+)

@@ -1,0 +1,85 @@
+"""planner_validation on the CI grid (a few ground-truth rows of each source, predicted on
+a quick calibration): every row has a positive prediction and its errors are the ratios of
+its own columns, each row's ground truth is labelled by the rule (wall clock only where
+ranks ≤ cores), the composed memory is within the issue's 5% of what the sources measured,
+the calibration is positive, and the index carries the medians and ρ as gaps, never as
+measurements."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from tests.ci_checks import ran
+
+ARTEFACTS = ("step_time_scatter", "memory_scatter")
+MEMORY_BOUND = 0.05
+
+
+def _positive(row: pd.Series, *columns: str) -> None:
+    for column in columns:
+        value = float(row[column])
+        assert math.isfinite(value) and value > 0, (column, value, row["config"])
+
+
+def errors_are_the_ratios_of_each_row(df: pd.DataFrame, headline: dict) -> None:
+    for _, row in ran(df).iterrows():
+        _positive(row, "measured_step_time_s", "predicted_step_time_s", "measured_peak_bytes",
+                  "predicted_peak_bytes", "predicted_compute_s")  # fmt: skip
+        step = row["predicted_step_time_s"] / row["measured_step_time_s"] - 1
+        memory = row["predicted_peak_bytes"] / row["measured_peak_bytes"] - 1
+        assert math.isclose(step, row["step_error"], rel_tol=1e-9, abs_tol=1e-12), row
+        assert math.isclose(memory, row["memory_error"], rel_tol=1e-9, abs_tol=1e-12), row
+
+
+def ground_truth_is_labelled_by_the_rule(df: pd.DataFrame, headline: dict) -> None:
+    done = ran(df)
+    assert set(done["source"]) >= {"parallelism_comparison", "zero_memory",
+                                   "pipeline_utilization"}, set(done["source"])  # fmt: skip
+    for _, row in done.iterrows():
+        ranks, cores = float(row["ranks"]), float(row["source_host_cores"])
+        assert ranks >= 1 and cores >= 1, (ranks, cores)
+        label = str(row["ground_truth"])
+        if ranks <= cores:
+            assert label == "wall clock", (row["config"], label)
+        else:
+            assert label == "replayed" or "modelled core sharing" in label, label
+        assert isinstance(row["source_git_sha"], str) and row["source_git_sha"], row
+
+
+def composed_memory_within_five_percent(df: pd.DataFrame, headline: dict) -> None:
+    for _, row in ran(df).iterrows():
+        error = float(row["memory_error"])
+        assert math.isfinite(error) and abs(error) <= MEMORY_BOUND, (row["config"], error)
+        _positive(row, "predicted_activation_bytes")
+
+
+def calibration_is_positive_and_recorded(df: pd.DataFrame, headline: dict) -> None:
+    for _, row in ran(df).iterrows():
+        _positive(row, "cal_peak_fp32_flops", "cal_memory_bandwidth", "cal_kernel_overhead_s",
+                  "fit_scale", "fit_overhead_s", "link_alpha_s", "link_beta_s_per_byte",
+                  "compute_rate")  # fmt: skip
+    link = headline["calibration"]["link"]
+    assert link["alpha_s"] > 0 and link["beta_s_per_byte"] > 0, link
+    assert headline["ground_truth_commits"], headline["ground_truth_commits"]
+
+
+def index_shows_errors_as_gaps(df: pd.DataFrame, headline: dict) -> None:
+    figures = [f for f in headline["figures"] if f["figure"].startswith("simulator vs runs")]
+    assert len(figures) == 3, figures
+    assert all(f["measured"] == "—" and f["gap"] != "—" for f in figures), figures
+    overall = headline["accuracy"]["all"]
+    assert overall["rows"] == len(ran(df)), overall
+    rho = overall["spearman_step_time"]
+    assert math.isfinite(rho) and -1 <= rho <= 1, rho
+    assert 0 < overall["median_abs_step_error"] < math.inf, overall
+
+
+CHECKS = (
+    errors_are_the_ratios_of_each_row,
+    ground_truth_is_labelled_by_the_rule,
+    composed_memory_within_five_percent,
+    calibration_is_positive_and_recorded,
+    index_shows_errors_as_gaps,
+)

@@ -1,0 +1,199 @@
+"""planner_validation: config refusals, the ground truth read and labelled from synthetic
+source reports, the composed memory against hand counts and the repo's own formula, the
+core-sharing rule, the reference fit recovering known constants, one prediction by hand
+(single rank: the step is the sum of the calibrated layer costs), and the report's ρ."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from bench.experiments.planner_validation import experiment, ranks
+from bench.experiments.planner_validation.config import PlannerValidationConfig
+from bench.experiments.planner_validation.report import prepare, spearman
+from impls.costmodel.memory import activation_bytes
+from impls.models import GPT, GPTConfig
+
+MODEL = {"d_model": 128, "n_layers": 8, "n_heads": 8, "seq_len": 64, "vocab_size": 256,
+         "bias": False}  # fmt: skip
+CAL = {"threads": 1, "peak_fp32_flops": 1e11, "peak_bf16_flops": 4e11,
+       "gemm_table": ((1e5, 0.5), (1e8, 1.0)), "memory_bandwidth": 5e10,
+       "kernel_overhead_s": 2e-6}  # fmt: skip
+LINK = (5e-5, 3e-10)
+
+
+@pytest.mark.parametrize(
+    ("values", "key"),
+    [({"sources": ["allreduce_scaling"]}, "sources"), ({"sources": ["zero_memory"] * 2}, "sources"),
+     ({"sources": []}, "sources"), ({"reports_root": " "}, "reports_root"),
+     ({"max_rows": 0}, "max_rows"), ({"gemm_sizes": [0, 8]}, "gemm_sizes"),
+     ({"gemm_sizes": [64]}, "gemm_sizes"), ({"copy_mib": 0}, "copy_mib"),
+     ({"repeats": -1}, "repeats"), ({"timeout_s": math.nan}, "timeout_s")],
+)  # fmt: skip
+def test_config_refuses_naming_the_key(values, key):
+    with pytest.raises(ValueError, match=key):
+        PlannerValidationConfig(**values)
+
+
+def test_missing_source_report_is_refused_naming_reports_root(tmp_path):
+    with pytest.raises(ValueError, match="reports_root=.*parallelism_comparison/results.csv"):
+        experiment.cells(PlannerValidationConfig(reports_root=str(tmp_path)))
+
+
+def _write(root: Path, name: str, rows: list[dict]) -> None:
+    (root / name).mkdir(parents=True)
+    with (root / name / "results.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _sources(root: Path) -> None:
+    shape = {k: str(v) for k, v in MODEL.items()}
+    common = {**shape, "status": "ok", "git_sha": "abc1234", "host_cores": "2"}
+    _write(root, "parallelism_comparison", [
+        {**common, "world_size": "4", "dp": "2", "tp": "1", "pp": "2", "layout": "dp2×pp2",
+         "schedule": "1f1b", "batch_size": "32", "microbatches": "4", "step_time_s": "0.2",
+         "replayed_step_time_s": "0.1", "memory_per_rank_bytes": "3e7",
+         "link_alpha_s": "5e-5", "link_beta_s_per_byte": "3e-10"},
+        {**common, "world_size": "2", "dp": "2", "tp": "1", "pp": "1", "layout": "dp2",
+         "schedule": "1f1b", "batch_size": "32", "microbatches": "4", "step_time_s": "0.2",
+         "replayed_step_time_s": "0.1", "memory_per_rank_bytes": "3e7",
+         "link_alpha_s": "7e-5", "link_beta_s_per_byte": "2e-10"},
+    ])  # fmt: skip
+    zero = {**common, "impl": "distbench", "precision": "fp32", "batch_size": "32",
+            "step_time_s": "0.3", "peak_bytes": "2e7"}  # fmt: skip
+    _write(root, "zero_memory", [
+        {**zero, "method": "zero3", "world_size": "8"},
+        {**zero, "method": "torch_fsdp", "world_size": "8", "impl": "torch"},
+        {**zero, "method": "dp", "world_size": "1", "status": "failed"},
+    ])  # fmt: skip
+    _write(root, "pipeline_utilization", [
+        {**common, "impl": "distbench", "schedule": "interleaved_1f1b", "stages": "4",
+         "microbatches": "8", "virtual_stages": "2", "microbatch_size": "4",
+         "world_size": "4", "step_time_s": "0.5", "replayed_makespan_s": "0.25",
+         "peak_activation_bytes": "1e7"},
+    ])  # fmt: skip
+
+
+def test_ground_truth_rows_labels_and_link(tmp_path):
+    _sources(tmp_path)
+    truths = experiment.ground_truth(PlannerValidationConfig(reports_root=str(tmp_path)))
+    by_config = {t["config"]: t for t in truths}
+    # torch's own and failed rows are left out; one cell per distbench row
+    assert sorted(by_config) == ["dp2, M=4", "dp2×pp2, M=4", "interleaved_1f1b, P=4, M=8, V=2",
+                                 "zero3, N=8, fp32"]  # fmt: skip
+    assert by_config["dp2, M=4"]["ground_truth"] == "wall clock"  # 2 ranks on 2 cores
+    assert by_config["dp2, M=4"]["measured_step_time_s"] == 0.2
+    assert by_config["dp2×pp2, M=4"]["ground_truth"] == "replayed"
+    assert by_config["dp2×pp2, M=4"]["measured_step_time_s"] == 0.1
+    assert by_config["dp2×pp2, M=4"]["microbatch_size"] == 32 // (2 * 4)
+    zero3 = by_config["zero3, N=8, fp32"]
+    assert zero3["ground_truth"] == "wall clock, 8 ranks on 2 cores (modelled core sharing)"
+    assert (zero3["zero_stage"], zero3["dp"], zero3["microbatch_size"]) == (3, 8, 4)
+    assert by_config["interleaved_1f1b, P=4, M=8, V=2"]["optimizer"] is False
+    for t in truths:  # medians of the two probes
+        assert t["link"] == pytest.approx((6e-5, 2.5e-10), rel=1e-12)
+    assert all(t["source_git_sha"] == "abc1234" for t in truths)
+    limited = experiment.ground_truth(PlannerValidationConfig(reports_root=str(tmp_path),
+                                                              max_rows=1))  # fmt: skip
+    assert len(limited) == 3
+
+
+def test_params_per_stage_match_the_model_and_the_tp_hand_count():
+    cfg = GPTConfig(**MODEL)
+    assert ranks.params_per_stage(MODEL, 1, 1) == [sum(p.numel() for p in GPT(cfg).parameters())]
+    # tp = 4: blocks 8 × (196608/4 + 256 LayerNorm) + embedding 32768/4 + positions 8192
+    # + final LayerNorm 128 + head 32768/4 = 419,968 (parallelism_comparison's rank_params_max)
+    assert ranks.params_per_stage(MODEL, 1, 4) == [8 * (196608 / 4 + 256) + 8192 + 8192 + 128
+                                                   + 8192]  # fmt: skip
+    assert ranks.params_per_stage(MODEL, 1, 4) == [419968]
+    two = ranks.params_per_stage(MODEL, 2, 1)
+    assert two == [4 * 196864 + 32768 + 8192, 4 * 196864 + 128 + 32768]
+
+
+def test_activation_stage_bytes_equal_the_repo_formula():
+    for micro, elem in ((1, 4), (8, 4), (4, 2)):
+        total = ranks.activation_stage_bytes(MODEL, micro, 1, 1, elem)
+        assert total == [activation_bytes(GPTConfig(**MODEL), micro, bytes_per_elem=elem)]
+        split = ranks.activation_stage_bytes(MODEL, micro, 4, 1, elem)
+        assert sum(split) == total[0]
+    # tp shards q/k/v, attention output, MLP and log-softmax, keeps the LayerNorms whole:
+    # T = 512, per block (4Th + (4Th + 2Tf)/4)·4 + (4T + Ta/4)·4
+    t, h = 512, 128
+    block = (4 * t * h + (4 * t * h + 2 * t * 4 * h) / 4) * 4 + (4 * t + t * 8 / 4) * 4
+    head = (2 * t * h + t * 256 / 4) * 4 + 2 * t * 4
+    assert ranks.activation_stage_bytes(MODEL, 8, 1, 4, 4) == [8 * block + 64 * 8 + head]
+
+
+def test_rank_rates_share_cores_only_on_the_crowded_wall_clock():
+    assert ranks.rank_rates(1, 2, True) == (2, 2.0, 1.0)
+    assert ranks.rank_rates(2, 2, True) == (1, 1.0, 1.0)
+    assert ranks.rank_rates(8, 2, True) == (1, 0.25, 4.0)
+    assert ranks.rank_rates(8, 2, False) == (1, 1.0, 1.0)
+
+
+def test_reference_fit_recovers_known_scale_and_overhead():
+    from impls.simulator import simulate
+
+    truth = {1: None, 16: None}
+    for micro in truth:  # what a host 2× slower with 10 µs per kernel would measure
+        spec, plan = ranks._reference_plan(micro)
+        hw = ranks.host_hardware(CAL, LINK, 0.5, overhead_s=1e-5)
+        truth[micro] = simulate(spec, plan, hw, dtype="fp32").compute_s
+    fit = ranks.fit_reference(CAL, "fp32", truth)
+    assert fit["two_point"]
+    assert fit["scale"] == pytest.approx(2.0, rel=1e-9)
+    assert fit["overhead_s"] == pytest.approx(1e-5, rel=1e-9)
+
+
+def test_single_rank_prediction_is_the_sum_of_the_calibrated_layer_costs():
+    from impls.costmodel.compute import TransformerSpec
+    from impls.simulator import ParallelPlan, layer_costs
+
+    truth = {"model": MODEL, "dp": 1, "tp": 1, "pp": 1, "zero_stage": 0, "precision": "fp32",
+             "schedule": "1f1b", "microbatches": 1, "virtual_stages": 1, "microbatch_size": 4,
+             "optimizer": False, "memory_includes_states": True}  # fmt: skip
+    hw = ranks.host_hardware(CAL, LINK)
+    got = ranks.predict(truth, hw)
+    spec = TransformerSpec(n_layers=8, d_model=128, n_heads=8, vocab_size=256, seq_len=64)
+    plan = ParallelPlan(dp=1, tp=1, pp=1, microbatch_size=4, stage_layers=(10,))
+    layers = layer_costs(spec, plan, hw, "fp32")
+    by_hand = sum(c.forward_s + c.backward_input_s + c.backward_weight_s for c in layers)
+    assert got["predicted_step_time_s"] == pytest.approx(by_hand, rel=1e-12)
+    assert got["predicted_bubble_s"] == 0 and got["predicted_optimizer_s"] == 0
+    # memory: 16 B per parameter (fp32 Adam) + one micro-batch's saved activations
+    params = sum(p.numel() for p in GPT(GPTConfig(**MODEL)).parameters())
+    saved = activation_bytes(GPTConfig(**MODEL), 4)
+    assert got["predicted_peak_bytes"] == 16 * params + saved
+
+
+def test_run_records_the_calibration_it_used(monkeypatch):
+    cal = {**CAL, "reference_fp32_s": {1: 1e-3, 16: 1e-2}, "reference_bf16_s": {1: 1e-3, 16: 1e-2},
+           "fit_fp32": {"scale": 1.5, "overhead_s": 4e-6, "kernels": 1.0, "two_point": True},
+           "fit_bf16": {"scale": 1.0, "overhead_s": 1e-6, "kernels": 1.0, "two_point": True}}  # fmt: skip
+    monkeypatch.setattr(ranks, "calibrate", lambda cfg, threads: cal)
+    truth = {"model": MODEL, "dp": 8, "tp": 1, "pp": 1, "zero_stage": 0, "precision": "fp32",
+             "schedule": "1f1b", "microbatches": 1, "virtual_stages": 1, "microbatch_size": 4,
+             "optimizer": True, "memory_includes_states": True, "ranks": 8, "host_cores": 2,
+             "ground_truth": "wall clock, 8 ranks on 2 cores (modelled core sharing)",
+             "link": LINK}  # fmt: skip
+    row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
+    assert (row["compute_rate"], row["overhead_stretch"], row["fit_scale"]) == (0.25, 4.0, 1.5)
+    assert row["link_alpha_s"] == LINK[0] and row["predicted_step_time_s"] > 0
+
+
+def test_spearman_and_prepare():
+    up = pd.Series([1.0, 2.0, 3.0, 4.0])
+    assert spearman(up, up * 10) == pytest.approx(1.0)
+    assert spearman(up, -up) == pytest.approx(-1.0)
+    assert spearman(up, pd.Series([1.0, 3.0, 2.0, 4.0])) == pytest.approx(0.8)  # 1 − 6·2/60
+    assert math.isnan(spearman(up, pd.Series([1.0] * 4)))
+    df = prepare(pd.DataFrame({"step_error": [-0.2, 0.1], "memory_error": [0.01, -0.03]}))
+    assert df["abs_step_error"].tolist() == [0.2, 0.1]
+    assert df["abs_memory_error"].tolist() == [0.01, 0.03]
