@@ -41,8 +41,14 @@ def test_config_refuses_naming_the_key(values, key):
 
 
 def test_missing_source_report_is_refused_naming_reports_root(tmp_path):
+    _sources(tmp_path)
+    (tmp_path / "zero_memory" / "results.csv").unlink()
+    with pytest.raises(ValueError, match="reports_root=.*zero_memory/results.csv"):
+        PlannerValidationConfig(reports_root=str(tmp_path), sources=["zero_memory"])
+    PlannerValidationConfig(reports_root=str(tmp_path), sources=["pipeline_utilization"])
+    (tmp_path / "parallelism_comparison" / "results.csv").unlink()  # the link's source
     with pytest.raises(ValueError, match="reports_root=.*parallelism_comparison/results.csv"):
-        experiment.cells(PlannerValidationConfig(reports_root=str(tmp_path)))
+        PlannerValidationConfig(reports_root=str(tmp_path))
 
 
 def _write(root: Path, name: str, rows: list[dict]) -> None:

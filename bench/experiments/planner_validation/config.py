@@ -56,6 +56,11 @@ class PlannerValidationConfig:
         check_positive("copy_mib", [self.copy_mib])
         check_positive("repeats", [self.repeats])
         check_number("timeout_s", self.timeout_s)
+        for name in dict.fromkeys(("parallelism_comparison", *self.sources)):  # link + truth
+            if not (self.root() / name / "results.csv").is_file():
+                raise ValueError(f"reports_root={str(self.root())!r}: {name}/results.csv does "
+                                 f"not exist (run `python -m bench experiment={name}` "
+                                 "first)")  # fmt: skip
 
     def root(self) -> Path:
         """Where the sources' results.csv are read."""
