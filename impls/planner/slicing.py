@@ -29,11 +29,12 @@ P − s micro-batches in flight.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
-__all__ = ["alpa_stage_slicing", "pipeline_objective"]
+__all__ = ["alpa_chain_slicing", "alpa_stage_slicing", "pipeline_objective"]
 
 StageBytes = Callable[[int, int, int], float]
 """(first layer, last layer (inclusive), stage index) -> bytes that stage needs."""
@@ -70,6 +71,19 @@ def _check(layer_seconds: Sequence[float], layer_bytes, stages: int, microbatche
                          "(first, last, stage) -> bytes")  # fmt: skip
 
 
+_TOLERANCE = 1e-9
+"""Range sums closer than this (relative) are one candidate t_max: equal layers summed in a
+different order differ in the last bits, and would otherwise multiply the candidates."""
+
+
+def _distinct(values) -> list[float]:
+    out: list[float] = []
+    for v in sorted(values):
+        if not out or v > out[-1] * (1 + _TOLERANCE / 10):
+            out.append(v)
+    return out
+
+
 def _cut(prefix: list[float], stages: int, t_max: float, fits) -> tuple[int, ...] | None:
     """Algorithm 1's DP for one t_max: a cut into `stages` stages, each ≤ t_max and fitting,
     of the smallest (Σ tᵢ, Σ tᵢ²); None when there is none.
@@ -82,7 +96,7 @@ def _cut(prefix: list[float], stages: int, t_max: float, fits) -> tuple[int, ...
     best = [[inf] * (layers + 1) for _ in range(stages + 1)]
     choice = [[-1] * (layers + 1) for _ in range(stages + 1)]
     best[0][0] = (0.0, 0.0)
-    slack = t_max * 1e-12
+    slack = t_max * _TOLERANCE
     for s in range(1, stages + 1):
         # stage s − 1 ends at j: leave ≥ 1 layer for each of the stages still to come
         for j in range(s, layers - (stages - s) + 1):
@@ -128,9 +142,8 @@ def alpa_stage_slicing(
 
     prefix = [0.0, *accumulate(float(t) for t in layer_seconds)]
     layers = len(layer_seconds)
-    candidates = sorted(
-        {prefix[j] - prefix[i] for i in range(layers) for j in range(i + 1, layers + 1)}
-    )
+    candidates = _distinct(prefix[j] - prefix[i] for i in range(layers)
+                           for j in range(i + 1, layers + 1))  # fmt: skip
     # the smallest feasible t_max (feasibility is monotone in t_max)
     lo, hi = 0, len(candidates) - 1
     if _cut(prefix, stages, candidates[hi], fits) is None:
@@ -153,3 +166,78 @@ def alpa_stage_slicing(
         if value < best_value:
             best_value, best_cut = value, cut
     return best_cut
+
+
+def alpa_chain_slicing(
+    first_seconds: float,
+    body_seconds: float,
+    last_seconds: float,
+    body_layers: int,
+    stages: int,
+    fits: Callable[[int, int], bool] | None = None,
+) -> tuple[int, ...] | None:
+    """`alpa_stage_slicing` for a chain of one first layer, `body_layers` identical layers
+    and one last layer (a transformer's embedding, blocks and LM head), in O(S log L).
+
+    A cut is then the number kₛ of body layers per stage (the first layer on stage 0, the
+    last on stage S − 1), and `fits(stage, k)` says whether stage `stage` holding k body
+    layers (and its end layer) fits; it must only turn False as k grows. For a t_max each
+    stage takes kₛ in an interval [minₛ, maxₛ(t_max)], so a cut exists iff Σ minₛ ≤ L ≤
+    Σ maxₛ: the smallest such t_max among the stage times a cut can have (bisection) is
+    Eq. 2's optimum (Σ tᵢ is the whole chain for every cut, so the answer does not depend
+    on B). The most balanced cut within it (least Σ tᵢ², as the DP's tie-break) is water-
+    filling: add body layers one by one to the stage that is shortest now (ties: the
+    earlier stage), which is exact for a sum of convex terms under box constraints.
+    Returns stage layer counts including the end layers, or None when nothing fits.
+    """
+    n, s_count = body_layers, stages
+    if s_count < 2 or n + 2 < s_count:
+        raise ValueError(f"stages={stages}: needs 2 ≤ stages ≤ body_layers + 2 = {n + 2}")
+    extra = [0.0] * s_count
+    extra[0] += first_seconds
+    extra[-1] += last_seconds
+    low = [0 if s in (0, s_count - 1) else 1 for s in range(s_count)]
+
+    def memory_cap(stage: int) -> int:
+        """The most body layers the stage holds in memory (−1: not even its minimum)."""
+        ok = (lambda k: True) if fits is None else (lambda k: fits(stage, k))
+        if not ok(low[stage]):
+            return -1
+        lo, hi = low[stage], n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+        return lo
+
+    caps = [memory_cap(s) for s in range(s_count)]
+    if min(c - m for c, m in zip(caps, low, strict=True)) < 0 or sum(caps) < n:
+        return None
+
+    def cap(stage: int, t_max: float) -> int:
+        if body_seconds <= 0:
+            return caps[stage]
+        room = (t_max - extra[stage]) / body_seconds
+        return min(caps[stage], math.floor(room * (1 + _TOLERANCE) + _TOLERANCE))
+
+    def feasible(t_max: float) -> bool:
+        tops = [cap(s, t_max) for s in range(s_count)]
+        return all(t >= m for t, m in zip(tops, low, strict=True)) and sum(tops) >= n
+
+    candidates = _distinct(e + k * body_seconds for e in set(extra) for k in range(n + 1))
+    lo, hi = 0, len(candidates) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if feasible(candidates[mid]) else (mid + 1, hi)
+    t_max = candidates[lo]
+    tops = [cap(s, t_max) for s in range(s_count)]
+    counts = list(low)
+    queue = [
+        (extra[s] + counts[s] * body_seconds, s) for s in range(s_count) if counts[s] < tops[s]
+    ]
+    heapq.heapify(queue)
+    for _ in range(n - sum(low)):
+        _, s = heapq.heappop(queue)
+        counts[s] += 1
+        if counts[s] < tops[s]:
+            heapq.heappush(queue, (extra[s] + counts[s] * body_seconds, s))
+    return tuple(k + (s == 0) + (s == s_count - 1) for s, k in enumerate(counts))

@@ -12,7 +12,7 @@ from itertools import combinations
 
 import pytest
 
-from impls.planner.slicing import alpa_stage_slicing, pipeline_objective
+from impls.planner.slicing import alpa_chain_slicing, alpa_stage_slicing, pipeline_objective
 
 
 def compositions(layers: int, stages: int):
@@ -106,3 +106,42 @@ def test_refuses_malformed_arguments(kwargs, message):
             "microbatches": 2} | kwargs  # fmt: skip
     with pytest.raises(ValueError, match=message):
         alpa_stage_slicing(**args)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_chain_slicing_matches_the_dp(seed):
+    """Embedding, identical body layers, head: the O(P log L) chain solver reaches the same
+    Eq. 2 value and balance (Σ tᵢ²) as Algorithm 1's DP, memory limit included."""
+    rng = random.Random(100 + seed)
+    body_layers, stages = rng.randint(2, 12), rng.randint(2, 5)
+    stages = min(stages, body_layers + 2)
+    first, body, last = rng.uniform(0.0, 2.0), rng.uniform(0.5, 2.0), rng.uniform(0.0, 4.0)
+    seconds = [first] + [body] * body_layers + [last]
+    held = [stages - s for s in range(stages)]
+    weight = [rng.uniform(0.5, 2.0)] + [1.0] * body_layers + [rng.uniform(0.5, 3.0)]
+    limit = rng.uniform(0.3, 1.0) * stages * sum(weight) / 2 if seed % 4 else float("inf")
+
+    def stage_bytes(a, b, s):
+        return held[s] * sum(weight[a : b + 1])
+
+    def fits(s, k):
+        span = (0, k) if s == 0 else (body_layers + 1 - k, body_layers + 1) if s == stages - 1 \
+            else (1, k)  # fmt: skip
+        return stage_bytes(*span, s) <= limit
+
+    chain = alpa_chain_slicing(first, body, last, body_layers, stages, fits)
+    dp = alpa_stage_slicing(seconds, stage_bytes, stages, 8, limit)
+    assert (chain is None) == (dp is None)
+    if dp is None:
+        return
+    assert sum(chain) == body_layers + 2
+    for s, (a, b) in enumerate(stage_ranges(chain)):
+        assert stage_bytes(a, b, s) <= limit
+    assert pipeline_objective(seconds, chain, 8) == pytest.approx(
+        pipeline_objective(seconds, dp, 8), rel=1e-9
+    )
+
+    def squares(cut):
+        return sum(sum(seconds[a : b + 1]) ** 2 for a, b in stage_ranges(cut))
+
+    assert squares(chain) == pytest.approx(squares(dp), rel=1e-9)
