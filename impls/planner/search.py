@@ -24,6 +24,9 @@ whose screens never drop a plan that could enter the answer (`impls.planner.boun
    comes up its cut is computed, it re-enters with `time_bound` of that cut, and only then
    is simulated (a cut equal to the equal slicing, or none that fits, is dropped).
 
+`rejected` keeps the LOSERS_KEPT fitting plans ranked just below the top_k and the
+LOSERS_KEPT fastest plans that do not fit (the memory-screened plans with the highest
+time bounds are simulated for it), each with `explain`'s reason against the best.
 `smallest_memory_bytes` is found the same way over the memory bounds (ascending, stop when
 the next bound reaches the smallest simulated peak). `tests/planner/test_search.py` checks
 the answer against simulating every plan of small spaces.
@@ -34,7 +37,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from impls.costmodel.compute import TransformerSpec
 from impls.costmodel.hardware import Hardware
@@ -84,7 +87,6 @@ class SearchResult:
     screened_by_time: int = 0
     space: int = 0
     """Plans in the space."""
-    notes: list[str] = field(default_factory=list)
 
 
 _EQUAL, _ALPA_PENDING, _ALPA_READY = 0, 1, 2
@@ -140,7 +142,9 @@ class _Progress:
                 self.bar.set_postfix(**postfix, refresh=False)
 
     def close(self) -> None:
+        """Count the plans screened out as done, then close."""
         if self.bar is not None:
+            self.bar.update(self.bar.total - self.bar.n)
             self.bar.close()
 
 
@@ -237,7 +241,6 @@ def search(
     for _, index in heapq.nsmallest(LOSERS_KEPT, too_big):
         misfits.append(Candidate(plan=plans[index], prediction=run(plans[index])))
     smallest = _smallest_memory(by_memory, plans, run, simulated)
-    bar.update(bar.bar.total - bar.bar.n if bar.bar is not None else 0)
     bar.close()
     fitting.sort(key=lambda c: -c.prediction.tokens_per_s)
     misfits.sort(key=lambda c: -c.prediction.tokens_per_s)
