@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from impls.costmodel.comm import collective_seconds
 
+from impls.costmodel.comm import collective_seconds
 from impls.simulator import simulate_data_parallel
 from tests.simulator import flat_hardware
 

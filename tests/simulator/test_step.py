@@ -8,8 +8,8 @@ others, that a prediction moved the wrong way or left its plausible range.
 from __future__ import annotations
 
 import pytest
-from impls.costmodel.comm import collective_seconds
 
+from impls.costmodel.comm import collective_seconds
 from impls.costmodel.compute import TransformerSpec
 from impls.simulator import ParallelPlan, simulate
 from tests.simulator import GPT3, TINY, a100_like, flat_hardware

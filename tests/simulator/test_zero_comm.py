@@ -8,8 +8,8 @@ overlap can.
 from __future__ import annotations
 
 import pytest
-from impls.costmodel.comm import collective_seconds
 
+from impls.costmodel.comm import collective_seconds
 from impls.simulator import ParallelPlan
 from impls.simulator.zero_comm import BUCKET_BYTES, dp_group, end_of_step, exposed, per_action
 from tests.simulator import flat_hardware
