@@ -16,6 +16,7 @@ from impls.models.stages import (
     split_into_stages,
     split_into_virtual_stages,
     stage_layer_ranges,
+    stage_ranges_of_counts,
     stages_of_rank,
 )
 
@@ -35,5 +36,6 @@ __all__ = [
     "split_into_stages",
     "split_into_virtual_stages",
     "stage_layer_ranges",
+    "stage_ranges_of_counts",
     "stages_of_rank",
 ]

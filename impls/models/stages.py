@@ -7,6 +7,10 @@ last stage owns the final LayerNorm and the LM head; a 1-stage split is the whol
 Stage 0 takes token ids (b, s), later stages take activations (b, s, d_model); the last
 stage returns logits. MLP stages pass (b, width) activations.
 
+By default the layers are split equally (`stage_layer_ranges`); `layer_counts` gives each
+stage's count instead, as a planner chooses it (Alpa's stage slicing, `impls.planner`): a
+GPT's first and last stage may then hold no block at all (the embedding, the LM head).
+
 Virtual stages follow the interleaved schedule of Narayanan et al., 2021, "Efficient
 Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (arXiv 2104.04473):
 the model is cut into P * V stages in model order and rank r runs stages r, r + P, ...
@@ -33,6 +37,7 @@ __all__ = [
     "split_into_stages",
     "split_into_virtual_stages",
     "stage_layer_ranges",
+    "stage_ranges_of_counts",
     "stages_of_rank",
 ]
 
@@ -96,6 +101,35 @@ def stage_layer_ranges(n_layers: int, n_stages: int, *, unit: str = "layers") ->
     return ranges
 
 
+def stage_ranges_of_counts(
+    layer_counts: list[int] | tuple[int, ...], n_layers: int, *, ends_hold_layers: bool = False,
+    unit: str = "layers",
+) -> list[range]:  # fmt: skip
+    """Contiguous ranges of `layer_counts[i]` layers each, in model order.
+
+    The counts must sum to `n_layers`; every stage needs ≥ 1 layer, except the first and
+    the last when `ends_hold_layers` (a GPT's embedding and LM head are work of their own).
+    Raises ValueError naming `layer_counts` otherwise.
+    """
+    counts = list(layer_counts)
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+        raise ValueError(f"layer_counts={counts!r}: every count must be an int ≥ 0")
+    if sum(counts) != n_layers:
+        raise ValueError(f"layer_counts={counts!r} sum to {sum(counts)}, not the model's "
+                         f"{n_layers} {unit}")  # fmt: skip
+    inner = counts[1:-1] if ends_hold_layers else counts
+    if not counts or 0 in inner:
+        where = "a middle stage" if ends_hold_layers else "a stage"
+        held = " (only the first and last hold other layers)" if ends_hold_layers else ""
+        raise ValueError(f"layer_counts={counts!r}: {where} with no {unit} has nothing to "
+                         f"run{held}; every such stage needs ≥ 1")  # fmt: skip
+    ranges, start = [], 0
+    for count in counts:
+        ranges.append(range(start, start + count))
+        start += count
+    return ranges
+
+
 def _gpt_stage_modules(model: GPT, layer_ids: range, *, first: bool, last: bool) -> OrderedDict:
     modules: OrderedDict[str, nn.Module] = OrderedDict()
     if first:
@@ -112,10 +146,22 @@ def _mlp_stage_modules(model: MLP, layer_ids: range) -> OrderedDict:
     return OrderedDict((f"layer{j}", model.layers[j]) for j in layer_ids)
 
 
-def split_into_stages(model: GPT | MLP, n_stages: int) -> list[Stage]:
-    """Cut `model` into `n_stages` contiguous stages in model order, sharing its parameters."""
+def split_into_stages(
+    model: GPT | MLP, n_stages: int, layer_counts: list[int] | tuple[int, ...] | None = None
+) -> list[Stage]:
+    """Cut `model` into `n_stages` contiguous stages in model order, sharing its parameters:
+    equal ones, or `layer_counts[i]` blocks (Linear layers) on stage i (see
+    `stage_ranges_of_counts`: a GPT's end stages may hold no block)."""
     n_layers, unit = _layer_count(model)
-    ranges = stage_layer_ranges(n_layers, n_stages, unit=unit)
+    if layer_counts is None:
+        ranges = stage_layer_ranges(n_layers, n_stages, unit=unit)
+    else:
+        require_positive_ints("split", stages=n_stages)
+        if len(layer_counts) != n_stages:
+            raise ValueError(f"layer_counts={list(layer_counts)!r}: {len(layer_counts)} "
+                             f"counts for stages={n_stages}")  # fmt: skip
+        ranges = stage_ranges_of_counts(layer_counts, n_layers, unit=unit,
+                                        ends_hold_layers=isinstance(model, GPT))  # fmt: skip
     stages = []
     for i, layer_ids in enumerate(ranges):
         if isinstance(model, GPT):

@@ -198,3 +198,43 @@ def test_virtual_split_refuses_too_many_stages_and_bad_degrees() -> None:
 def test_split_refuses_other_models() -> None:
     with pytest.raises(TypeError, match="GPT or MLP"):
         split_into_stages(nn.Linear(2, 2), 1)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("counts", [(1, 3, 1), (0, 2, 3), (3, 1, 1), (2, 3, 0), (0, 5), (5,)])
+def test_stages_of_given_counts_compose_to_the_full_model(case: str, counts: tuple) -> None:
+    """Unequal counts, as a planner picks them; a GPT's end stage may hold only the embedding
+    or the LM head (an MLP has no such layer, so its stages each need one)."""
+    model, x, y = CASES[case]()
+    if case == "mlp" and 0 in counts:
+        with pytest.raises(ValueError, match="layer_counts="):
+            split_into_stages(model, len(counts), layer_counts=counts)
+        return
+    stages = split_into_stages(model, len(counts), layer_counts=counts)
+    assert [len(s.layer_ids) for s in stages] == list(counts)
+    assert_matches(model, x, y, stages, run_connected, EXACT)
+    assert_matches(model, x, y, stages, run_cut, CUT_TOL)
+
+
+def test_equal_counts_are_the_default_split() -> None:
+    model, _, _ = gpt_case()
+    counts = [len(r) for r in stage_layer_ranges(5, 3)]
+    given = split_into_stages(model, 3, layer_counts=counts)
+    default = split_into_stages(model, 3)
+    assert [list(s.named_children()) for s in given] == [list(s.named_children()) for s in default]
+
+
+@pytest.mark.parametrize(
+    ("counts", "needle"),
+    [
+        ((2, 2, 2), "sum to 6, not the model's 5 blocks"),
+        ((2, 0, 3), "a middle stage with no blocks"),
+        ((2, -1, 4), "int ≥ 0"),
+        ((2, 3), "2 counts for stages=3"),
+    ],
+)
+def test_split_refuses_counts_it_cannot_run(counts: tuple, needle: str) -> None:
+    model, _, _ = gpt_case()
+    with pytest.raises(ValueError, match="layer_counts=") as err:
+        split_into_stages(model, 3, layer_counts=counts)
+    assert needle in str(err.value)
