@@ -6,6 +6,7 @@ Report code reads results only: it never imports `impls`.
 
 from bench.report.format import (
     format_bytes,
+    format_count,
     format_percent,
     format_ratio,
     format_seconds,
@@ -26,6 +27,7 @@ __all__ = [
     "Target",
     "Verdict",
     "format_bytes",
+    "format_count",
     "format_percent",
     "format_ratio",
     "format_seconds",

@@ -25,6 +25,7 @@ __all__ = [
     "failures_list",
     "figure_row",
     "format_bytes",
+    "format_count",
     "format_percent",
     "format_ratio",
     "format_seconds",
@@ -77,6 +78,11 @@ def format_seconds(seconds: float | None) -> str:
     if abs(float(f"{value:.3g}")) < 1:
         return f"{value * 1e3:.3g} ms"
     return f"{value:.3g} s"
+
+
+def format_count(value: float | None) -> str:
+    """`1536.0 -> "1,536"`; missing values print as "—"."""
+    return "—" if is_missing(value) else f"{int(round(float(value))):,}"
 
 
 def format_ratio(ratio: float | None) -> str:

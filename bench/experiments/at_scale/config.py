@@ -1,0 +1,69 @@
+"""`at_scale`'s typed config: every key, its default and its meaning.
+
+Light on purpose: every rank unpickles this config, so it imports no pandas,
+plotting or report code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bench.config import check_choice, check_number, check_positive
+
+__all__ = ["LECTURE_ROWS", "AtScaleConfig"]
+
+LECTURE_ROWS = ("gpt3_gpu_hours", "gpt3_gpu_hours_lambda", "gpt3_one_gpu_years", "summit_6",
+                "summit_768", "summit_1536", "chinchilla")  # fmt: skip
+
+
+@dataclass(kw_only=True)
+class AtScaleConfig:
+    lecture: list[str] = field(default_factory=lambda: list(LECTURE_ROWS))
+    """The lecture's scale figures to predict (any of gpt3_gpu_hours, gpt3_gpu_hours_lambda,
+    gpt3_one_gpu_years, summit_6, summit_768, summit_1536, chinchilla)."""
+    published: list[str] | None = None
+    """Names of published runs (`impls.costmodel.published.PUBLISHED_RUNS`) to predict;
+    null: all of them."""
+    gpt3_gpus: int = 1024
+    """GPUs the GPT-3 175B run is planned on (the planner picks the layout)."""
+    gpt3_hardware: str = "a100_80gb"
+    chinchilla_flops: float = 5.76e23
+    """Compute budget C (FLOPs) of the compute-optimal run: N = √(C/120), D = 20N (the
+    default is Chinchilla's own budget, Hoffmann et al. 2022)."""
+    chinchilla_model: str = "llama2_70b"
+    """The transformer shape whose step is priced for the Chinchilla run (its parameter
+    count should be near √(C/120); the report states both)."""
+    chinchilla_gpus: int = 1024
+    chinchilla_hardware: str = "a100_80gb"
+    error_target: float = 0.15
+    """The issue's bound on |predicted ÷ published − 1| (median over rows)."""
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        from impls.costmodel.models import MODELS
+        from impls.costmodel.presets import HARDWARE
+        from impls.costmodel.published import PUBLISHED_RUNS
+
+        bad = [name for name in self.lecture if name not in LECTURE_ROWS]
+        if bad:
+            raise ValueError(f"lecture={self.lecture} has unknown value(s) {bad}; allowed "
+                             f"values: {', '.join(LECTURE_ROWS)}")  # fmt: skip
+        names = [run.name for run in PUBLISHED_RUNS]
+        if self.published is not None:
+            bad = [name for name in self.published if name not in names]
+            if bad:
+                raise ValueError(f"published={self.published} has unknown value(s) {bad}; "
+                                 f"allowed values: {', '.join(names)}")  # fmt: skip
+        check_positive("gpt3_gpus", [self.gpt3_gpus])
+        check_positive("chinchilla_gpus", [self.chinchilla_gpus])
+        check_choice("gpt3_hardware", self.gpt3_hardware, tuple(HARDWARE))
+        check_choice("chinchilla_hardware", self.chinchilla_hardware, tuple(HARDWARE))
+        check_choice("chinchilla_model", self.chinchilla_model, tuple(MODELS))
+        check_number("chinchilla_flops", self.chinchilla_flops)
+        check_number("error_target", self.error_target)
+        check_number("timeout_s", self.timeout_s)
+
+    def published_names(self) -> list[str]:
+        from impls.costmodel.published import PUBLISHED_RUNS
+
+        names = [run.name for run in PUBLISHED_RUNS]
+        return names if self.published is None else [n for n in names if n in self.published]

@@ -1,0 +1,138 @@
+"""`auto_parallel`'s typed config: every key, its default and its meaning.
+
+Light on purpose: every rank unpickles this config, so it imports no pandas,
+plotting or report code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.config import check_choice, check_number, check_positive
+
+__all__ = ["AXES", "MODEL_FIELDS", "AutoParallelConfig"]
+
+AXES = ("dp", "tp", "pp", "sp", "zero_stage", "microbatch_size", "schedule",
+        "virtual_stages", "recompute")  # fmt: skip
+MODEL_FIELDS = ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len", "d_ff", "kv_heads")
+
+
+@dataclass(kw_only=True)
+class AutoParallelConfig:
+    model: dict[str, Any] = field(default_factory=lambda: {"preset": "gpt3_175b"})
+    """The transformer: `preset` (a name of `impls.costmodel.models.MODELS`: gpt3_175b,
+    gpt3_1_3b, llama2_7b, llama2_70b, small_gpt, …) and any of its fields to override
+    (`model.n_layers=48`, `model.seq_len=4096`)."""
+    hardware: str = "a100_80gb"
+    """A cluster preset of `impls.costmodel.presets.HARDWARE` (a100_40gb, a100_80gb,
+    h100_sxm, v100_32gb, …): device, memory, links, each number with its source."""
+    gpus: list[int] = field(default_factory=lambda: [64, 256, 1024])
+    """GPU counts to plan for (one search each)."""
+    gpus_per_node: int | None = None
+    """Devices per node; None: the preset's."""
+    global_batch: int = 1536
+    """Sequences per optimizer step over all GPUs (GPT-3 175B: 1536 × 2048 tokens ≈ 3.2M)."""
+    dtype: str = "bf16"
+    """Compute dtype of the GEMMs (peak FLOP/s from the preset)."""
+    dp: int | None = None
+    """Fixed data-parallel degree; null: searched. The same for every axis below."""
+    tp: int | None = None
+    pp: int | None = None
+    sp: str | None = None
+    """Sequence parallelism: none, megatron_sp or ulysses; null: searched."""
+    zero_stage: int | None = None
+    microbatch_size: int | None = None
+    schedule: str | None = None
+    """gpipe, 1f1b, interleaved_1f1b or zero_bubble_h1; null: searched."""
+    virtual_stages: int | None = None
+    recompute: str | None = None
+    """none, selective or full; null: searched."""
+    allow_cross_node_tp: bool = False
+    """Let tensor parallelism span nodes (off: tp ≤ gpus_per_node, as Megatron-LM advises)."""
+    top_k: int = 5
+    """Plans kept per GPU count, best first."""
+    rejected_k: int = 3
+    """Best plans that lose (or do not fit) kept per GPU count, each with why."""
+    timeout_s: float = 600.0
+    """A search not finished by then is recorded as failed."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, dict) or "preset" not in self.model:
+            raise ValueError(f"model={self.model!r}: give model.preset (a preset name) and "
+                             f"optionally {', '.join(MODEL_FIELDS)}")  # fmt: skip
+        unknown = sorted(set(self.model) - {"preset", *MODEL_FIELDS})
+        if unknown:
+            raise ValueError(f"model has unknown key(s) {', '.join(unknown)}; allowed: preset, "
+                             f"{', '.join(MODEL_FIELDS)}")  # fmt: skip
+        self.spec()  # unknown preset / bad shape, naming the key
+        self.cluster()  # unknown hardware preset
+        check_positive("gpus", self.gpus)
+        self.gpus = sorted(self.gpus)
+        check_positive("global_batch", [self.global_batch])
+        if self.gpus_per_node is not None:
+            check_positive("gpus_per_node", [self.gpus_per_node])
+        check_positive("top_k", [self.top_k])
+        check_positive("rejected_k", [self.rejected_k], minimum=0)
+        check_number("timeout_s", self.timeout_s)
+        for key in ("dp", "tp", "pp", "zero_stage", "microbatch_size", "virtual_stages"):
+            value = getattr(self, key)
+            if value is not None:
+                check_positive(key, [value], minimum=0 if key == "zero_stage" else 1)
+        if self.zero_stage is not None and self.zero_stage > 3:
+            raise ValueError(f"zero_stage={self.zero_stage}: allowed values 0, 1, 2, 3")
+        for key, allowed in (("sp", ("none", "megatron_sp", "ulysses")),
+                             ("schedule", ("gpipe", "1f1b", "interleaved_1f1b",
+                                           "zero_bubble_h1")),
+                             ("recompute", ("none", "selective", "full"))):  # fmt: skip
+            if getattr(self, key) is not None:
+                check_choice(key, getattr(self, key), allowed)
+        check_choice("dtype", self.dtype, tuple(self.cluster().peak_flops))
+        spec = self.spec()
+        for n in self.gpus:
+            for key in ("dp", "tp", "pp"):
+                value = getattr(self, key)
+                if value is not None and n % value:
+                    raise ValueError(f"{key}={value} does not divide gpus={n}")
+            fixed = [getattr(self, k) or 1 for k in ("dp", "tp", "pp")]
+            if None not in (self.dp, self.tp, self.pp) and fixed[0] * fixed[1] * fixed[2] != n:
+                raise ValueError(f"dp×tp×pp = {fixed[0] * fixed[1] * fixed[2]} ≠ gpus={n}")
+        if self.tp is not None:
+            if spec.n_heads % self.tp:
+                raise ValueError(f"tp={self.tp} does not divide the model's "
+                                 f"n_heads={spec.n_heads}")  # fmt: skip
+            if self.tp > self.cluster().devices_per_node and not self.allow_cross_node_tp:
+                raise ValueError(f"tp={self.tp} is over gpus_per_node="
+                                 f"{self.cluster().devices_per_node} (set "
+                                 "allow_cross_node_tp=true to let it span nodes)")  # fmt: skip
+        if self.pp is not None and self.pp > spec.n_layers + 2:
+            raise ValueError(f"pp={self.pp}: the model has only {spec.n_layers} layers "
+                             "(+ embedding and LM head) to cut into stages")  # fmt: skip
+
+    def spec(self) -> Any:
+        """The `TransformerSpec` of `model`: the preset with the overrides applied."""
+        from dataclasses import replace
+
+        from impls.costmodel.models import model as preset_model
+
+        try:
+            base = preset_model(self.model["preset"])
+            overrides = {k: v for k, v in self.model.items() if k != "preset"}
+            return replace(base, **overrides) if overrides else base
+        except ValueError as error:
+            raise ValueError(f"model: {error}") from None
+
+    def cluster(self) -> Any:
+        """The `Hardware` preset, with `gpus_per_node` applied."""
+        from dataclasses import replace
+
+        from impls.costmodel.presets import hardware
+
+        try:
+            hw = hardware(self.hardware)
+        except ValueError as error:
+            raise ValueError(f"hardware: {error}") from None
+        return replace(hw, devices_per_node=self.gpus_per_node) if self.gpus_per_node else hw
+
+    def fixed(self) -> dict[str, Any]:
+        """The axes pinned by the config (the planner searches the others)."""
+        return {key: getattr(self, key) for key in AXES if getattr(self, key) is not None}

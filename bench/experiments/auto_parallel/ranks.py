@@ -1,0 +1,76 @@
+"""What the one rank of an `auto_parallel` cell does: search once per GPU count (cached in
+this process), then return the plan in the cell's slot. Nothing is measured: the one-rank
+pool gives the cell the runner's metadata, atomic writes, `resume` and failure handling."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["PLAN_COLUMNS", "run"]
+
+PLAN_COLUMNS = ("dp", "tp", "pp", "sp", "zero_stage", "microbatch_size", "num_microbatches",
+                "schedule", "virtual_stages", "recompute", "stage_layers")  # fmt: skip
+GB = 1e9
+
+
+_SEARCHES: dict[tuple[str, int], Any] = {}
+
+
+def _search(cfg: Any, gpus: int) -> Any:
+    """The planner's result for `gpus`, searched once per config in this process."""
+    from impls.planner import search
+
+    key = (repr(cfg), gpus)
+    if key not in _SEARCHES:
+        _SEARCHES.clear()  # a new config: the old searches will not be asked again
+        _SEARCHES[key] = search(cfg.spec(), cfg.cluster(), gpus=gpus, global_batch=cfg.global_batch,
+                  fixed=cfg.fixed(), dtype=cfg.dtype, top_k=cfg.top_k,
+                  allow_cross_node_tp=cfg.allow_cross_node_tp)  # fmt: skip
+    return _SEARCHES[key]
+
+
+def run(cfg: Any, cell: Any) -> dict[str, Any]:
+    key = cell.key
+    result = _search(cfg, key["gpus"])
+    chosen = result.best if key["list"] == "best" else result.rejected
+    common = {"search_s": result.seconds, "evaluated": result.evaluated,
+              "smallest_memory_gb": result.smallest_memory_bytes / GB,
+              "device_memory_gb": cfg.cluster().memory_bytes / GB}  # fmt: skip
+    if key["rank"] > len(chosen):
+        return {"found": False, **common}
+    candidate = chosen[key["rank"] - 1]
+    return {
+        "found": True,
+        **plan_columns(candidate.plan),
+        **prediction_columns(candidate.prediction),
+        "reason": candidate.reason,
+        **common,
+    }
+
+
+def plan_columns(plan: Any) -> dict[str, Any]:
+    row = {name: getattr(plan, name) for name in PLAN_COLUMNS}
+    layers = row["stage_layers"]
+    row["stage_layers"] = "equal" if layers is None else "/".join(map(str, layers))
+    return row
+
+
+def prediction_columns(p: Any) -> dict[str, Any]:
+    memory = {f"memory_{k}_gb": v / GB for k, v in (p.memory_breakdown or {}).items()}
+    return {
+        "fits": bool(p.fits),
+        "predicted_step_time_s": p.step_time_s,
+        "predicted_tokens_per_s": p.tokens_per_s,
+        "predicted_tflops_per_gpu": p.tflops_per_gpu,
+        "predicted_mfu": p.mfu,
+        "predicted_hfu": p.hfu,
+        "predicted_peak_memory_gb": p.peak_memory_bytes / GB,
+        "compute_s": p.compute_s,
+        "bubble_s": p.bubble_s,
+        "exposed_tp_s": p.exposed_tp_s,
+        "exposed_pp_s": p.exposed_pp_s,
+        "exposed_dp_s": p.exposed_dp_s,
+        "optimizer_s": p.optimizer_s,
+        **{k: v for k, v in memory.items() if math.isfinite(v)},
+    }

@@ -1,0 +1,160 @@
+"""The `auto_parallel` report: the planner's best plans, why the others lose, and where
+each plan's predicted step time goes. Everything here is the simulator's output."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bench.experiments.auto_parallel.plots import (
+    BREAKDOWN,
+    breakdown_figure,
+    memory_figure,
+    mfu_figure,
+    plan_label,
+)
+from bench.report import (
+    Context,
+    Report,
+    format_count,
+    format_percent,
+    format_seconds,
+    markdown_table,
+)
+
+__all__ = ["REPORT"]
+
+SOURCE = "impls.simulator on the hardware preset (inputs cited in impls/costmodel/presets.py)"
+
+
+def _found(ok: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The rows of `ok` in list `kind` (best / rejected) that hold a plan, by GPUs and rank."""
+    if ok.empty or "found" not in ok.columns:
+        return ok.iloc[0:0]
+    found = ok[(ok["list"] == kind) & ok["found"].astype(str).isin(["True", "true", "1"])]
+    return found.sort_values(["gpus", "rank"])
+
+
+def best_plans(ctx: Context) -> str | None:
+    """Best plans per GPU count
+
+    Ranked by predicted tokens per second; every column is a prediction of the simulator
+    (compute from the GEMM-efficiency table, communication from α–β over the preset's
+    links, the pipeline schedule replayed). `stage_layers` "equal" is equal slicing; a
+    list is the Alpa-style slicing (embedding and LM head counted as layers)."""
+    best = _found(ctx.ok, "best")
+    if best.empty:
+        return None
+    table = pd.DataFrame({
+        "GPUs": best["gpus"], "rank": best["rank"], "plan": best.apply(plan_label, axis=1),
+        "M": best["num_microbatches"], "stages": best["stage_layers"],
+        "step": best["predicted_step_time_s"].map(format_seconds),
+        "tokens/s": best["predicted_tokens_per_s"].map(lambda v: f"{v:,.0f}"),
+        "TFLOP/s per GPU": best["predicted_tflops_per_gpu"].map(lambda v: f"{v:.0f}"),
+        "MFU": best["predicted_mfu"].map(format_percent),
+        "peak GB": best["predicted_peak_memory_gb"].map(lambda v: f"{v:.1f}"),
+    })  # fmt: skip
+    for _, row in best[best["rank"] == 1].iterrows():
+        ctx.figure(f"best plan, {row['model']} on {int(row['gpus'])} × {row['hardware']}",
+                   theory="—", source=SOURCE,
+                   model=f"{plan_label(row)}: MFU {format_percent(row['predicted_mfu'])}, "
+                         f"{row['predicted_tflops_per_gpu']:.0f} TFLOP/s per GPU")  # fmt: skip
+    ctx.headline["best"] = best[best["rank"] == 1].to_dict("records")
+    return markdown_table(table, numparse=False)
+
+
+def rejected(ctx: Context) -> str | None:
+    """Why the others lose
+
+    The best plans the planner did not choose: those that do not fit in the device's
+    memory, and those that fit but lose to the best, named by the term of the step-time
+    breakdown that costs them most against it (bubble, or which communication)."""
+    rows = _found(ctx.ok, "rejected")
+    if rows.empty:
+        return None
+    table = pd.DataFrame({
+        "GPUs": rows["gpus"], "plan": rows.apply(plan_label, axis=1),
+        "fits": rows["fits"], "peak GB": rows["predicted_peak_memory_gb"].map(
+            lambda v: f"{v:.1f}"),
+        "step": rows["predicted_step_time_s"].map(format_seconds), "why it loses":
+        rows["reason"],
+    })  # fmt: skip
+    return markdown_table(table, numparse=False)
+
+
+def breakdown(ctx: Context) -> str | None:
+    """Where the step time goes
+
+    Compute, the pipeline bubble, the communication no computation hides (TP inside each
+    layer, PP between stages, DP/ZeRO after the backward) and the optimizer, per plan."""
+    rows = pd.concat([_found(ctx.ok, "best"), _found(ctx.ok, "rejected")])
+    rows = rows[rows["fits"].astype(bool)] if not rows.empty else rows
+    if rows.empty:
+        return None
+    columns = [c for c, _ in BREAKDOWN]
+    rows = rows.dropna(subset=columns)
+    return ctx.plot(breakdown_figure(rows), "step_time_breakdown",
+                    "stacked predicted step time per plan")  # fmt: skip
+
+
+def mfu_vs_gpus(ctx: Context) -> str | None:
+    """MFU against GPU count
+
+    The best plan's model FLOPs utilisation (model FLOPs ÷ step time ÷ GPUs ÷ peak, PaLM
+    App. B) as the cluster grows at a fixed global batch."""
+    best = _found(ctx.ok, "best")
+    best = best[best["rank"] == 1]
+    if best.empty:
+        return None
+    return ctx.plot(mfu_figure(best), "mfu_vs_gpus", "predicted MFU of the best plan vs GPUs")
+
+
+def memory(ctx: Context) -> str | None:
+    """Memory against plan
+
+    Predicted peak memory per device (model states under the plan's ZeRO stage, the
+    activations of the micro-batches its schedule holds, the end stages' logits) beside the
+    device's memory. When no plan fits, the smallest peak found is stated instead."""
+    rows = pd.concat([_found(ctx.ok, "best"), _found(ctx.ok, "rejected")])
+    ok = ctx.ok
+    if ok.empty:
+        return None
+    device = float(ok["device_memory_gb"].iloc[0])
+    text = []
+    for gpus, sub in ok.groupby("gpus"):
+        if _found(sub, "best").empty:
+            text.append(f"- {gpus} GPUs: no plan fits in {device:g} GB; the smallest peak "
+                        f"found is {float(sub['smallest_memory_gb'].min()):.1f} GB.")  # fmt: skip
+    if not rows.empty:
+        text.append(ctx.plot(memory_figure(rows, device), "memory_vs_plan",
+                             "predicted peak memory per plan"))  # fmt: skip
+    return "\n".join(text) or None
+
+
+def search_time(ctx: Context) -> str | None:
+    """Search time
+
+    Wall-clock seconds of the planner's whole search per GPU count on this host, and how
+    many plans it priced (this one is measured)."""
+    ok = ctx.ok
+    if ok.empty:
+        return None
+    per = ok.groupby("gpus").agg(search_s=("search_s", "max"), evaluated=("evaluated", "max"))
+    table = pd.DataFrame({"GPUs": per.index, "plans priced": per["evaluated"].map(format_count),
+                          "search time": per["search_s"].map(format_seconds)})  # fmt: skip
+    ctx.headline["search_s"] = {int(k): float(v) for k, v in per["search_s"].items()}
+    return markdown_table(table, numparse=False)
+
+
+REPORT = Report(
+    title="Auto-parallel: the best plan for a model on a GPU cluster (predicted)",
+    intro=(
+        "The planner (`impls.planner`) searches data, tensor, pipeline and sequence "
+        "parallelism, the ZeRO stage, the micro-batch size, the pipeline schedule and its "
+        "virtual stages, and activation recomputation, with equal and Alpa-sliced pipeline "
+        "stages (Zheng et al., OSDI 2022, §5), and prices every plan with the simulator "
+        "(`impls.simulator`). **Nothing in this report is measured except the search "
+        "time**: every step time, throughput, MFU and memory is the simulator's output, "
+        "whose inputs are the hardware preset's cited datasheet and microbenchmark numbers."
+    ),
+    sections=(best_plans, rejected, breakdown, mfu_vs_gpus, memory, search_time),
+)

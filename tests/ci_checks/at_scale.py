@@ -1,0 +1,60 @@
+"""at_scale on the CI grid: every published run and lecture figure is priced (a positive
+prediction beside a positive published number, ratio = predicted ÷ published), the
+lecture's own GPT-3 arithmetic (C = 6ND at 28 TFLOP/s) gives its 3.1M GPU-hours and 355
+years and the simulator on that device never beats it, the SUMMIT scaling efficiencies are fractions, and the index carries the median
+error as a model output over at least 10 published rows."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from tests.ci_checks import ran, rows
+
+ARTEFACTS = ("predicted_vs_published",)
+
+
+def every_published_run_is_priced(df: pd.DataFrame, headline: dict) -> None:
+    published = rows(ran(df), kind="published")
+    assert len(published) >= 10, len(published)
+    for _, row in published.iterrows():
+        assert row["predicted"] > 0 and row["published"] > 0, row
+        assert math.isclose(row["ratio"], row["predicted"] / row["published"], rel_tol=1e-9)
+        assert row["dp"] * row["tp"] * row["pp"] == row["gpus"], row
+    median = float(published["abs_error"].median())
+    assert math.isclose(headline["published_median_error"], median, rel_tol=1e-9)
+    (figure,) = [f for f in headline["figures"] if f["figure"].startswith("published runs")]
+    assert figure["measured"] == "—" and figure["model"] != "—"
+
+
+def lecture_arithmetic_is_reproduced(df: pd.DataFrame, headline: dict) -> None:
+    hours = rows(ran(df), name="gpt3_gpu_hours").iloc[0]
+    assert math.isclose(hours["lecture_arithmetic"], 3.1e6, rel_tol=0.02), hours
+    assert hours["predicted"] > 0 and hours["fits"], hours
+    # On the lecture's own device (28 TFLOP/s, every GEMM at 100%), the simulator can only
+    # add time to C ÷ 28 TFLOP/s: attention FLOPs, communication, bubble, optimizer.
+    lam = rows(ran(df), name="gpt3_gpu_hours_lambda").iloc[0]
+    assert lam["fits"] and lam["predicted"] >= lam["lecture_arithmetic"] * (1 - 1e-9), lam
+    assert lam["predicted"] > 1.5 * hours["predicted"], (lam["predicted"], hours["predicted"])
+    years = rows(ran(df), name="gpt3_one_gpu_years").iloc[0]
+    assert math.isclose(years["lecture_arithmetic"], 355, rel_tol=0.02), years
+    assert years["predicted"] > 0
+
+
+def summit_scaling_is_a_fraction(df: pd.DataFrame, headline: dict) -> None:
+    summit = ran(df)
+    summit = summit[summit["name"].astype(str).str.startswith("summit_")]
+    assert set(summit["gpus"]) == {6, 768, 1536}, summit["gpus"].tolist()
+    for _, row in summit.iterrows():
+        assert row["predicted"] > 0 and row["published"] > 0, row
+        assert 0 < row["predicted_scaling_efficiency"] <= 1 + 1e-9, row
+        assert math.isclose(row["published_scaling_efficiency"],
+                            (49 * 60 + 50) * 6 / (row["published"] * row["gpus"]))  # fmt: skip
+
+
+CHECKS = (
+    every_published_run_is_priced,
+    lecture_arithmetic_is_reproduced,
+    summit_scaling_is_a_fraction,
+)
