@@ -1,6 +1,11 @@
 """Collectives built only on `impls.comm` point-to-point messages (never torch's own)."""
 
-from impls.collectives.all_reduce import ALGORITHMS, all_reduce, check_algorithm
+from impls.collectives.all_reduce import (
+    ALGORITHM_CHOICES,
+    ALGORITHMS,
+    all_reduce,
+    check_algorithm,
+)
 from impls.collectives.primitives import (
     all_gather,
     all_to_all,
@@ -12,9 +17,12 @@ from impls.collectives.primitives import (
     scatter,
 )
 from impls.collectives.reduce_ops import REDUCE_OPS, check_op
+from impls.collectives.tuner import AllReduceTuner
 
 __all__ = [
     "ALGORITHMS",
+    "ALGORITHM_CHOICES",
+    "AllReduceTuner",
     "REDUCE_OPS",
     "all_gather",
     "all_reduce",

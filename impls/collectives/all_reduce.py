@@ -1,4 +1,5 @@
-"""All-reduce, dispatching to one of the lecture's algorithms by name.
+"""All-reduce, dispatching to one of the lecture's algorithms by name, or to the one a
+tuner predicts fastest (`algorithm="auto"`, see `impls.collectives.tuner`).
 
 | algorithm         | rounds            | bytes sent by the busiest rank | total bytes |
 |-------------------|-------------------|--------------------------------|-------------|
@@ -12,36 +13,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from impls.collectives.central import parameter_server_all_reduce, sequential_all_reduce
-from impls.collectives.parallel import parallel_all_reduce
+from impls.collectives.algorithms import ALGORITHMS
 from impls.collectives.partition import flat_view
-from impls.collectives.recursive_halving import recursive_halving_all_reduce
 from impls.collectives.reduce_ops import check_op, finish
-from impls.collectives.ring import ring_all_reduce
-from impls.collectives.tree import tree_all_reduce
+from impls.collectives.tuner import AllReduceTuner, default_link
 from impls.comm import Communicator
 
-__all__ = ["ALGORITHMS", "all_reduce", "check_algorithm"]
+__all__ = ["ALGORITHMS", "ALGORITHM_CHOICES", "AUTO", "all_reduce", "check_algorithm"]
 
-ALGORITHMS: dict[str, Callable[[torch.Tensor, Communicator, str], None]] = {
-    "parameter_server": parameter_server_all_reduce,
-    "sequential": sequential_all_reduce,
-    "ring": ring_all_reduce,
-    "parallel": parallel_all_reduce,
-    "recursive_halving": recursive_halving_all_reduce,
-    "tree": tree_all_reduce,
-}
+AUTO = "auto"
+ALGORITHM_CHOICES = (*ALGORITHMS, AUTO)
+"""What `algorithm=` accepts: every from-scratch algorithm, and `auto`."""
 
 
 def check_algorithm(algorithm: str) -> str:
-    if algorithm not in ALGORITHMS:
-        allowed = ", ".join(ALGORITHMS)
+    if algorithm not in ALGORITHM_CHOICES:
+        allowed = ", ".join(ALGORITHM_CHOICES)
         raise ValueError(f"algorithm={algorithm!r} is unknown; allowed values: {allowed}")
     return algorithm
+
+
+def tuner_of(comm: Communicator) -> AllReduceTuner:
+    """The communicator's tuner; one priced from `default_link(comm)` is attached first
+    when it has none (uncalibrated: MPICH's α–β choice on an assumed link)."""
+    if comm.tuner is None:
+        comm.tuner = AllReduceTuner.from_link(default_link(comm))
+    return comm.tuner
 
 
 def all_reduce(
@@ -52,9 +51,14 @@ def all_reduce(
     algorithm: str = "ring",
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reduce `tensor` over all ranks; in place, or into `out` leaving `tensor` intact."""
+    """Reduce `tensor` over all ranks; in place, or into `out` leaving `tensor` intact.
+
+    `algorithm="auto"` runs what `comm.tuner` predicts fastest for this buffer's bytes and
+    the group size (every rank predicts the same from the same table); the tuner's
+    `last_choice` names it.
+    """
     check_op(op)
-    run = ALGORITHMS[check_algorithm(algorithm)]
+    check_algorithm(algorithm)
     comm.count_call("all_reduce")
     target = tensor
     if out is not None:
@@ -63,7 +67,10 @@ def all_reduce(
         out.copy_(tensor)
         target = out
     work = target if target.is_contiguous() else target.contiguous()
-    run(flat_view(work), comm, op)
+    if algorithm == AUTO:
+        nbytes = work.numel() * work.element_size()
+        algorithm = tuner_of(comm).choose(nbytes, comm.world_size)
+    ALGORITHMS[algorithm](flat_view(work), comm, op)
     finish(work, op, comm.world_size)
     if work is not target:
         target.copy_(work)

@@ -86,6 +86,9 @@ class Communicator:
         # What `round()` builds: a profiler may substitute a `Round` subclass that clocks
         # each round on this communicator alone (as parallelism_comparison's ranks do).
         self.round_type: Callable[[Communicator], Round] = Round
+        # What `all_reduce(..., algorithm="auto")` consults (an
+        # `impls.collectives.AllReduceTuner`); None: one priced from a default link.
+        self.tuner = None
         self._workspace: dict[tuple[torch.dtype, int], torch.Tensor] = {}  # on self.device
 
     def scratch(self, numel: int, dtype: torch.dtype, slot: int = 0) -> torch.Tensor:

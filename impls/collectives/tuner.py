@@ -1,0 +1,234 @@
+"""Choosing an all-reduce algorithm per call from a per-algorithm cost table.
+
+NCCL's tuner and MPICH's selection both pick, per call, the algorithm they predict fastest
+for the group size and message size. NCCL prices every algorithm × protocol as a latency
+plus the size over a bandwidth, with constants tabulated per platform (`src/graph/tuning.cc`,
+`ncclTopoTuneModel` and `ncclTopoGetAlgoTime`); MPICH switches between algorithms at
+message-size and process-count thresholds derived from the α–β model (Thakur, Rabenseifner
+& Gropp 2005, "Optimization of Collective Communication Operations in MPICH", IJHPCA 19(1),
+§4). Here the prediction for algorithm a on n ranks is, as in NCCL,
+
+    t_a(n, M) = α_a(n) + β_a(n) · M     (α: seconds of a zero-byte call, β: seconds per byte)
+
+and the table of α, β comes from one of two places:
+
+- `AllReduceTuner.from_link`: the α–β link model of `impls.costmodel.comm` (rounds on the
+  busiest rank × the link's α, its bytes ÷ the bandwidth) — MPICH's model, no measurement;
+- `AllReduceTuner.calibrate`: measured on the communicator at two message sizes per
+  algorithm, a two-point fit. NCCL's constants are measured offline per platform; here
+  they are measured at run time because the link model can misrank the algorithms: on
+  this repo's 2-core host, where ranks share cores, the parameter server (two rounds of
+  N−1 messages posted at once) is fastest in most cells of `allreduce_scaling`, not the
+  ring the link model prefers for large messages.
+
+Every rank must choose the same algorithm for the same call, or the ranks post messages
+that do not match and deadlock. `calibrate` therefore replaces every time by the slowest
+rank's (one MAX all-reduce of the whole table), so that every rank fits the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from impls.collectives.algorithms import ALGORITHMS
+from impls.collectives.primitives import barrier
+from impls.comm import Communicator
+from impls.costmodel.comm import allreduce_seconds
+from impls.costmodel.hardware import Link
+from impls.costmodel.presets import hardware
+
+__all__ = [
+    "DEFAULT_CALIBRATION_SIZES",
+    "GLOO_LOOPBACK",
+    "AlgorithmCost",
+    "AllReduceTuner",
+    "default_link",
+    "fit_two_points",
+]
+
+# Used when nobody calibrated: this repo's own measurement of its gloo ranks, the
+# machine-wide α–β fit of reports/allreduce_scaling (161 µs per round, 1/β = 1.36 GB/s,
+# commit 6e0c2fe, 2 cores, loopback TCP). On NCCL: the A100 preset's NVLink3 link.
+GLOO_LOOPBACK = Link(name="gloo loopback (allreduce_scaling's fit)", alpha_s=161e-6,
+                     bandwidth=1.36e9)  # fmt: skip
+DEFAULT_CALIBRATION_SIZES = (4 << 10, 64 << 20)
+
+
+@dataclass(frozen=True)
+class AlgorithmCost:
+    """t(M) = alpha_s + beta_s_per_byte · M for one algorithm on one group size."""
+
+    alpha_s: float
+    beta_s_per_byte: float
+
+    def seconds(self, nbytes: float) -> float:
+        return self.alpha_s + self.beta_s_per_byte * nbytes
+
+
+def fit_two_points(sizes: Sequence[float], seconds: Sequence[float]) -> AlgorithmCost:
+    """The line through (M0, t0) and (M1, t1), clamped to α ≥ 0 and β ≥ 0 (a time that
+    falls with size, or a negative intercept, is noise: a cost never is)."""
+    (m0, m1), (t0, t1) = sizes, seconds
+    if not m1 > m0 >= 0:
+        raise ValueError(f"sizes={tuple(sizes)}: need two sizes 0 ≤ M0 < M1")
+    beta = max(0.0, (t1 - t0) / (m1 - m0))
+    return AlgorithmCost(alpha_s=max(0.0, t0 - beta * m0), beta_s_per_byte=beta)
+
+
+def default_link(comm: Communicator) -> Link:
+    """The link `all_reduce(..., algorithm="auto")` assumes when the communicator carries
+    no tuner: NVLink3 of the A100 preset under NCCL, else this repo's gloo loopback fit."""
+    return hardware("a100_80gb").intra if comm.deferred_posting else GLOO_LOOPBACK
+
+
+class AllReduceTuner:
+    """A cost table over (algorithm, group size), and the argmin over it.
+
+    `table` holds measured (or given) costs; a (algorithm, n) it lacks is priced from
+    `link` when there is one. Ties go to the algorithm listed first in `algorithms`.
+    """
+
+    def __init__(
+        self,
+        table: Mapping[tuple[str, int], AlgorithmCost] | None = None,
+        *,
+        link: Link | None = None,
+        algorithms: Iterable[str] = tuple(ALGORITHMS),
+    ) -> None:
+        self.algorithms = tuple(algorithms)
+        unknown = [a for a in self.algorithms if a not in ALGORITHMS]
+        if unknown or not self.algorithms:
+            allowed = ", ".join(ALGORITHMS)
+            raise ValueError(f"algorithms={list(self.algorithms)}: allowed values: {allowed}")
+        self.table: dict[tuple[str, int], AlgorithmCost] = dict(table or {})
+        self.link = link
+        self.last_choice: str | None = None
+        """The algorithm `choose` returned last (what the last auto all-reduce ran)."""
+
+    @classmethod
+    def from_link(cls, link: Link, algorithms: Iterable[str] = tuple(ALGORITHMS)) -> AllReduceTuner:
+        """Prices from the α–β model on `link` alone (`impls.costmodel.comm`)."""
+        return cls(link=link, algorithms=algorithms)
+
+    def cost(self, algorithm: str, n: int) -> AlgorithmCost:
+        if (algorithm, n) in self.table:
+            return self.table[(algorithm, n)]
+        if self.link is None:
+            raise ValueError(
+                f"no cost for algorithm={algorithm!r} on n={n} ranks: calibrate on a group of "
+                f"{n} ranks, or give the tuner a link"
+            )
+        # The model is linear in M for M > 0 (it returns 0 for M = 0): read α and β off two
+        # large sizes, where the subtraction loses nothing to rounding.
+        small, large = float(1 << 20), float(1 << 30)
+        t_small = allreduce_seconds(small, n, self.link, algorithm)
+        t_large = allreduce_seconds(large, n, self.link, algorithm)
+        beta = (t_large - t_small) / (large - small)
+        return AlgorithmCost(alpha_s=t_small - beta * small, beta_s_per_byte=beta)
+
+    def predict(self, algorithm: str, nbytes: float, n: int) -> float:
+        """Predicted seconds of one all-reduce of `nbytes` over `n` ranks."""
+        if n == 1 or nbytes == 0:
+            return 0.0  # every algorithm returns at once
+        return self.cost(algorithm, n).seconds(nbytes)
+
+    def choose(self, nbytes: float, n: int) -> str:
+        """The algorithm predicted fastest (the first listed among equals)."""
+        times = [self.predict(a, nbytes, n) for a in self.algorithms]
+        best = min(range(len(times)), key=lambda i: (times[i], i))
+        self.last_choice = self.algorithms[best]
+        return self.last_choice
+
+    def calibrate(
+        self,
+        comm: Communicator,
+        sizes: Sequence[int] = DEFAULT_CALIBRATION_SIZES,
+        *,
+        dtype: torch.dtype = torch.float32,
+        warmup: int = 1,
+        repeats: int = 3,
+        window_s: float = 0.02,
+        max_iters: int = 32,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> AllReduceTuner:
+        """Time every algorithm on `comm` at the two `sizes` (bytes) and fit its α, β.
+
+        Collective: every rank of `comm` calls it with the same arguments. Per size, as
+        the benchmark harness times a cell: `warmup` calls of each algorithm, calls per
+        window from one probe call (the slowest rank's, so every rank runs as many), then
+        `repeats` rounds in which each algorithm takes one barrier-started window in turn
+        (`bench.kit.timing.alternate`'s pattern: where ranks share cores, a host drifts
+        between fast and slow phases lasting seconds, and taking turns lets a phase hit
+        every algorithm alike). Each window's time becomes the slowest rank's, the median
+        window is kept, and the line through the two sizes is the table entry for
+        (algorithm, comm.world_size). The calibration's own traffic, calls and simulated
+        time are taken back out of `comm`'s counters.
+        """
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        small, large = (int(s) for s in sizes)
+        if not 0 < small < large or small % itemsize or large % itemsize:
+            raise ValueError(
+                f"sizes={tuple(sizes)}: need two sizes 0 < small < large, multiples of "
+                f"{itemsize} bytes ({dtype})"
+            )
+        if repeats < 1 or warmup < 0 or max_iters < 1:
+            raise ValueError(f"repeats={repeats}, warmup={warmup}, max_iters={max_iters}")
+        counters, calls, simulated = comm.counters.copy(), comm.calls.copy(), comm.simulated_s
+        try:
+            windows = torch.zeros(len(self.algorithms), 2, repeats, dtype=torch.float64)
+            for j, nbytes in enumerate((small, large)):
+                buf = torch.zeros(nbytes // itemsize, dtype=dtype, device=comm.device)
+                timers = [_Timer(ALGORITHMS[a], comm, buf, clock) for a in self.algorithms]
+                iters = [t.calls_per_window(warmup, window_s, max_iters) for t in timers]
+                for r in range(repeats):
+                    for i, timer in enumerate(timers):
+                        windows[i, j, r] = timer.window(iters[i])
+            _slowest_rank(windows, comm)
+        finally:
+            comm.counters, comm.simulated_s = counters, simulated
+            comm.calls.clear()
+            comm.calls.update(calls)
+        seconds = windows.quantile(0.5, dim=-1).tolist()
+        n = comm.world_size
+        for name, pair in zip(self.algorithms, seconds, strict=True):
+            self.table[(name, n)] = fit_two_points((small, large), pair)
+        return self
+
+
+@dataclass
+class _Timer:
+    """Times one algorithm on one buffer of zeros (sums of zeros stay zero)."""
+
+    run: Callable[[torch.Tensor, Communicator, str], None]
+    comm: Communicator
+    buf: torch.Tensor
+    clock: Callable[[], float]
+
+    def window(self, iters: int) -> float:
+        """Seconds per call of `iters` back-to-back calls after a barrier (this rank's)."""
+        barrier(self.comm)
+        start = self.clock()
+        for _ in range(iters):
+            self.run(self.buf, self.comm, "sum")
+        return (self.clock() - start) / iters
+
+    def calls_per_window(self, warmup: int, window_s: float, max_iters: int) -> int:
+        """After `warmup` calls, as many calls as fill `window_s` by one probe call."""
+        for _ in range(warmup):
+            self.run(self.buf, self.comm, "sum")
+        probe = torch.tensor([self.window(1)], dtype=torch.float64)
+        _slowest_rank(probe, self.comm)
+        return max(1, min(max_iters, math.ceil(window_s / max(float(probe), 1e-9))))
+
+
+def _slowest_rank(seconds: torch.Tensor, comm: Communicator) -> None:
+    """Every element becomes its maximum over the ranks, in place (our own all-reduce;
+    the parameter server's two rounds are the fewest of any algorithm here)."""
+    on_device = seconds.to(comm.device).view(-1)  # NCCL reduces CUDA tensors only
+    ALGORITHMS["parameter_server"](on_device, comm, "max")
+    seconds.view(-1).copy_(on_device.cpu())
