@@ -41,7 +41,7 @@ HUGE_GPT = "{vocab_size:256,seq_len:64,d_model:65536,n_heads:4,n_layers:64}"
 # an otherwise valid grid, so only the bad value can stop it.
 CLI_CASES = [
     ("unknown_algorithm", [AR, "algorithms=[ring,butterfly]"], 2,
-     ["algorithms", "butterfly", "allowed values", "ring", "recursive_halving", "torch"]),
+     ["algorithms", "butterfly", "allowed values", "ring", "recursive_halving", "auto", "torch"]),
     ("zero_world_size", [AR, "world_sizes=[2,0]"], 2, ["world_sizes", "[2, 0]", "integer ≥ 1"]),
     ("message_not_whole_elements", [AR, "message_bytes=[4096,4097]"], 2,
      ["message_bytes", "4097", "float32", "4 bytes"]),
@@ -301,7 +301,7 @@ BUILD_CASES = {
         (["schedules=[interleaved_1f1b]", "virtual_stages=1"], ["virtual_stages=1", "≥ 2"]),
         (["warmup=-5"], ["warmup=-5"]), (["timeout_s=nan"], ["timeout_s=nan"]),
         (["paired=maybe"], ["paired", "maybe"]), (["n_heads=3"], ["n_heads=3", "d_model=128"]),
-        (["seed=-1"], ["seed=-1"]),
+        (["seed=-1"], ["seed=-1"]), (["slicings=[bogus]"], ["slicings", "bogus", "alpa"]),
         (["schedules=[gpipe]", "stages=[64]", "n_layers=64", "microbatches=[1]"],
          ["stages=[64]", "64 ranks"]),
     ],

@@ -7,6 +7,11 @@ the cell's own collective alternating with torch's on the same buffers when `pai
 reported time is the median window. Timed calls run on zeroed buffers (sums stay finite
 however many calls); then one more call on the known-answer pattern is checked (`wrong`
 counts the elements that differ) and its traffic read from the counters.
+
+An all-reduce cell with `algorithm="auto"` first gives its communicator a tuner
+calibrated on this pool (`impls.collectives.AllReduceTuner.calibrate`, at the grid's
+smallest and largest message sizes, once per world size and dtype in each rank
+process), then is timed like any other; its row names the algorithm the tuner chose.
 """
 
 from __future__ import annotations
@@ -20,17 +25,24 @@ import torch
 from bench.config import check_choice, check_number, check_positive
 from bench.kit.collective_specs import COLLECTIVES
 from bench.kit.timing import alternate, calibrate_iters
+from impls.collectives import AllReduceTuner
 from impls.comm import Communicator
 
 __all__ = [
     "DTYPE_BYTES",
     "CollectiveCall",
     "TimedGridConfig",
+    "calibrated_tuner",
+    "calibration_sizes",
     "collective_row",
     "measure_collective",
 ]
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}
+
+# Calibrated tuners of this rank process, by (world size, dtype, sizes): a rank pool runs
+# every cell of one world size, so the auto cells of a grid calibrate once.
+_TUNERS: dict[tuple[int, str, tuple[int, int]], AllReduceTuner] = {}
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,8 @@ def measure_collective(cfg: TimedGridConfig, cell: Any) -> dict[str, Any]:
     comm = Communicator()
     spec = COLLECTIVES[call.collective]
     dtype = getattr(torch, cfg.dtype)
+    if call.algorithm == "auto":
+        comm.tuner = calibrated_tuner(cfg, comm)
     bufs = spec.build(comm, cell.key["message_bytes"] // dtype.itemsize, dtype, call.algorithm)
     own = bufs.run_distbench if call.impl == "distbench" else bufs.run_torch
     sides = {"time_s": own}
@@ -114,12 +128,38 @@ def measure_collective(cfg: TimedGridConfig, cell: Any) -> dict[str, Any]:
     wrong = 0
     if bufs.expected is not None:
         wrong = int((bufs.result().cpu() != bufs.expected).sum().item())
+    auto = {}
+    if call.algorithm == "auto" and call.impl == "distbench":
+        choice = comm.tuner.last_choice
+        auto = {"auto_choice": choice, "auto_predicted_s": comm.tuner.predict(
+            choice, cell.key["message_bytes"], comm.world_size)}  # fmt: skip
     return {
         **{name: t.median for name, t in timed.items()},
         "iters": iters["time_s"],
         "wrong": wrong,
         **comm.counters.as_dict(),
+        **auto,
     }
+
+
+def calibration_sizes(message_bytes: list[int]) -> tuple[int, int]:
+    """The grid's smallest and largest sizes (a one-size grid: that size and 16 times it),
+    so the tuner's two-point fit is exact at both ends of what it will be asked."""
+    low, high = min(message_bytes), max(message_bytes)
+    return (low, high) if high > low else (low, 16 * low)
+
+
+def calibrated_tuner(cfg: TimedGridConfig, comm: Communicator) -> AllReduceTuner:
+    """This process's tuner for `comm`'s world size, calibrated on first use (collective:
+    every rank of the cell reaches it together)."""
+    sizes = calibration_sizes(cfg.message_bytes)
+    key = (comm.world_size, cfg.dtype, sizes)
+    if key not in _TUNERS:
+        _TUNERS[key] = AllReduceTuner().calibrate(
+            comm, sizes, dtype=getattr(torch, cfg.dtype), warmup=max(1, cfg.warmup),
+            repeats=max(5, cfg.repeats), window_s=cfg.window_s, max_iters=cfg.max_iters,
+        )  # fmt: skip
+    return _TUNERS[key]
 
 
 def collective_row(cell: Any, per_rank: list[dict], traffic: bool) -> dict[str, Any]:
@@ -142,6 +182,9 @@ def collective_row(cell: Any, per_rank: list[dict], traffic: bool) -> dict[str, 
         "torch_time_s": torch_s,
         "busbw_vs_torch": torch_s / first["time_s"] if first["time_s"] > 0 else math.nan,
     }
+    if "auto_choice" in first:  # the algorithm auto ran, and the time it predicted
+        row["auto_choice"] = first["auto_choice"]
+        row["auto_predicted_s"] = first["auto_predicted_s"]
     counted = traffic and any(r["messages_sent"] or r["messages_recv"] for r in per_rank)
     no_traffic = cell.world_size == 1 or size == 0
     for column, value in {

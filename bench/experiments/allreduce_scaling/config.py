@@ -13,13 +13,15 @@ from impls.collectives import ALGORITHMS
 
 __all__ = ["ALLOWED", "AllReduceScalingConfig"]
 
-ALLOWED = [*ALGORITHMS, "torch"]
+ALLOWED = [*ALGORITHMS, "auto", "torch"]
 
 
 @dataclass(kw_only=True)
 class AllReduceScalingConfig(TimedGridConfig):
     algorithms: list[str] = field(default_factory=lambda: list(ALLOWED))
-    """All-reduce algorithms to compare; `torch` is torch.distributed.all_reduce."""
+    """All-reduce algorithms to compare; `auto` is the one a tuner calibrated on this pool
+    predicts fastest per cell (`bench.kit.collectives.calibrated_tuner`); `torch` is
+    torch.distributed.all_reduce."""
     message_bytes: list[int] = field(default_factory=lambda: [4 << 10 << 2 * i for i in range(8)])
     """Buffer sizes S in bytes (multiples of the dtype's size): 4 KiB … 64 MiB."""
 

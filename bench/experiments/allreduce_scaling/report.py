@@ -1,6 +1,6 @@
 """The `allreduce_scaling` report: the lecture's aggregation table, measured.
 
-Sections: the growth orders fitted to the counted traffic beside the lecture's, the α–β
+Sections: `auto`'s choices against the measured best (`auto.py`), the growth orders fitted to the counted traffic beside the lecture's, the α–β
 fit and its extrapolation to 1024 ranks (a model, labelled so), busbw against
 `torch.distributed.all_reduce` for every size, and the plots. The skeleton
 (`bench.report.skeleton`) writes the setup, targets, correctness and failed cells.
@@ -14,6 +14,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
+from bench.experiments.allreduce_scaling import auto
 from bench.experiments.allreduce_scaling.fits import (
     GrowthFit,
     extrapolate,
@@ -46,6 +47,7 @@ LECTURE_ORDERS: dict[str, dict[str, str]] = {
 COLUMNS = {"rounds": "time (rounds)", "peak": "peak node bytes / M", "total": "total bytes / M"}
 LECTURE_COLUMNS = {"rounds": "time", "peak": "peak node bandwidth", "total": "total bandwidth"}
 ALGORITHM_ORDER = (*LECTURE_ORDERS, "tree", "torch")
+SHOWN_ORDER = (*LECTURE_ORDERS, "tree", "auto", "torch")
 TARGET_BYTES = 64 << 20  # the issue's target is stated at 64 MiB
 
 RING_VS_TORCH = Target(
@@ -61,8 +63,14 @@ RING_VS_TORCH = Target(
 
 def _algorithms(df: pd.DataFrame) -> list[str]:
     present = {str(a) for a in pd.unique(df["algorithm"])}
-    extra = sorted(present - set(ALGORITHM_ORDER))
-    return [a for a in ALGORITHM_ORDER if a in present] + extra
+    extra = sorted(present - set(SHOWN_ORDER))
+    return [a for a in SHOWN_ORDER if a in present] + extra
+
+
+def _fixed(ok: pd.DataFrame) -> pd.DataFrame:
+    """Rows of one fixed algorithm: auto's traffic changes with its choice per cell, so it
+    has no growth order or α–β fit of its own."""
+    return ok[ok["algorithm"] != "auto"]
 
 
 def _palette(algorithms: list[str]) -> dict[str, Any]:
@@ -92,7 +100,7 @@ def growth_table(ctx: Context) -> str | None:
     over ranks), each the median over message sizes. The growth order is fitted to the
     counts (best of a·f(N) + b); the lecture's order is from its section "Communication
     Primitives: Compare Different Distributed Aggregation"."""
-    traffic = traffic_per_world_size(ctx.ok)
+    traffic = traffic_per_world_size(_fixed(ctx.ok))
     if traffic.empty:
         return None
     fits = fit_traffic_growth(traffic)
@@ -147,7 +155,7 @@ def alpha_beta(ctx: Context) -> str | None:
     Non-negative least squares (on relative error) of time ≈ α·rounds + β·peak-rank bytes
     over every cell of the from-scratch algorithms (Hockney's model, as in Thakur,
     Rabenseifner & Gropp 2005). Fitted here, not assumed."""
-    ok = ctx.ok
+    ok = _fixed(ctx.ok)
     try:
         overall = fit_alpha_beta(ok)
     except (ValueError, KeyError) as error:
@@ -202,7 +210,7 @@ def _busbw_ratios(ok: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(index=wide.index)
     if "torch" in wide.columns:
         table["torch busbw (GB/s)"] = wide["torch"]
-    for algorithm in ("ring", "recursive_halving"):
+    for algorithm in ("ring", "recursive_halving", "auto"):
         if algorithm in wide.columns:
             table[f"{algorithm} busbw (GB/s)"] = wide[algorithm]
             if algorithm in paired.columns:
@@ -263,7 +271,7 @@ def plots(ctx: Context) -> str | None:
     ax.set(xlabel="world size N (ranks)", ylabel="bus bandwidth (GB/s)")
     ax.set_title(f"All-reduce busbw vs world size at M = {format_bytes(largest)} (measured)")
     shown = [ctx.plot(fig, "busbw_vs_n", "busbw vs N")]
-    traffic = traffic_per_world_size(ok)
+    traffic = traffic_per_world_size(_fixed(ok))
     if not traffic.empty:
         shown.append(_plot_traffic(ctx, traffic, palette))
     shown.append(_plot_time_vs_size(ctx, ok, palette))
@@ -307,10 +315,12 @@ REPORT = Report(
         "`torch.distributed.all_reduce` timed beside it on the same buffers. `time_s` is the "
         "median over repeats of the slowest rank's time per call (nccl-tests convention); "
         "algbw = M / time and busbw = algbw × 2(N−1)/N. The traffic counters are exact and do "
-        "not depend on the machine; times do."
+        "not depend on the machine; times do. `auto` runs, per cell, the algorithm a tuner "
+        "calibrated on this host predicts fastest (issue #14)."
     ),
-    sections=(growth_table, alpha_beta, speed_against_torch, plots),
-    targets=(RING_VS_TORCH,),
+    sections=(auto.auto_choices, growth_table, alpha_beta, speed_against_torch, plots),
+    targets=(RING_VS_TORCH, auto.AUTO_VS_BEST),
+    prepare=auto.prepare,
     correctness=(
         "`wrong` counts the elements of the all-reduced buffer that differ from the known "
         "answer: the inputs are small integers, so every sum is exact."

@@ -1,0 +1,67 @@
+"""allreduce_scaling's report on `auto`, from a synthetic frame with known answers.
+
+A failure here means the report would misjudge auto: compare it with the wrong cell's
+best algorithm, count a choice as the best when it is not, or drop the issue #14 figures
+from the headline the index and CI read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.ci_checks import allreduce_scaling as ci
+from tests.test_report_writers import _allreduce_row, write_allreduce
+
+# busbw ÷ torch of each fixed algorithm per (N, M); auto's pick and its own cell's ratio.
+RATIOS = {
+    (2, 4096): {"parameter_server": 2.0, "ring": 1.0, "tree": 1.5},
+    (2, 1 << 20): {"parameter_server": 1.0, "ring": 1.2, "tree": 0.9},
+    (4, 4096): {"parameter_server": 3.0, "ring": 0.5, "tree": 2.0},
+    (4, 1 << 20): {"parameter_server": 1.0, "ring": 0.8, "tree": 1.1},
+}
+AUTO = {(2, 4096): ("parameter_server", 1.9), (2, 1 << 20): ("parameter_server", 0.6),
+        (4, 4096): ("parameter_server", 3.0), (4, 1 << 20): ("tree", 1.0)}  # fmt: skip
+
+
+def auto_frame() -> pd.DataFrame:
+    rows = []
+    for (n, m), ratios in RATIOS.items():
+        for algorithm, ratio in ratios.items():
+            rows.append({**_allreduce_row(algorithm, n, m), "busbw_vs_torch": ratio})
+        choice, ratio = AUTO[(n, m)]
+        auto = {**_allreduce_row(choice, n, m), "algorithm": "auto", "busbw_vs_torch": ratio}
+        rows.append({**auto, "auto_choice": choice, "auto_predicted_s": 1e-3})
+        rows.append(_allreduce_row("torch", n, m))
+    return pd.DataFrame(rows)
+
+
+def test_auto_is_judged_against_each_cells_best(tmp_path: Path) -> None:
+    headline = write_allreduce(auto_frame(), tmp_path)
+    (target,) = [t for t in headline["targets"] if t["column"] == "auto_vs_best"]
+    assert (target["cells"], target["measured"]) == (4, 4)
+    # 1.9/2.0, 0.6/1.2, 3.0/3.0, 1.0/1.1: the worst is N=2, 1 MiB, where ring was best.
+    assert target["worst"] == pytest.approx(0.5) and "message_bytes=1048576" in target["worst_key"]
+    assert not target["met"] and target["missing"] == [target["worst_key"]]
+    assert headline["auto_best_choice_share"] == pytest.approx(0.75)  # all but (2, 1 MiB)
+    assert headline["auto_vs_best_worst"] == pytest.approx(0.5)
+    assert headline["auto_choice_vs_best_median"] == pytest.approx(1.0)  # 1, 1/1.2, 1, 1
+    (finding,) = [f for f in headline["findings"] if "80%" in f["claim"]]
+    assert not finding["holds"] and "3 of 4 cells" in finding["detail"]
+    report = (tmp_path / "report.md").read_text()
+    assert "| 2   | 1 MiB | parameter_server | ring" in report
+    assert "traffic_vs_n" in report and "| auto " not in report.split("reproduced")[1][:4000]
+
+
+def test_ci_check_passes_on_it_and_fails_without_auto(tmp_path: Path) -> None:
+    frame = auto_frame()
+    ci.auto_judged_against_the_best_in_every_cell(frame, write_allreduce(frame, tmp_path))
+    no_auto = frame[frame["algorithm"] != "auto"]
+    with pytest.raises((AssertionError, KeyError, ValueError)):
+        ci.auto_judged_against_the_best_in_every_cell(no_auto, write_allreduce(no_auto, tmp_path))
+    wrong_traffic = frame.copy()
+    picks = wrong_traffic["algorithm"] == "auto"
+    wrong_traffic.loc[picks, "auto_choice"] = "sequential"  # counters are parameter_server's
+    with pytest.raises(AssertionError):
+        ci.counters_equal_analytic_counts(wrong_traffic, {})
