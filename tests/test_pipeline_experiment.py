@@ -19,11 +19,19 @@ import pandas as pd
 import pytest
 
 from bench.experiments import experiments
+from bench.experiments.pipeline_utilization import slicing as pu_slicing
 from bench.experiments.pipeline_utilization.experiment import (
     EXPERIMENT,
     PipelineUtilizationConfig,
     cells,
     to_row,
+)
+from bench.experiments.pipeline_utilization.names import slicing_of
+from bench.experiments.pipeline_utilization.slicing import (
+    LayerCosts,
+    alpa_layers,
+    equal_layers,
+    predicted_step_s,
 )
 from impls.pipeline import build_plan
 from impls.pipeline.executor import ActionRecord
@@ -40,7 +48,8 @@ def test_default_grid_leaves_out_what_a_schedule_cannot_take():
     cfg = PipelineUtilizationConfig()
     by_schedule: dict[str, set] = {}
     for cell in cells(cfg):
-        schedule, p, m, v = cell.key.values()
+        schedule, p, m, v, cut = cell.key.values()
+        assert cut == "equal"  # the default grid runs the equal split only
         by_schedule.setdefault(schedule, set()).add((p, m))
         assert v == (cfg.virtual_stages if "interleaved" in schedule else 1)
         # The plan is built once, here, and carried to the ranks and the row.
@@ -112,6 +121,20 @@ REFUSALS = [
     ({"batch_size": 0}, ["batch_size=0"]),
     ({"repeats": 0}, ["repeats=0"]),
     ({"timeout_s": 0}, ["timeout_s"]),
+    ({"slicings": ["bogus"]}, ["slicings=['bogus']", "equal, alpa"]),
+    ({"slicing_pairs": [{"schedule": "gpipe", "stages": 4}]}, ["slicing_pairs", "microbatches"]),
+    (
+        {"slicing_pairs": [{"schedule": "interleaved_1f1b", "stages": 2, "microbatches": 4}]},
+        ["slicing_pairs", "one stage per rank"],
+    ),
+    (
+        {"slicing_pairs": [{"schedule": "torch_gpipe", "stages": 2, "microbatches": 4}]},
+        ["slicing_pairs", "distbench's"],
+    ),
+    (
+        {"slicing_pairs": [{"schedule": "gpipe", "stages": 2, "microbatches": 3}]},
+        ["slicing_pairs", "batch_size=32"],
+    ),
 ]
 
 
@@ -318,3 +341,44 @@ def test_a_compute_action_costs_the_fastest_of_its_stage_and_kind():
     ]
     costs = action_costs(steps)
     assert costs == {Action(0, "F", 0): 2.0, Action(0, "F", 1): 2.0, Action(1, "B", 0): 3.0}
+
+
+def test_alpa_cut_sums_to_the_model_and_follows_the_costs():
+    """Alpa's cut from given layer costs: deterministic, every block placed once; cheap end
+    layers keep the equal split where P divides the blocks, a head dearer than a block
+    takes blocks off the last stage, and at P = 3 the spare block goes where no end layer is."""
+    cheap, heavy_head = LayerCosts(0.1, 1.0, 0.2), LayerCosts(0.1, 1.0, 2.5)
+    assert alpa_layers(cheap, 16, 4, 8) == (4, 4, 4, 4) == equal_layers(16, 4)
+    assert alpa_layers(cheap, 16, 3, 8) == (5, 6, 5) != equal_layers(16, 3)
+    heavy = alpa_layers(heavy_head, 16, 4, 8)
+    assert sum(heavy) == 16 and heavy[-1] < 4 and heavy == alpa_layers(heavy_head, 16, 4, 8)
+    assert predicted_step_s(heavy_head, heavy, 8) < predicted_step_s(heavy_head, (4,) * 4, 8)
+    # Eq. 2 by hand for the equal split: stages 4.1, 4, 4, 4.2; 16.3 + 7 × 4.2
+    assert predicted_step_s(cheap, (4, 4, 4, 4), 8) == pytest.approx(16.3 + 7 * 4.2)
+
+
+def test_slicing_pairs_add_both_cuts_measured_once(monkeypatch):
+    """A pair whose equal cell is already in the grid adds only the alpa cell; both carry the
+    one measurement of the layer costs, and the alpa cell carries its cut."""
+    calls = []
+
+    def fake(model, size, seed):
+        calls.append(size)
+        return LayerCosts(0.1, 1.0, 0.2)
+
+    monkeypatch.setattr(pu_slicing, "measure_layer_costs", fake)
+    cfg = PipelineUtilizationConfig(
+        schedules=["gpipe"], stages=[3], microbatches=[4], batch_size=4, **TINY,
+        slicing_pairs=[{"schedule": "gpipe", "stages": 3, "microbatches": 4}],
+    )  # fmt: skip
+    grid = cells(cfg)
+    assert [c.key["slicing"] for c in grid] == ["equal", "alpa"] and calls == [1]
+    equal, alpa = grid
+    assert equal.carry.stage_layers is None and equal.carry.layer_costs is alpa.carry.layer_costs
+    assert sum(alpa.carry.stage_layers) == cfg.n_layers and alpa.carry.trace is None
+
+
+def test_old_rows_without_the_slicing_column_read_as_equal():
+    assert [slicing_of(v) for v in (float("nan"), "", "equal", "alpa")] == [
+        "equal", "equal", "equal", "alpa"
+    ]  # fmt: skip

@@ -8,15 +8,23 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import check_choices, check_number, check_positive, gpt_rank_bytes
-from bench.experiments.pipeline_utilization.names import INTERLEAVED, TORCH_SCHEDULES, torch_refuses
+from bench.experiments.pipeline_utilization.names import (
+    INTERLEAVED,
+    SLICINGS,
+    TORCH_SCHEDULES,
+    torch_refuses,
+)
 from impls.models import GPTConfig
 from impls.pipeline import SCHEDULES, Plan, build_plan
 
-__all__ = ["ALLOWED", "Carry", "PipelineUtilizationConfig", "plan_or_reason", "why_not"]
+__all__ = ["ALLOWED", "PAIR_KEYS", "Carry", "PipelineUtilizationConfig", "alpa_refuses",
+           "plan_or_reason", "why_not"]  # fmt: skip
 
 ALLOWED = [*SCHEDULES, *TORCH_SCHEDULES]
 MODEL_KEYS = ("d_model", "n_layers", "n_heads", "seq_len", "vocab_size")
-LIST_KEYS = ("schedules", "stages", "microbatches", "trace_microbatches")
+LIST_KEYS = ("schedules", "stages", "microbatches", "trace_microbatches", "slicings",
+             "slicing_pairs")  # fmt: skip
+PAIR_KEYS = ("schedule", "stages", "microbatches")
 
 
 @dataclass(kw_only=True)
@@ -52,6 +60,14 @@ class PipelineUtilizationConfig:
     paired: bool = True
     """distbench cells whose schedule torch also has (gpipe, 1f1b, interleaved_1f1b) time
     torch's twin in alternating steps too: the side-by-side speed ratio the report leads with."""
+    slicings: Any = field(default_factory=lambda: ["equal"])
+    """How every grid cell cuts the model into stages: `equal` block counts, or `alpa`
+    (Alpa's stage slicing on layer costs measured on this host before the cell runs).
+    `alpa` takes distbench's schedules with one stage per rank; other cells run `equal`
+    only."""
+    slicing_pairs: Any = field(default_factory=list)
+    """Extra cells, each run with both slicings (equal vs alpa), beside the grid:
+    `[{schedule: gpipe, stages: 4, microbatches: 8}, ...]` (the report compares each pair)."""
     trace_microbatches: Any = field(default_factory=lambda: [1, 4])
     """distbench cells with these M export a Chrome trace and Gantt spans (`[]`: none)."""
     trace_dir: str | None = None
@@ -63,6 +79,7 @@ class PipelineUtilizationConfig:
         for key in LIST_KEYS:
             setattr(self, key, _as_list(getattr(self, key)))
         check_choices("schedules", self.schedules, ALLOWED)
+        check_choices("slicings", self.slicings, SLICINGS)
         check_positive("stages", self.stages)
         check_positive("microbatches", self.microbatches)
         if self.trace_microbatches:
@@ -84,6 +101,7 @@ class PipelineUtilizationConfig:
                 f"micro-batch must hold the same number of sequences"
             )
         self._check_grid()
+        self._check_pairs()
 
     def rank_bytes(self) -> int:
         """An upper bound on what one rank holds: the whole model (P = 1) and torch's twin,
@@ -112,6 +130,22 @@ class PipelineUtilizationConfig:
                 f"(each stage needs at least one layer), so stages must be ≤ "
                 f"{self.n_layers // chunks} (or raise n_layers)"
             )
+
+    def _check_pairs(self) -> None:
+        for pair in self.slicing_pairs:
+            if not isinstance(pair, dict) or set(pair) != set(PAIR_KEYS):
+                raise ValueError(f"slicing_pairs: {pair!r} must be a mapping with exactly the "
+                                 f"keys {', '.join(PAIR_KEYS)}")  # fmt: skip
+            schedule, p, m = (pair[k] for k in PAIR_KEYS)
+            for key, value in (("stages", p), ("microbatches", m)):
+                _check_count(f"slicing_pairs {key}", value, 1)
+            refused = alpa_refuses(schedule) or why_not(schedule, p, m, 1)
+            if p > self.n_layers:
+                refused = f"more stages than the model's n_layers={self.n_layers}"
+            if self.batch_size % m:
+                refused = f"microbatches={m} does not divide batch_size={self.batch_size}"
+            if refused:
+                raise ValueError(f"slicing_pairs: {pair!r} cannot run: {refused}")
 
     def _check_grid(self) -> None:
         for schedule in self.schedules:
@@ -146,6 +180,15 @@ def plan_or_reason(schedule: str, p: int, m: int, v: int) -> tuple[Plan | None, 
         return None, str(error)
 
 
+def alpa_refuses(schedule: str) -> str | None:
+    """Why Alpa's slicing cannot cut `schedule`'s stages; None if it can."""
+    if schedule not in SCHEDULES:
+        return f"schedule {schedule!r}: alpa slicing runs distbench's {', '.join(SCHEDULES)}"
+    if schedule in INTERLEAVED:
+        return f"schedule {schedule!r} cuts P·V stages; alpa slicing cuts one stage per rank"
+    return None
+
+
 def why_not(schedule: str, stages: int, microbatches: int, virtual_stages: int) -> str | None:
     """Why `schedule` cannot run P = `stages`, M = `microbatches`; None if it can."""
     v = virtual_stages if schedule in INTERLEAVED else 1
@@ -163,3 +206,8 @@ class Carry:
     steps alternating with distbench's (paired distbench cells); None: none."""
     trace: str | None
     """File stem of the cell's Chrome trace and Gantt spans under `traces/` (None: none)."""
+    stage_layers: tuple[int, ...] | None = None
+    """Transformer blocks per stage when not the equal split (Alpa's cut); None: equal."""
+    layer_costs: Any = None
+    """The `slicing.LayerCosts` the cut was decided on (also for an equal cell of a pair);
+    None: not measured."""

@@ -1,8 +1,9 @@
 """`pipeline_utilization`: every schedule over micro-batch counts, with
 torch.distributed.pipelining's GPipe / 1F1B / interleaved 1F1B as baselines.
 
-A cell is (schedule, stages P, micro-batches M, virtual stages V) on P ranks. The grid is
-schedules × stages × microbatches; a combination a schedule cannot take is left out of it
+A cell is (schedule, stages P, micro-batches M, virtual stages V, slicing) on P ranks. The
+grid is schedules × stages × microbatches × slicings, plus `slicing_pairs` (each cell
+with both slicings); a combination a schedule cannot take is left out of it
 rather than failing the run: `naive` runs at M = 1 only, the interleaved schedules need M
 divisible by P, torch's `Schedule1F1B` needs M ≥ P. A schedule left with no cell at all is
 refused, naming `microbatches`. Everything else that cannot work — more stages than
@@ -26,14 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.experiments.base import Cell, Experiment
-from bench.experiments.pipeline_utilization import ranks, report, timeline
+from bench.experiments.pipeline_utilization import ranks, report, slicing, timeline
 from bench.experiments.pipeline_utilization.config import (
+    PAIR_KEYS,
     Carry,
     PipelineUtilizationConfig,
+    alpa_refuses,
     plan_or_reason,
 )
 from bench.experiments.pipeline_utilization.names import TORCH_SCHEDULES, torch_refuses, torch_twin
-from impls.pipeline import Plan
 
 __all__ = ["EXPERIMENT", "PipelineUtilizationConfig"]
 
@@ -47,34 +49,63 @@ GRAD_TOLERANCE = 1e-4
 
 
 def cells(cfg: PipelineUtilizationConfig) -> list[Cell]:
-    """Every (schedule, P, M) a schedule can take, P ascending (one pool of ranks per P)."""
-    out, skipped = [], []
+    """Every (schedule, P, M, slicing) a schedule can take, then the slicing pairs, P
+    ascending (one pool of ranks per P)."""
+    keys, skipped = [], []
     for p in sorted(set(cfg.stages)):
         for schedule in cfg.schedules:
             for m in cfg.microbatches:
-                v = cfg.virtual(schedule)
-                plan, refused = plan_or_reason(schedule, p, m, v)
-                if refused:
-                    skipped.append(f"{schedule} P={p} M={m}")
-                    continue
-                key = {"schedule": schedule, "stages": p, "microbatches": m, "virtual_stages": v}
-                out.append(Cell(world_size=p, key=key, fn=ranks.run, carry=_carry(cfg, key, plan)))
+                for cut in cfg.slicings:
+                    if cut == "alpa" and alpa_refuses(schedule):
+                        skipped.append(f"{schedule} P={p} M={m} alpa")
+                    elif plan_or_reason(schedule, p, m, cfg.virtual(schedule))[1]:
+                        skipped.append(f"{schedule} P={p} M={m}")
+                    else:
+                        keys.append(_key(cfg, schedule, p, m, cut))
+    paired = [_key(cfg, *(pair[k] for k in PAIR_KEYS), cut)
+              for pair in cfg.slicing_pairs for cut in ("equal", "alpa")]  # fmt: skip
+    keys += [k for k in paired if k not in keys]
     if skipped:
         log.info("left out (the schedule cannot take them): %s", ", ".join(skipped))
+    costs: dict[int, slicing.LayerCosts] = {}  # micro-batch size -> the layer costs
+    out = []
+    for key in sorted(keys, key=lambda k: k["stages"]):
+        measured = key["slicing"] == "alpa" or key in paired
+        carry = _carry(cfg, key, _costs(cfg, key, costs) if measured else None)
+        out.append(Cell(world_size=key["stages"], key=key, fn=ranks.run, carry=carry))
     return out
 
 
-def _carry(cfg: PipelineUtilizationConfig, key: dict[str, Any], plan: Plan) -> Carry:
+def _key(cfg: PipelineUtilizationConfig, schedule: str, p: int, m: int, cut: str) -> dict:
+    return {"schedule": schedule, "stages": p, "microbatches": m,
+            "virtual_stages": cfg.virtual(schedule), "slicing": cut}  # fmt: skip
+
+
+def _costs(cfg: PipelineUtilizationConfig, key: dict[str, Any],
+           cache: dict[int, slicing.LayerCosts]) -> slicing.LayerCosts:  # fmt: skip
+    size = cfg.batch_size // key["microbatches"]
+    if size not in cache:
+        cache[size] = slicing.measure_layer_costs(cfg.model(), size, cfg.seed)
+        log.info("layer costs, micro-batch of %d: %s", size, cache[size])
+    return cache[size]
+
+
+def _carry(cfg: PipelineUtilizationConfig, key: dict[str, Any],
+           costs: slicing.LayerCosts | None) -> Carry:  # fmt: skip
     schedule, p, m = key["schedule"], key["stages"], key["microbatches"]
     if schedule in TORCH_SCHEDULES:
         return Carry(plan=None, torch_schedule=TORCH_SCHEDULES[schedule], trace=None)
+    plan = plan_or_reason(schedule, p, m, key["virtual_stages"])[0]
+    alpa = key["slicing"] == "alpa"
     twin = torch_twin(schedule)
     paired = cfg.paired and twin is not None and torch_refuses(twin, p, m) is None
-    traced = m in cfg.trace_microbatches
+    traced = m in cfg.trace_microbatches and not alpa
     return Carry(
         plan=plan,
         torch_schedule=TORCH_SCHEDULES[twin] if paired else None,
         trace=f"{schedule}_p{p}_m{m}" if traced else None,
+        stage_layers=slicing.alpa_layers(costs, cfg.n_layers, p, m) if alpa else None,
+        layer_costs=costs,
     )
 
 
@@ -102,12 +133,20 @@ def to_row(cfg: PipelineUtilizationConfig, cell: Cell, per_rank: list[dict]) -> 
         **dict.fromkeys(("transfer_s", "util_replayed_raw", "replayed_makespan_s"), math.nan),
     }
     row |= _against_reference(per_rank, row["loss"])
+    row |= slicing.costs_columns(carry.layer_costs, _blocks(cfg, cell), cell.key["microbatches"])
     if carry.plan is None:
         return row  # torch's schedule is opaque: no per-action timeline, no memory count
     if carry.torch_schedule:  # torch's twin, timed in steps alternating with ours
         row["torch_step_time_s"] = statistics.median(per_rank[0]["torch_step_times_s"])
         row["step_time_vs_torch"] = step_time / row["torch_step_time_s"]
     return row | timeline.columns(carry.plan, cell.key, per_rank)
+
+
+def _blocks(cfg: PipelineUtilizationConfig, cell: Cell) -> tuple[int, ...]:
+    """Transformer blocks per stage of the cell's cut (P·V stages when interleaved)."""
+    if cell.carry.stage_layers is not None:
+        return cell.carry.stage_layers
+    return slicing.equal_layers(cfg.n_layers, cell.key["stages"] * cell.key["virtual_stages"])
 
 
 def _against_reference(per_rank: list[dict], loss: float) -> dict[str, Any]:
@@ -136,7 +175,7 @@ EXPERIMENT = Experiment(
     name="pipeline_utilization",
     summary="the lecture's 25% → 57% pipeline figure; schedules over M vs torch.pipelining",
     schema=PipelineUtilizationConfig,
-    key_columns=("schedule", "stages", "microbatches", "virtual_stages"),
+    key_columns=("schedule", "stages", "microbatches", "virtual_stages", "slicing"),
     cells=cells,
     to_row=to_row,
     report=report.REPORT,

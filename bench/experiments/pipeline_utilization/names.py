@@ -8,7 +8,8 @@ interleaved schedules need M divisible by P).
 
 from __future__ import annotations
 
-__all__ = ["INTERLEAVED", "TORCH_SCHEDULES", "torch_refuses", "torch_twin"]
+__all__ = ["INTERLEAVED", "SLICINGS", "TORCH_SCHEDULES", "slicing_of", "torch_refuses",
+           "torch_twin"]  # fmt: skip
 
 # distbench name of each torch.distributed.pipelining baseline -> torch's schedule class
 TORCH_SCHEDULES = {
@@ -17,6 +18,13 @@ TORCH_SCHEDULES = {
     "torch_interleaved_1f1b": "ScheduleInterleaved1F1B",
 }
 INTERLEAVED = frozenset({"interleaved_1f1b", "torch_interleaved_1f1b"})
+# How a cell cuts the model into stages: equal block counts, or Alpa's cut (`slicing.py`)
+SLICINGS = ("equal", "alpa")
+
+
+def slicing_of(value: object) -> str:
+    """A row's slicing; rows written before the `slicing` column existed were equal."""
+    return value if isinstance(value, str) and value else "equal"
 
 
 def torch_twin(schedule: str) -> str | None:

@@ -3,7 +3,7 @@
 A distbench cell drives distbench's executor (`impls.pipeline.executor`) over the plan its
 parent built (`cell.carry.plan`); a torch cell drives `torch.distributed.pipelining`
 (`PipelineStage` with `ScheduleGPipe`, `Schedule1F1B` or `ScheduleInterleaved1F1B`) on
-the same GPT, the same stage split, the same ranks, batch and micro-batches. Both build
+the same GPT, the same stage split (equal, or the cell's carried Alpa cut), the same ranks, batch and micro-batches. Both build
 the model from one seed on every rank (`bench.kit.workloads`) and are timed by the kit
 (`bench.kit.timing.alternate`): `warmup` untimed steps, then `repeats` barrier-opened
 steps, each the slowest rank's time. A paired distbench cell also builds torch's twin
@@ -40,7 +40,7 @@ from bench.kit.reference import compare, train_reference
 from bench.kit.timing import alternate
 from bench.kit.workloads import lm_loss, seeded_gpt_and_batch
 from impls.comm import Communicator
-from impls.models import GPT, split_into_virtual_stages, stages_of_rank
+from impls.models import GPT, split_into_stages, split_into_virtual_stages, stages_of_rank
 from impls.pipeline import PipelineExecutor
 
 __all__ = ["paired_step_times", "run"]
@@ -60,9 +60,12 @@ def _shape(cell: Any) -> tuple[int, int, int]:
 
 
 def _model(cfg: Any, cell: Any) -> tuple[GPT, list[nn.Module], torch.Tensor, torch.Tensor]:
-    """The seeded GPT, cut into P·V stages, and the batch: identical on every rank."""
+    """The seeded GPT, cut into P·V stages (or the carried cut), and the batch: identical
+    on every rank."""
     model, inputs, targets = seeded_gpt_and_batch(cfg.model(), cfg.batch_size, cfg.seed)
     p, _, v = _shape(cell)
+    if cell.carry.stage_layers is not None:
+        return model, split_into_stages(model, p, cell.carry.stage_layers), inputs, targets
     return model, split_into_virtual_stages(model, p, v), inputs, targets
 
 

@@ -4,7 +4,8 @@ The lecture ("Pipeline Parallelism Workflow: Micro-batch improves the device uti
 shows a 4-stage naive pipeline at 25% utilization and GPipe with 4 micro-batches at 57%.
 The report leads with those two cells measured, then utilization against micro-batches
 for every schedule beside its bound, activation memory and in-flight micro-batches, ZB-H1
-against 1F1B, Gantt charts (`schedules_report.py`), and step time against
+against 1F1B, Gantt charts (`schedules_report.py`), Alpa's stage slicing against the equal split
+(`slicing_report.py`), and step time against
 torch.distributed.pipelining, judged against the issue's target on every cell. The
 skeleton (`bench.report.skeleton`) writes the setup, targets, correctness and failed cells.
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.experiments.pipeline_utilization.names import torch_refuses, torch_twin
+from bench.experiments.pipeline_utilization.names import slicing_of, torch_refuses, torch_twin
 from bench.experiments.pipeline_utilization.schedules_report import (
     distbench_rows,
     gantt,
@@ -25,6 +26,7 @@ from bench.experiments.pipeline_utilization.schedules_report import (
     utilization,
     zero_bubble,
 )
+from bench.experiments.pipeline_utilization.slicing_report import alpa_vs_equal
 from bench.report import (
     Context,
     Report,
@@ -64,13 +66,16 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     if not {"schedule", "stages", "microbatches"} <= set(df.columns):
         return df
     ok = ok_rows(df)
-    torch_ok = ok[ok["schedule"].astype(str).str.startswith("torch_")]
+    torch_ok = ok[ok["schedule"].astype(str).str.startswith("torch_")]  # torch: equal split
     columns = ["schedule", "stages", "microbatches", "step_time_s", "loss"]
     theirs = {(r.schedule, int(r.stages), int(r.microbatches)): (r.step_time_s, r.loss)
               for r in torch_ok.reindex(columns=columns).itertuples()}  # fmt: skip
     twins = [(torch_twin(str(s)), int(p), int(m))
              for s, p, m in zip(df["schedule"], df["stages"], df["microbatches"], strict=True)]  # fmt: skip
-    df["torch_twin"] = [t is not None and torch_refuses(t, p, m) is None for t, p, m in twins]
+    equal = (df["slicing"].map(slicing_of) if "slicing" in df.columns
+             else pd.Series("equal", index=df.index)) == "equal"  # fmt: skip
+    df["torch_twin"] = [t is not None and torch_refuses(t, p, m) is None and e
+                        for (t, p, m), e in zip(twins, equal, strict=True)]  # fmt: skip
     cell = [theirs.get(t, (math.nan, math.nan)) for t in twins]
     df["torch_cell_s"] = pd.to_numeric(pd.Series([c[0] for c in cell], index=df.index))
     df["loss_gap"] = (_number(df, "loss") - pd.Series([c[1] for c in cell], index=df.index)).abs()
@@ -302,6 +307,7 @@ REPORT = Report(
         memory,
         zero_bubble,
         gantt,
+        alpa_vs_equal,
         against_torch,
         same_loss,
         traces,

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from bench.experiments.pipeline_utilization import plots
+from bench.experiments.pipeline_utilization.names import slicing_of
 from bench.report import Context, format_bytes, format_percent, format_seconds, markdown_table
 
 __all__ = ["BOUND_SOURCE", "distbench_rows", "gantt", "memory", "points", "schedule_order",
@@ -38,10 +39,13 @@ def points(measured: Any, reference: Any) -> str:
 
 
 def distbench_rows(ok: pd.DataFrame) -> pd.DataFrame:
-    """The distbench cells that ran, with integer P and M."""
+    """The distbench cells that ran on the equal split, with integer P and M (the Alpa-sliced
+    ones have a section of their own)."""
     if "schedule" not in ok.columns or ok.empty:
         return ok.iloc[0:0]
     rows = ok[~ok["schedule"].astype(str).str.startswith("torch_")]
+    if "slicing" in rows.columns:
+        rows = rows[rows["slicing"].map(slicing_of) == "equal"]
     return rows.assign(stages=rows["stages"].astype(int),
                        microbatches=rows["microbatches"].astype(int))  # fmt: skip
 
