@@ -1,8 +1,8 @@
 """pipeline_utilization on the CI grid: the lecture's figure (naive 4 stages replays to
 25% ± 2 points, GPipe 4 × 4 to 57% ± 3), utilization rising with M toward each schedule's
 bound, the in-flight counts of 1F1B (≤ P) and GPipe (= M), torch's rows beside ours with
-one loss and gradients equal to one process's, and the step-time ratio against torch
-judged on every M at P = 2."""
+one loss and gradients equal to one process's, the step-time ratio against torch
+judged on every M at P = 2, and each slicing pair (equal vs Alpa's cut) run and right."""
 
 from __future__ import annotations
 
@@ -35,7 +35,9 @@ REQUIRED = [
 
 
 def _ours(df: pd.DataFrame) -> pd.DataFrame:
-    return ran(df)[~df["schedule"].str.startswith("torch_")]
+    """distbench's rows on the equal split (the Alpa-sliced ones are checked apart)."""
+    done = ran(df)
+    return done[~done["schedule"].str.startswith("torch_") & (done["slicing"] == "equal")]
 
 
 def _cell(df: pd.DataFrame, schedule: str, p: int, m: int) -> pd.Series:
@@ -128,6 +130,39 @@ def step_time_against_torch(df: pd.DataFrame, headline: dict) -> None:
     assert math.isfinite(paired["interleaved_1f1b"]["ratio"])
 
 
+def _blocks(row: pd.Series) -> int:
+    return sum(int(b) for b in str(row["stage_layers"]).split("/"))
+
+
+def alpa_slicing_pairs(df: pd.DataFrame, headline: dict) -> None:
+    """Each slicing pair ran both cuts with gradients equal to one process's, each cut
+    placing every block once; the alpa row carries positive layer costs and Eq. 2's
+    prediction, both rows a measured replayed step. At P = 4 the equal split is Alpa's
+    optimum here (embedding and head each well under a block), so both rows run one cut and
+    their replayed ratio must be near 1 (it measured 1.02× on this host)."""
+    alpa = rows(ran(df), slicing="alpa")
+    pairs = {(p["schedule"], p["stages"], p["microbatches"]): p for p in headline["alpa_vs_equal"]}
+    assert len(pairs) == len(alpa)
+    for _, cut in alpa.iterrows():
+        key = {"schedule": cut["schedule"], "stages": cut["stages"],
+               "microbatches": cut["microbatches"]}  # fmt: skip
+        equal = rows(df, slicing="equal", **key).iloc[0]
+        for row in (equal, cut):
+            assert _blocks(row) == row["n_layers"] == 16, row["stage_layers"]
+            assert row["wrong"] == 0 and row["grad_error"] < 1e-4
+            assert row["replayed_makespan_s"] > 0 and row["step_time_s"] > 0
+        costs = cut[["embedding_s", "block_s", "head_s", "predicted_step_s"]]
+        assert (costs > 0).all(), costs
+        pair = pairs[tuple(key.values())]
+        assert pair["alpa_layers"] == cut["stage_layers"]
+        assert pair["replayed_ratio"] == pytest.approx(
+            equal["replayed_makespan_s"] / cut["replayed_makespan_s"]
+        )
+        if key["stages"] == 4:
+            assert cut["stage_layers"] == equal["stage_layers"] == "4/4/4/4"
+            assert 0.8 <= pair["replayed_ratio"] <= 1.25, pair["replayed_ratio"]
+
+
 CHECKS = (
     every_cell_ran_beside_torch,
     lecture_figure_replayed,
@@ -135,4 +170,5 @@ CHECKS = (
     in_flight_counts,
     one_computation_equal_to_the_reference,
     step_time_against_torch,
+    alpa_slicing_pairs,
 )

@@ -80,6 +80,8 @@ def _table(pairs: list[dict[str, Any]]) -> str:
 
 def _why_equal(pair: dict[str, Any]) -> str:
     e, b, h = (pair[k] for k in COSTS)
+    if not b > 0:
+        return f"{pair['schedule']} P={pair['stages']}: no block cost was measured"
     blocks = [int(x) for x in pair["alpa_layers"].split("/")]
     return (f"{pair['schedule']} P={pair['stages']}: the embedding costs {e / b:.2f} and the "
             f"head {h / b:.2f} of a block, so taking a block off an end stage would leave "
