@@ -110,11 +110,22 @@ def _read_text(path: Path) -> pd.DataFrame:
 class ResultStore:
     """One experiment's results.csv: one row per cell, identified by `key_columns`."""
 
-    def __init__(self, report_dir: str | Path, key_columns: Sequence[str]) -> None:
+    def __init__(self, report_dir: str | Path, key_columns: Sequence[str],
+                 key_defaults: Mapping[str, Any] | None = None) -> None:  # fmt: skip
         if isinstance(key_columns, str) or not key_columns:
             raise ValueError(f"key_columns must be a non-empty list of names, got {key_columns!r}")
         self.report_dir = Path(report_dir)
         self.key_columns = list(key_columns)
+        self.key_defaults = dict(key_defaults or {})
+        """Key columns added after results files existed: the value a row of an older file,
+        which lacks the column, stands for."""
+
+    def _fill(self, table: pd.DataFrame, text: bool = False) -> pd.DataFrame:
+        """`table` with every defaulted key column it lacks, at its default."""
+        for column, value in self.key_defaults.items():
+            if column not in table.columns:
+                table[column] = _key_text(value) if text else value
+        return table
 
     @property
     def path(self) -> Path:
@@ -129,7 +140,7 @@ class ResultStore:
         if not self.path.exists():
             return pd.DataFrame(columns=self.key_columns)
         # Only empty cells are missing: a string key such as "NA" stays a string.
-        return pd.read_csv(self.path, keep_default_na=False, na_values=[""])
+        return self._fill(pd.read_csv(self.path, keep_default_na=False, na_values=[""]))
 
     def key_of(self, row: Mapping[str, Any] | Sequence[Any]) -> tuple:
         """The canonical key of a row (a mapping) or of key values in key-column order."""
@@ -151,7 +162,7 @@ class ResultStore:
         with `settings`, only rows measured with that `settings_hash`."""
         if not self.path.exists():
             return set()
-        table = _read_text(self.path)
+        table = self._fill(_read_text(self.path), text=True)
         if "status" not in table.columns:
             return set()
         done = table[table["status"] == "ok"]
@@ -176,7 +187,8 @@ class ResultStore:
         new = self._as_text(rows) if rows else pd.DataFrame(columns=self.key_columns)
         self.report_dir.mkdir(parents=True, exist_ok=True)
         with self.locked():
-            old = _read_text(self.path) if self.path.exists() else pd.DataFrame()
+            old = self._fill(_read_text(self.path), text=True) if self.path.exists() else None
+            old = pd.DataFrame() if old is None else old
             dropped = 0
             if keep is not None and len(old):
                 kept = [keep(record) for record in old.to_dict("records")]
@@ -279,7 +291,8 @@ class ResultStore:
         header = next(reader, None)
         if header is None:
             raise ValueError(f"{self.path}:1: empty file, no header line; {_FIX}")
-        missing = [c for c in [*self.key_columns, "status"] if c not in header]
+        wanted = [c for c in self.key_columns if c not in self.key_defaults]
+        missing = [c for c in [*wanted, "status"] if c not in header]
         if missing:
             raise ValueError(f"{self.path}:1: the header has no {', '.join(missing)} column: "
                              "not this experiment's results; move it away, or give another "

@@ -60,7 +60,7 @@ def run_experiment(
     unless `append` (then the report marks them as earlier). The jobs of one Hydra `sweep`
     (its id) share report_dir and write one grid together.
     """
-    store = ResultStore(report_dir, experiment.key_columns)
+    store = ResultStore(report_dir, experiment.key_columns, experiment.key_defaults)
     as_rank = _is_one_rank(cluster.get("kind", "local"))
     rank = int(os.environ.get("RANK", 0)) if as_rank else 0
     store.check(experiment.name)

@@ -167,3 +167,21 @@ def test_git_sha_marks_a_dirty_tree(tmp_path: Path) -> None:
     git("checkout", "--", "impls/code.py")
     (tmp_path / "impls" / "new_module.py").write_text("y = 1\n")  # new, untracked code
     assert git_sha(tmp_path) == f"{clean}+dirty"
+
+
+def test_a_key_column_added_later_reads_older_files_at_its_default(tmp_path: Path) -> None:
+    """An experiment that gains a key column (pipeline_utilization's `slicing`) still reads,
+    resumes and extends a results.csv written before it: old rows stand for the default."""
+    ResultStore(tmp_path, KEYS).write([row(2, "ring", 0.1, time_s=1.0)])
+    store = ResultStore(tmp_path, [*KEYS, "cut"], key_defaults={"cut": "equal"})
+    store.check("exp")  # not refused as another experiment's file
+    assert store.read()["cut"].tolist() == ["equal"]
+    assert store.finished_keys() == {(2, "ring", 0.1, "equal")}
+    store.write([row(2, "ring", 0.1, cut="equal", time_s=5.0), row(2, "ring", 0.1, cut="alpa")])
+    table = store.read()
+    assert table[["cut", "time_s"]].fillna(0).values.tolist() == [["equal", 5.0], ["alpa", 0]]
+    # Without the default the same file is another experiment's.
+    plain = tmp_path / "plain"
+    ResultStore(plain, KEYS).write([row(2, "ring", 0.1)])
+    with pytest.raises(ValueError, match="no cut column"):
+        ResultStore(plain, [*KEYS, "cut"]).check("exp")

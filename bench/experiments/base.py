@@ -10,7 +10,7 @@ derived setting) that the ranks and `to_row` then share instead of rebuilding it
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,10 @@ class Experiment:
     to_row: Callable[[Any, Cell, list[dict]], dict]
     """(cfg, cell, every rank's result) -> the cell's row."""
     report: Report
+    key_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Key columns added after results files existed, each with the value that a row of
+    an older results.csv (which lacks the column) stands for: such a file is read, resumed
+    and extended, not refused as another experiment's."""
     reads: tuple[str, ...] = ()
     """Experiments whose results this one's report reads (`make reports` runs them first)."""
     unmeasured: tuple[str, ...] = ()

@@ -176,6 +176,7 @@ EXPERIMENT = Experiment(
     summary="the lecture's 25% → 57% pipeline figure; schedules over M vs torch.pipelining",
     schema=PipelineUtilizationConfig,
     key_columns=("schedule", "stages", "microbatches", "virtual_stages", "slicing"),
+    key_defaults={"slicing": "equal"},
     cells=cells,
     to_row=to_row,
     report=report.REPORT,

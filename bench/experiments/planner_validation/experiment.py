@@ -99,7 +99,9 @@ def _zero(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
 def _pipeline(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
-        if r.get("impl") != "distbench":
+        # Equal cuts only: an Alpa-sliced row repeats its equal twin's key here (the report
+        # shows those pairs from the source's own columns, `alpa_slicing`).
+        if r.get("impl") != "distbench" or r.get("slicing", "equal") not in ("", "equal"):
             continue
         p, m, v = (int(float(r[k])) for k in ("stages", "microbatches", "virtual_stages"))
         out.append(_truth(
