@@ -187,8 +187,8 @@ class ResultStore:
         new = self._as_text(rows) if rows else pd.DataFrame(columns=self.key_columns)
         self.report_dir.mkdir(parents=True, exist_ok=True)
         with self.locked():
-            old = self._fill(_read_text(self.path), text=True) if self.path.exists() else None
-            old = pd.DataFrame() if old is None else old
+            exists = self.path.exists()
+            old = self._fill(_read_text(self.path), text=True) if exists else pd.DataFrame()
             dropped = 0
             if keep is not None and len(old):
                 kept = [keep(record) for record in old.to_dict("records")]

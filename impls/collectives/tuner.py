@@ -107,6 +107,7 @@ class AllReduceTuner:
             raise ValueError(f"algorithms={list(self.algorithms)}: allowed values: {allowed}")
         self.table: dict[tuple[str, int], AlgorithmCost] = dict(table or {})
         self.link = link
+        self._link_costs: dict[tuple[str, int], AlgorithmCost] = {}  # derived from `link` once
         self.last_choice: str | None = None
         """The algorithm `choose` returned last (what the last auto all-reduce ran)."""
 
@@ -123,13 +124,16 @@ class AllReduceTuner:
                 f"no cost for algorithm={algorithm!r} on n={n} ranks: calibrate on a group of "
                 f"{n} ranks, or give the tuner a link"
             )
-        # The model is linear in M for M > 0 (it returns 0 for M = 0): read α and β off two
-        # large sizes, where the subtraction loses nothing to rounding.
-        small, large = float(1 << 20), float(1 << 30)
-        t_small = allreduce_seconds(small, n, self.link, algorithm)
-        t_large = allreduce_seconds(large, n, self.link, algorithm)
-        beta = (t_large - t_small) / (large - small)
-        return AlgorithmCost(alpha_s=t_small - beta * small, beta_s_per_byte=beta)
+        if (algorithm, n) not in self._link_costs:  # `choose` asks on every auto call
+            # The model is linear in M for M > 0 (it returns 0 for M = 0): read α and β off
+            # two large sizes, where the subtraction loses nothing to rounding.
+            small, large = float(1 << 20), float(1 << 30)
+            t_small = allreduce_seconds(small, n, self.link, algorithm)
+            t_large = allreduce_seconds(large, n, self.link, algorithm)
+            beta = (t_large - t_small) / (large - small)
+            self._link_costs[(algorithm, n)] = AlgorithmCost(alpha_s=t_small - beta * small,
+                                                             beta_s_per_byte=beta)  # fmt: skip
+        return self._link_costs[(algorithm, n)]
 
     def predict(self, algorithm: str, nbytes: float, n: int) -> float:
         """Predicted seconds of one all-reduce of `nbytes` over `n` ranks."""
