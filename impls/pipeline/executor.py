@@ -16,15 +16,17 @@ Per action (stage s, micro-batch m):
   the full batch's mean loss (for equal micro-batches and a mean loss).
 - `B`: `torch.autograd.backward(output, grad_output)`; parameter gradients accumulate in
   `.grad`, the input's gradient is what `SEND_B` ships to stage s−1.
-- `I` / `W` (zero bubble, Qi et al. 2024): `I` is `autograd.grad(output, input,
-  retain_graph=True)`, `W` is `autograd.grad(output, params)` added to `.grad`. Correct but
-  not free: `W` walks the stage's graph again, so I + W costs about 1.5–2 B where the
-  paper's split costs one B. Stage 0 has no input gradient, so its `I` does nothing and its
-  `W` is the whole backward.
+- `I` / `W` (zero bubble, Qi et al. 2024): the forward ran under `DeferWeightGrads`
+  (`impls.pipeline.weight_grad`), so `I` is one backward of the stage that computes the
+  input gradient and the cheap parameter gradients (LayerNorm, embeddings, biases) and
+  stores each linear layer's (x, grad_y) instead of its weight-gradient GEMM; `W` runs
+  only those GEMMs into `.grad`. I + W costs one backward. Stage 0 splits the same way
+  (its `I` just has no input gradient to send).
 
 Activation memory is an exact accounting, not an allocator reading: while (s, m) is held
 (from its `F` until its `B`, or its `W` when split), it counts the bytes of every tensor
-autograd saved for its backward (`impls.memory.SavedStorages`, as `MemoryLedger` counts
+autograd saved for its backward until its `I`, and from `I` to `W` the storages of the
+(x, grad_y) pairs the deferred GEMMs keep (`impls.memory.SavedStorages`, as `MemoryLedger` counts
 them), each storage once within that forward, parameters and the caller's batch excluded
 (they are held whatever the schedule). `peak_activation_bytes` is the largest sum over the
 step; `max_inflight` the most (stage, micro-batch) pairs held at once — the same count as
@@ -53,6 +55,7 @@ from impls.pipeline.records import ActionRecord, ActionTimer, StepResult
 from impls.pipeline.shapes import BoundaryShapes, exchange_shapes, uniform_shapes
 from impls.pipeline.transfers import boundary, message_tag, segments, with_transfers
 from impls.pipeline.validate import PlanError
+from impls.pipeline.weight_grad import DeferWeightGrads, WeightGradSlot
 
 __all__ = ["ActionRecord", "PipelineExecutor", "StepResult"]
 
@@ -63,8 +66,8 @@ class _Held:
 
     inputs: Tensor
     output: Tensor  # the stage output, or the scaled loss on the last stage
-    saved_bytes: int
-    grad_output: Tensor | None = None  # kept between I and W
+    saved_bytes: int  # counted while held: saved for backward, then the slot's (x, grad_y)
+    slot: WeightGradSlot  # the linear layers' weight GEMMs, deferred by I until W
 
 
 @dataclass
@@ -210,7 +213,11 @@ class PipelineExecutor:
         inputs = state.batch[m] if s == 0 else state.ready_inputs.pop((s, m))
         # `_backward` frees these bytes at this pair's B (or W): no finalizer per saved tensor.
         saved = SavedStorages()
-        with saved.counting(self._param_storages, state.caller_storages, until_dropped=False):
+        slot = WeightGradSlot()
+        with (
+            saved.counting(self._param_storages, state.caller_storages, until_dropped=False),
+            DeferWeightGrads(slot),
+        ):
             output = self.stage_modules[s](inputs)
             if last:
                 output = self.loss_fn(output, state.targets[m]) / self.microbatches
@@ -220,7 +227,7 @@ class PipelineExecutor:
             state.ready_inputs[(s + 1, m)] = output.detach().requires_grad_()
         else:
             state.outbox[Action(s, "SEND_F", m)] = output.detach().contiguous()
-        state.held[(s, m)] = _Held(inputs, output, saved.nbytes)
+        state.held[(s, m)] = _Held(inputs, output, saved.nbytes, slot)
         state.held_bytes += saved.nbytes
         state.peak_bytes = max(state.peak_bytes, state.held_bytes)
         state.max_inflight = max(state.max_inflight, len(state.held))
@@ -228,22 +235,23 @@ class PipelineExecutor:
     def _backward(self, state: _StepState, action: Action) -> None:
         s, m = action.stage, action.microbatch
         held = state.held[(s, m)]
+        input_grad = None
         if action.kind in ("B", "I"):
             last = s == self.num_stages - 1
-            held.grad_output = None if last else state.ready_grads.pop((s, m))
-        input_grad = None
-        if action.kind == "B":
-            torch.autograd.backward(held.output, held.grad_output)
+            grad_output = None if last else state.ready_grads.pop((s, m))
+            held.slot.deferring = action.kind == "I"
+            with DeferWeightGrads(held.slot):  # a recomputed forward defers as the first did
+                torch.autograd.backward(held.output, grad_output)
             input_grad = held.inputs.grad if s > 0 else None
-        elif action.kind == "I" and s > 0:
-            (input_grad,) = torch.autograd.grad(
-                held.output, held.inputs, held.grad_output, retain_graph=True
-            )
-        elif action.kind == "W":
-            params = self._params[s]
-            grads = torch.autograd.grad(held.output, params, held.grad_output, allow_unused=True)
-            _accumulate(params, grads)
-        if action.kind in ("B", "W"):
+            held.output = held.inputs = None  # the graph is freed; W needs only the slot
+        if action.kind == "W":
+            held.slot.run()
+        if action.kind == "I":  # from now on only the slot's (x, grad_y) pairs are held
+            kept = held.slot.nbytes(self._param_storages | state.caller_storages)
+            state.held_bytes += kept - held.saved_bytes
+            held.saved_bytes = kept
+            state.peak_bytes = max(state.peak_bytes, state.held_bytes)
+        else:
             del state.held[(s, m)]
             state.held_bytes -= held.saved_bytes
         if input_grad is None:
@@ -275,14 +283,3 @@ class PipelineExecutor:
                     state.ready_inputs[key] = buffer.requires_grad_()
                 else:
                     state.ready_grads[key] = buffer
-
-
-def _accumulate(params: list[nn.Parameter], grads: tuple[Tensor | None, ...]) -> None:
-    """Add `grads` into the parameters' `.grad`, as a backward would (None: unused)."""
-    for param, grad in zip(params, grads, strict=True):
-        if grad is None:
-            continue
-        if param.grad is None:
-            param.grad = grad
-        else:
-            param.grad.add_(grad)
