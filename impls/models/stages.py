@@ -15,10 +15,14 @@ Virtual stages follow the interleaved schedule of Narayanan et al., 2021, "Effic
 Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (arXiv 2104.04473):
 the model is cut into P * V stages in model order and rank r runs stages r, r + P, ...
 
-Caveat: with `tie_embeddings`, stage 0's token embedding and the last stage's LM head are one
-Parameter. In one process that is exactly the model; a pipeline that places the two stages on
-different ranks must add their gradients (Megatron all-reduces the tied embedding's gradient
-between the first and last stage).
+Tied embeddings (`GPTConfig.tie_embeddings`): stage 0's token embedding and the last stage's
+LM head stay one Parameter, and both stages name it as `tied_weight` (None on every other
+stage, and on every stage of an untied model). Every rank builds the whole model from one
+seed, so the first stage's rank and the last stage's rank hold bit-identical copies; each
+backward fills only its own use's share of the gradient, so a pipeline that places the two
+stages on different ranks must add the shares after the backward, as Megatron's embedding
+group does: `impls.pipeline.tied.EmbeddingGroup`. On one rank (P = 1) the shares already
+meet in the one Parameter's `.grad`.
 """
 
 from __future__ import annotations
@@ -47,15 +51,31 @@ class Stage(nn.Sequential):
 
     `index` is the stage's position in model order, `layer_ids` the model layers (GPT blocks
     or MLP Linear layers) it runs. Submodule names keep the model index (`block3`, `layer3`).
+    `tied_weight` is the token-embedding matrix the LM head shares, on the first and the last
+    stage of a tied GPT; None elsewhere.
     """
 
     def __init__(
-        self, modules: OrderedDict[str, nn.Module], *, index: int, n_stages: int, layer_ids: range
+        self,
+        modules: OrderedDict[str, nn.Module],
+        *,
+        index: int,
+        n_stages: int,
+        layer_ids: range,
+        tied_weight: nn.Parameter | None = None,
     ) -> None:
         super().__init__(modules)
         self.index = index
         self.n_stages = n_stages
         self.layer_ids = layer_ids
+        # A plain attribute holding a Parameter would register it a second time under a new
+        # name; kept in a tuple, it stays out of `parameters()` and `state_dict()`.
+        self._tied = (tied_weight,)
+
+    @property
+    def tied_weight(self) -> nn.Parameter | None:
+        """The embedding / LM-head Parameter of a tied GPT on its first and last stage."""
+        return self._tied[0]
 
     @property
     def is_first(self) -> bool:
@@ -162,15 +182,37 @@ def split_into_stages(
                              f"counts for stages={n_stages}")  # fmt: skip
         ranges = stage_ranges_of_counts(layer_counts, n_layers, unit=unit,
                                         ends_hold_layers=isinstance(model, GPT))  # fmt: skip
+    tied = _tied_weight(model)
     stages = []
     for i, layer_ids in enumerate(ranges):
+        first, last = i == 0, i == n_stages - 1
         if isinstance(model, GPT):
-            first, last = i == 0, i == n_stages - 1
             modules = _gpt_stage_modules(model, layer_ids, first=first, last=last)
         else:
             modules = _mlp_stage_modules(model, layer_ids)
-        stages.append(Stage(modules, index=i, n_stages=n_stages, layer_ids=layer_ids))
+        stage_tied = tied if first or last else None
+        stages.append(Stage(modules, index=i, n_stages=n_stages, layer_ids=layer_ids,
+                            tied_weight=stage_tied))  # fmt: skip
     return stages
+
+
+def _tied_weight(model: GPT | MLP) -> nn.Parameter | None:
+    """The Parameter a GPT's token embedding and LM head share, or None (untied, or MLP).
+
+    Read from the modules, not the config: it is the sharing itself that makes the two
+    stages' gradients two halves of one (and `parallelize_gpt` keeps it, sharded).
+    """
+    if not isinstance(model, GPT):
+        return None
+    weight = model.embedding.tok.weight
+    if model.lm_head.weight is not weight:
+        if model.cfg.tie_embeddings:
+            raise ValueError(
+                "GPTConfig.tie_embeddings=True but lm_head.weight is not embedding.tok.weight: "
+                "the tie was broken after the model was built; split the model as built"
+            )
+        return None
+    return weight
 
 
 def split_into_virtual_stages(model: GPT | MLP, n_ranks: int, n_virtual: int) -> list[Stage]:

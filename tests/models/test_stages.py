@@ -153,6 +153,33 @@ def test_tied_embedding_is_one_parameter_on_first_and_last_stage() -> None:
     model, _, _ = gpt_case(tie=True)
     first, last = split_into_stages(model, 2)
     assert first.embedding.tok.weight is last.lm_head.weight
+    assert first.tied_weight is last.tied_weight is model.embedding.tok.weight
+    # Named once by the model, and not again by the stage that names it `tied_weight`.
+    assert [n for n, _ in first.named_parameters()].count("embedding.tok.weight") == 1
+    assert "lm_head.weight" not in dict(model.named_parameters())
+
+
+def test_tied_weight_is_named_on_the_end_stages_only() -> None:
+    """What a pipeline's embedding group reads: the end stages of a tied GPT name the
+    shared matrix, built bit-identically by two ranks from one seed; nothing else does."""
+    tied_a, _, _ = gpt_case(tie=True)
+    tied_b, _, _ = gpt_case(tie=True)  # as another rank builds it
+    stages_a, stages_b = split_into_stages(tied_a, 4), split_into_stages(tied_b, 4)
+    assert [s.tied_weight is not None for s in stages_a] == [True, False, False, True]
+    assert torch.equal(stages_a[0].tied_weight, stages_b[-1].tied_weight)
+    (whole,) = split_into_stages(tied_a, 1)
+    assert whole.tied_weight is tied_a.lm_head.weight
+    untied, _, _ = gpt_case()
+    mlp, _, _ = mlp_case()
+    assert all(s.tied_weight is None for s in split_into_stages(untied, 2))
+    assert all(s.tied_weight is None for s in split_into_stages(mlp, 2))
+
+
+def test_split_refuses_a_broken_tie() -> None:
+    model, _, _ = gpt_case(tie=True)
+    model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
+    with pytest.raises(ValueError, match="tie_embeddings=True"):
+        split_into_stages(model, 2)
 
 
 def test_balanced_contiguous_ranges() -> None:
