@@ -46,6 +46,7 @@ __all__ = [
     "comm_bytes_per_step",
     "comm_psi_multiple",
     "floor_billions",
+    "implementation_activation_bytes_per_layer",
     "max_trainable_params",
     "model_state_bytes",
 ]
@@ -349,3 +350,48 @@ def activation_bytes_per_layer(
         core = 0 if recompute == "selective" else 5 * a * s * s * b
         paper_bytes = (replicated / t if split_all else replicated) + (sharded + core) / t
     return paper_bytes * dtype_bytes / 2
+
+
+def implementation_activation_bytes_per_layer(
+    *,
+    micro_batch: int,
+    seq_len: int,
+    d_model: int,
+    n_heads: int,
+    d_ff: int | None = None,
+    tp: int = 1,
+    sp: bool = False,
+    recompute: str = "none",
+    dtype_bytes: int = 2,
+    dropout: bool = True,
+) -> int:
+    """Bytes one `impls.models.Block` saves for backward per rank, exactly, with
+    `attention="materialized"` (a `SavedStorages` count, parameters excluded).
+
+    The per-layer terms of `activation_bytes_per_layer`, each at `dtype_bytes`, with the
+    masks at 1 byte (`Dropout` keeps a bool mask), plus what the paper leaves out: the two
+    LayerNorms' mean and 1/std, 4·b·s elements in the activation dtype. With dropout off
+    no mask is kept and the softmax output doubles as attention-over-V's input. t = `tp`:
+    Megatron TP (`parallelize_gpt`); `sp`: `MegatronSPBlock(regather=True)`, where every
+    per-position tensor outside the sharded matrices holds L = ceil(s/t) positions and
+    attention runs on the padded S = L·t. `recompute="full"`: the block's input only.
+    """
+    _check_count("micro_batch", micro_batch)
+    _check_count("tp", tp)
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r}; allowed values: {', '.join(RECOMPUTE)}")
+    if n_heads % tp:
+        raise ValueError(f"tp={tp}: must divide n_heads={n_heads}")
+    b, h, a, t, e = micro_batch, d_model, n_heads, tp, dtype_bytes
+    f = 4 * h if d_ff is None else d_ff
+    local = math.ceil(seq_len / t) if sp else seq_len  # positions outside the matrices
+    s = local * t if sp else seq_len  # positions inside attention
+    if recompute == "full":
+        return e * b * local * h
+    replicated = 4 * e * b * local * h + 4 * e * b * local  # LN inputs and outputs, statistics
+    sharded = e * b * s * (4 * h + 2 * f) // t  # q, k, v, o_proj input; GELU and fc2 inputs
+    masks = 2 * b * local * h if dropout else 0
+    core = 0
+    if recompute == "none":  # softmax output; with dropout its mask and output too
+        core = (2 * e + 1 if dropout else e) * b * (a // t) * s * s
+    return replicated + sharded + masks + core

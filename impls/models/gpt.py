@@ -12,6 +12,17 @@ Two choices serve the parallel implementations built on top of it:
   so an attention module whose projections hold only some heads still runs.
 - Weights come from an explicit `torch.Generator` (or a seed), never from the global RNG,
   so every rank builds bit-identical weights without coordinating.
+
+Activation recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models", arXiv 2205.05198): `recompute="full"` keeps only each block's
+input and recomputes the block in backward; `recompute="selective"` recomputes only the
+attention core's s² part (QK^T, softmax, dropout, attention over V; §4.2). Both use
+`torch.utils.checkpoint` (use_reentrant=False), which restores the RNG state before the
+recomputation, so dropout draws the same masks twice. `attention="materialized"` computes
+the scores, softmax and dropout explicitly, so the s² tensors the paper counts exist;
+`"fused"` is `F.scaled_dot_product_attention`. Dropout keeps a 1-byte mask
+(`torch.native_dropout`), as the paper's accounting assumes; on CPU `F.dropout` would keep
+one of the activation's dtype.
 """
 
 from __future__ import annotations
@@ -22,12 +33,33 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from impls.models._checks import divisors, require_positive_ints, require_probability
 
-__all__ = ["GPT", "Block", "CausalSelfAttention", "FeedForward", "GPTConfig", "GPTEmbedding"]
+__all__ = [
+    "ATTENTION_MODES",
+    "GPT",
+    "RECOMPUTE_MODES",
+    "Block",
+    "CausalSelfAttention",
+    "Dropout",
+    "FeedForward",
+    "GPTConfig",
+    "GPTEmbedding",
+    "attention_core",
+    "check_choice",
+]
 
 INIT_STD = 0.02  # GPT-2's initializer range
+RECOMPUTE_MODES = ("none", "selective", "full")
+ATTENTION_MODES = ("fused", "materialized")
+
+
+def check_choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
+    """Raise ValueError naming `key` and the allowed values unless `value` is one of them."""
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not allowed; allowed values: {', '.join(allowed)}")
 
 
 @dataclass(kw_only=True)
@@ -52,8 +84,16 @@ class GPTConfig:
     """Whether the Linear and LayerNorm layers carry biases (the LM head never does)."""
     tie_embeddings: bool = False
     """Share the token-embedding matrix with the LM head (GPT-2 does)."""
+    recompute: str = "none"
+    """Activation recomputation: "none", "selective" (the attention core's s² part) or
+    "full" (each block from its input), Korthikanti et al. 2022."""
+    attention: str = "fused"
+    """"fused" (F.scaled_dot_product_attention) or "materialized" (explicit scores,
+    softmax and dropout: the s² tensors Korthikanti et al. count)."""
 
     def __post_init__(self) -> None:
+        check_choice("GPTConfig.recompute", self.recompute, RECOMPUTE_MODES)
+        check_choice("GPTConfig.attention", self.attention, ATTENTION_MODES)
         require_positive_ints(
             "GPTConfig",
             vocab_size=self.vocab_size,
@@ -82,6 +122,56 @@ class GPTConfig:
         return self.d_model // self.n_heads
 
 
+class Dropout(nn.Dropout):
+    """`nn.Dropout` whose backward keeps a bool (1-byte) mask, as Korthikanti et al. count."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        return torch.native_dropout(x, self.p, True)[0]
+
+
+def _materialized_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd) + causal mask), dropped out, times v, each step explicit."""
+    s, hd = q.shape[-2], q.shape[-1]
+    # (b, nh, s, hd) @ (b, nh, hd, s) -> (b, nh, s, s); the scale enters as a tensor op
+    # (div by a 0-dim tensor would be saved for backward, a Python scalar is not)
+    scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(hd))
+    causal = torch.full((s, s), float("-inf"), dtype=scores.dtype, device=scores.device)
+    probs = torch.softmax(scores + causal.triu(1), dim=-1)  # saves its (b, nh, s, s) output
+    if dropout:
+        probs = torch.native_dropout(probs, dropout, True)[0]  # saves a bool (b, nh, s, s) mask
+    return torch.matmul(probs, v)  # (b, nh, s, s) @ (b, nh, s, hd) -> (b, nh, s, hd)
+
+
+def attention_core(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    attention: str,
+    recompute: str,
+    dropout: float,
+) -> torch.Tensor:
+    """Causal attention of (b, nh, s, hd) q, k, v -> (b, nh, s, hd): the s² part of a layer.
+
+    `dropout` is the drop probability in force (0.0 when not training). Under
+    `recompute="selective"` only q, k and v are kept and the rest is recomputed in
+    backward (Korthikanti et al. 2022, §4.2).
+    """
+
+    def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if attention == "materialized":
+            return _materialized_attention(q, k, v, dropout)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+
+    if recompute == "selective" and torch.is_grad_enabled():
+        return checkpoint(core, q, k, v, use_reentrant=False)
+    return core(q, k, v)
+
+
 class GPTEmbedding(nn.Module):
     """Token ids -> residual stream: token embedding plus learned position embedding."""
 
@@ -90,7 +180,7 @@ class GPTEmbedding(nn.Module):
         self.seq_len = cfg.seq_len
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         s = idx.shape[1]
@@ -109,11 +199,12 @@ class CausalSelfAttention(nn.Module):
         h = cfg.d_model
         self.head_dim = cfg.head_dim
         self.dropout = cfg.dropout
+        self.attention, self.recompute = cfg.attention, cfg.recompute
         self.q_proj = nn.Linear(h, h, bias=cfg.bias)
         self.k_proj = nn.Linear(h, h, bias=cfg.bias)
         self.v_proj = nn.Linear(h, h, bias=cfg.bias)
         self.o_proj = nn.Linear(h, h, bias=cfg.bias)
-        self.resid_drop = nn.Dropout(cfg.dropout)
+        self.resid_drop = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -123,8 +214,14 @@ class CausalSelfAttention(nn.Module):
         k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         # softmax(q k^T / sqrt(hd) + causal mask) v: (b, nh, s, hd) -> (b, nh, s, hd)
-        p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        y = attention_core(
+            q,
+            k,
+            v,
+            attention=self.attention,
+            recompute=self.recompute,
+            dropout=self.dropout if self.training else 0.0,
+        )
         # (b, nh, s, hd) -> (b, s, nh, hd) -> (b, s, nh * hd)
         y = y.transpose(1, 2).reshape(b, s, -1)
         return self.resid_drop(self.o_proj(y))  # (b, s, nh * hd) @ (nh * hd, h) -> (b, s, h)
@@ -138,7 +235,7 @@ class FeedForward(nn.Module):
         self.fc1 = nn.Linear(cfg.d_model, cfg.ff_dim, bias=cfg.bias)
         self.act = nn.GELU(approximate="tanh")  # GPT-2's GELU
         self.fc2 = nn.Linear(cfg.ff_dim, cfg.d_model, bias=cfg.bias)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (b, s, h) @ (h, ff) -> (b, s, ff) -> GELU -> (b, s, ff) @ (ff, h) -> (b, s, h)
@@ -146,16 +243,28 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`."""
+    """One pre-LayerNorm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
+
+    Under `recompute="full"` only the block's input is kept for backward; the block is
+    run again there (the attention and MLP may be swapped for parallel ones: the
+    recomputation runs whatever they are, collectives included, on every rank alike).
+    """
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
+        self.recompute = cfg.recompute
         self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.mlp = FeedForward(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute == "full" and torch.is_grad_enabled():
+            return checkpoint(self.body, x, use_reentrant=False)
+        return self.body(x)
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's computation, kept or recomputed as `forward` decides."""
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 

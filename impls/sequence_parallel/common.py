@@ -100,6 +100,7 @@ class SequenceShardedAttention(nn.Module, abc.ABC):
             )
         self.comm = comm
         self.head_dim = attn.head_dim
+        self.attention, self.recompute = attn.attention, attn.recompute
         self.q_proj, self.k_proj, self.v_proj = attn.q_proj, attn.k_proj, attn.v_proj
         self.o_proj = attn.o_proj
 

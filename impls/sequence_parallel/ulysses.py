@@ -16,11 +16,11 @@ Weights are replicated: sum their gradients with `all_reduce_replicated_grads`.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from impls.collectives import all_to_all
 from impls.comm import Communicator
 from impls.models import CausalSelfAttention
+from impls.models.gpt import attention_core
 from impls.sequence_parallel.common import SequenceShardedAttention
 
 __all__ = ["UlyssesAttention", "heads_to_seq", "seq_to_heads"]
@@ -90,6 +90,7 @@ class UlyssesAttention(SequenceShardedAttention):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # 3 all-to-alls: (b, s/P, nh, hd) -> (b, s, nh/P, hd) -> (b, nh/P, s, hd)
         q, k, v = (seq_to_heads(t, self.comm).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, nh/P, s, hd)
+        # (b, nh/P, s, hd); selective recomputation keeps q, k, v only
+        y = attention_core(q, k, v, attention=self.attention, recompute=self.recompute, dropout=0.0)
         # 1 all-to-all: (b, s, nh/P, hd) -> (b, s/P, nh, hd)
         return heads_to_seq(y.transpose(1, 2), self.comm)

@@ -35,11 +35,15 @@ class ParallelSelfAttention(nn.Module):
         dropout: float,
         resid_drop: nn.Module,
         comm: Communicator,
+        attention: str = "fused",
+        recompute: str = "none",
     ) -> None:
         super().__init__()
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
         self.head_dim = head_dim
         self.dropout = dropout
+        # read by CausalSelfAttention.forward: the core's mode and selective recomputation
+        self.attention, self.recompute = attention, recompute
         self.resid_drop = resid_drop
         self.comm = comm
 
@@ -61,6 +65,8 @@ class ParallelSelfAttention(nn.Module):
             dropout=attn.dropout,
             resid_drop=attn.resid_drop,
             comm=comm,
+            attention=attn.attention,
+            recompute=attn.recompute,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
