@@ -50,7 +50,7 @@ from impls.collectives import barrier
 from impls.comm import Communicator
 from impls.memory import SavedStorages, storage_key
 from impls.pipeline.actions import Action, Plan
-from impls.pipeline.dataflow import message_peer, rank_of
+from impls.pipeline.dataflow import StageRanks, message_peer, rank_of
 from impls.pipeline.records import ActionRecord, ActionTimer, StepResult
 from impls.pipeline.shapes import BoundaryShapes, exchange_shapes, uniform_shapes
 from impls.pipeline.transfers import boundary, message_tag, segments, with_transfers
@@ -91,7 +91,9 @@ class PipelineExecutor:
     """Runs `plan` (rank -> compute actions, for all ranks) on this rank's stages.
 
     `comm` spans the P pipeline ranks; `stage_modules` maps this rank's global stage
-    indices (r, r+P, …) to their modules; `num_stages` = P·V. `loss_fn(output, targets)`
+    indices to their modules: r, r+P, … by default, or the stages s with
+    `stage_ranks[s] == r` when a schedule places them otherwise (ZB-V's `v_shape`);
+    `num_stages` = P·V. `loss_fn(output, targets)`
     must return a mean over its micro-batch. `activation_shape` / `activation_dtype` give
     the tensor every stage boundary carries (e.g. (mb, seq, d_model)); when omitted, the
     first `step` sends one shape header per boundary along the pipeline (counted traffic,
@@ -110,6 +112,7 @@ class PipelineExecutor:
         loss_fn: Callable[[Tensor, Tensor], Tensor],
         activation_shape: tuple[int, ...] | None = None,
         activation_dtype: torch.dtype = torch.float32,
+        stage_ranks: StageRanks | None = None,
     ) -> None:
         ranks, rank = comm.world_size, comm.rank
         if len(plan) != ranks:
@@ -118,16 +121,23 @@ class PipelineExecutor:
             raise ValueError(f"num_stages={num_stages} must be a positive multiple of {ranks}")
         if microbatches < 1:
             raise ValueError(f"microbatches={microbatches!r}: must be an integer >= 1")
+        if stage_ranks is not None and (
+            len(stage_ranks) != num_stages or not set(stage_ranks) <= set(range(ranks))
+        ):
+            raise ValueError(
+                f"stage_ranks={tuple(stage_ranks)}: needs one rank in 0..{ranks - 1} for each "
+                f"of the num_stages={num_stages} stages"
+            )
         virtual = num_stages // ranks
-        mine = set(range(rank, num_stages, ranks))
+        mine = {s for s in range(num_stages) if rank_of(s, ranks, stage_ranks) == rank}
         if set(stage_modules) != mine:
             raise ValueError(
                 f"stage_modules has stages {sorted(stage_modules)}; rank {rank} holds {sorted(mine)}"
             )
         self.comm, self.rank, self.ranks = comm, rank, ranks
         self.num_stages, self.microbatches, self.loss_fn = num_stages, microbatches, loss_fn
-        self.stage_modules = stage_modules
-        self.plan = with_transfers(plan, ranks, microbatches, virtual)
+        self.stage_modules, self.stage_ranks = stage_modules, stage_ranks
+        self.plan = with_transfers(plan, ranks, microbatches, virtual, stage_ranks)
         self.actions = self.plan[rank]
         self._segments = segments(self.actions)
         self._params = {
@@ -163,7 +173,9 @@ class PipelineExecutor:
         targets_mb = self._split("targets", targets, -1)
         if self._shapes is None:
             example = batch[0] if batch is not None else None
-            self._shapes = exchange_shapes(self.comm, self.stage_modules, self.num_stages, example)
+            self._shapes = exchange_shapes(
+                self.comm, self.stage_modules, self.num_stages, example, self.stage_ranks
+            )
         if align_clocks:
             barrier(self.comm)  # one time origin for every rank's records
         given = {storage_key(t) for t in (inputs, targets) if t is not None}
@@ -188,10 +200,13 @@ class PipelineExecutor:
             traffic=traffic,
         )
 
+    def _rank_of(self, stage: int) -> int:
+        return rank_of(stage, self.ranks, self.stage_ranks)
+
     def _split(self, key: str, batch: Tensor | None, stage: int) -> list[Tensor] | None:
         """Micro-batches of `batch` if this rank holds `stage` (-1: the last), else None."""
         stage = stage % self.num_stages
-        if rank_of(stage, self.ranks) != self.rank:
+        if self._rank_of(stage) != self.rank:
             return None
         if batch is None:
             raise ValueError(f"{key} is required on rank {self.rank}, which holds stage {stage}")
@@ -223,7 +238,7 @@ class PipelineExecutor:
                 output = self.loss_fn(output, state.targets[m]) / self.microbatches
         if last:
             state.losses.append(output.detach())
-        elif rank_of(s + 1, self.ranks) == self.rank:  # next stage is local: hand it on
+        elif self._rank_of(s + 1) == self.rank:  # next stage is local: hand it on
             state.ready_inputs[(s + 1, m)] = output.detach().requires_grad_()
         else:
             state.outbox[Action(s, "SEND_F", m)] = output.detach().contiguous()
@@ -256,7 +271,7 @@ class PipelineExecutor:
             state.held_bytes -= held.saved_bytes
         if input_grad is None:
             return
-        if rank_of(s - 1, self.ranks) == self.rank:
+        if self._rank_of(s - 1) == self.rank:
             state.ready_grads[(s - 1, m)] = input_grad
         else:
             state.outbox[Action(s, "SEND_B", m)] = input_grad.contiguous()
@@ -267,7 +282,7 @@ class PipelineExecutor:
             rnd = self.comm.round()
             arriving: list[tuple[Action, Tensor]] = []
             for action in actions:
-                peer = message_peer(action, self.ranks)
+                peer = message_peer(action, self.ranks, self.stage_ranks)
                 tag = message_tag(action, self.microbatches)
                 if action.kind.startswith("SEND"):
                     rnd.send(state.outbox.pop(action), peer, tag)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from impls.pipeline.actions import Action, Plan
 from impls.pipeline.dataflow import (
     Product,
+    StageRanks,
     consumes,
     message_peer,
     partner,
@@ -38,8 +39,16 @@ class PlanError(ValueError):
 class Lockstep:
     """One dry run of a plan with transfers over `ranks` ranks and `num_stages` stages."""
 
-    def __init__(self, plan: Plan, ranks: int, num_stages: int, buffered: bool = False) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        ranks: int,
+        num_stages: int,
+        buffered: bool = False,
+        stage_ranks: StageRanks | None = None,
+    ) -> None:
         self.ranks, self.num_stages, self.buffered = ranks, num_stages, buffered
+        self.stage_ranks = stage_ranks
         self.items = [_items(plan[r]) for r in range(ranks)]
         self.position = [0] * ranks
         self.done: set[Action] = set()
@@ -93,7 +102,7 @@ class Lockstep:
         self.round_posted[rank] = True
 
     def _message(self, rank: int, action: Action) -> Message:
-        peer = message_peer(action, self.ranks)
+        peer = message_peer(action, self.ranks, self.stage_ranks)
         src, dst = (rank, peer) if action.kind.startswith("SEND") else (peer, rank)
         return (shipped(action), src, dst)
 
@@ -160,7 +169,7 @@ class Lockstep:
         for product in consumes(action, self.num_stages):
             if (product, rank) in self.have:
                 continue
-            source = rank_of(product.stage, self.ranks)
+            source = rank_of(product.stage, self.ranks, self.stage_ranks)
             if source == rank:
                 return f"{action} needs {product}, which has not been computed yet"
             return f"{action} needs {product} from rank {source}, which has not been received"
@@ -175,7 +184,7 @@ class Lockstep:
             stuck[rank] = mark(_label(item))
             for action in item:
                 if not self._finished(rank, action):
-                    peer = message_peer(action, self.ranks)
+                    peer = message_peer(action, self.ranks, self.stage_ranks)
                     other = partner(action)
                     waits.append(f"rank {rank}'s {action} waits for {other} on rank {peer}")
         problem = f"deadlock at step {len(self.cells) - 1}: no rank can move; " + "; ".join(waits)

@@ -17,7 +17,7 @@ Megatron-LM habit of batching a step's sends and receives together, derived per 
 from __future__ import annotations
 
 from impls.pipeline.actions import Action, Plan
-from impls.pipeline.dataflow import consumer_stage, consumes, produces, rank_of
+from impls.pipeline.dataflow import StageRanks, consumer_stage, consumes, produces, rank_of
 
 __all__ = ["adjacent_transfers", "compute_steps", "paired_transfers"]
 
@@ -30,25 +30,29 @@ def _recv(action: Action, consumer: int) -> Action:
     return Action(consumer, "RECV_F" if action.kind == "F" else "RECV_B", action.microbatch)
 
 
-def adjacent_transfers(plan: Plan, ranks: int, num_stages: int) -> Plan:
+def adjacent_transfers(
+    plan: Plan, ranks: int, num_stages: int, stage_ranks: StageRanks | None = None
+) -> Plan:
     """Receive right before the consumer, send right after the producer."""
     out: Plan = {}
     for rank, actions in plan.items():
         placed: list[Action] = []
         for action in actions:
             for product in consumes(action, num_stages):
-                if rank_of(product.stage, ranks) != rank:
+                if rank_of(product.stage, ranks, stage_ranks) != rank:
                     kind = "RECV_F" if product.kind == "activation" else "RECV_B"
                     placed.append(Action(action.stage, kind, action.microbatch))
             placed.append(action)
             consumer = consumer_stage(action, num_stages)
-            if consumer is not None and rank_of(consumer, ranks) != rank:
+            if consumer is not None and rank_of(consumer, ranks, stage_ranks) != rank:
                 placed.append(_send(action))
         out[rank] = placed
     return out
 
 
-def compute_steps(plan: Plan, ranks: int, num_stages: int) -> dict[int, list[int]] | None:
+def compute_steps(
+    plan: Plan, ranks: int, num_stages: int, stage_ranks: StageRanks | None = None
+) -> dict[int, list[int]] | None:
     """The lockstep step of each compute action, or None if the order cannot finish.
 
     Each step every rank runs its next action if its inputs exist: produced on this rank
@@ -65,7 +69,7 @@ def compute_steps(plan: Plan, ranks: int, num_stages: int) -> dict[int, list[int
             if position[r] < len(plan[r]):
                 action = plan[r][position[r]]
                 needs = consumes(action, num_stages)
-                if rank_of(action.stage, ranks) == r and all(
+                if rank_of(action.stage, ranks, stage_ranks) == r and all(
                     available.get((p, r), step + 1) <= step for p in needs
                 ):
                     runnable.append((r, action))
@@ -78,14 +82,16 @@ def compute_steps(plan: Plan, ranks: int, num_stages: int) -> dict[int, list[int
             if product is not None:
                 available[(product, r)] = step + 1
                 if consumer is not None:
-                    available[(product, rank_of(consumer, ranks))] = step + 1
+                    available[(product, rank_of(consumer, ranks, stage_ranks))] = step + 1
         step += 1
     return steps
 
 
-def paired_transfers(plan: Plan, ranks: int, num_stages: int) -> Plan | None:
+def paired_transfers(
+    plan: Plan, ranks: int, num_stages: int, stage_ranks: StageRanks | None = None
+) -> Plan | None:
     """Both ends of each transfer at the boundary after the producing step (None if stuck)."""
-    steps = compute_steps(plan, ranks, num_stages)
+    steps = compute_steps(plan, ranks, num_stages, stage_ranks)
     if steps is None:
         return None
     keyed: dict[int, list[tuple[tuple[int, int, int], Action]]] = {r: [] for r in plan}
@@ -93,8 +99,10 @@ def paired_transfers(plan: Plan, ranks: int, num_stages: int) -> Plan | None:
         for index, (action, step) in enumerate(zip(actions, steps[rank], strict=True)):
             keyed[rank].append(((step, 0, index), action))
             consumer = consumer_stage(action, num_stages)
-            if consumer is not None and rank_of(consumer, ranks) != rank:
+            if consumer is not None and rank_of(consumer, ranks, stage_ranks) != rank:
                 # Sorts after every compute of `step` and before any of step + 1.
                 keyed[rank].append(((step, 1, index), _send(action)))
-                keyed[rank_of(consumer, ranks)].append(((step, 2, rank), _recv(action, consumer)))
+                keyed[rank_of(consumer, ranks, stage_ranks)].append(
+                    ((step, 2, rank), _recv(action, consumer))
+                )
     return {rank: [action for _, action in sorted(keyed[rank])] for rank in plan}

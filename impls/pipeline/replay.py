@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from impls.pipeline.actions import Action, Plan
-from impls.pipeline.dataflow import consumer_stage, consumes, produces, rank_of
+from impls.pipeline.dataflow import StageRanks, consumer_stage, consumes, produces, rank_of
 from impls.pipeline.lockstep import PlanError
 
 __all__ = ["ActionSpan", "Timeline", "max_inflight_microbatches", "replay"]
@@ -59,6 +59,7 @@ def replay(
     durations: Durations,
     transfer: TransferCost = 0.0,
     num_stages: int | None = None,
+    stage_ranks: StageRanks | None = None,
 ) -> Timeline:
     """Place `plan`'s compute actions on a timeline, each rank running its list in order.
 
@@ -67,7 +68,7 @@ def replay(
     between ranks: a number, or a mapping/callable keyed by the send action
     (`Action(s, "SEND_F", m)` for stage s's activation, `Action(s, "SEND_B", m)` for its
     input gradient). Communication actions in `plan` are skipped: `transfer` prices them.
-    Stage s lives on rank s % P; `num_stages` defaults to the highest stage in the plan + 1.
+    Stage s lives on rank `stage_ranks[s]` (default s % P); `num_stages` defaults to the highest stage in the plan + 1.
     Transfers never contend with each other or with compute (each pair of ranks has its own
     link and its own copy engine). Raises PlanError if the order can never finish.
     """
@@ -92,7 +93,7 @@ def replay(
                 end = start + _cost(durations, action)
                 spans.append(ActionSpan(r, action, start, end))
                 clock[r], busy[r] = end, busy[r] + (end - start)
-                _publish(action, r, end, ranks, num_stages, transfer, ready_at)
+                _publish(action, r, end, (ranks, num_stages, stage_ranks), transfer, ready_at)
                 position[r] += 1
                 progressed = True
     stuck = {r: str(queues[r][position[r]]) for r in range(ranks) if position[r] < len(queues[r])}
@@ -106,20 +107,21 @@ def _publish(
     action: Action,
     rank: int,
     end: float,
-    ranks: int,
-    num_stages: int,
+    layout: tuple[int, int, StageRanks | None],
     transfer: TransferCost,
     ready_at: dict[tuple[object, int], float],
 ) -> None:
     """Record when `action`'s product is available on its own rank and on its consumer's."""
+    ranks, num_stages, stage_ranks = layout
     product = produces(action)
     if product is None:
         return
     ready_at[(product, rank)] = end
     consumer = consumer_stage(action, num_stages)
-    if consumer is not None and rank_of(consumer, ranks) != rank:
+    to = None if consumer is None else rank_of(consumer, ranks, stage_ranks)
+    if to is not None and to != rank:
         send = Action(action.stage, "SEND_F" if action.kind == "F" else "SEND_B", action.microbatch)
-        ready_at[(product, rank_of(consumer, ranks))] = end + _cost(transfer, send)
+        ready_at[(product, to)] = end + _cost(transfer, send)
 
 
 def _cost(table: Durations | TransferCost, action: Action) -> float:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from impls.comm import Communicator
-from impls.pipeline.dataflow import rank_of
+from impls.pipeline.dataflow import StageRanks, rank_of
 
 __all__ = ["DTYPES", "MAX_DIMS", "BoundaryShapes", "exchange_shapes", "uniform_shapes"]
 
@@ -37,6 +37,7 @@ def exchange_shapes(
     stage_modules: dict[int, nn.Module],
     num_stages: int,
     example: Tensor | None,
+    stage_ranks: StageRanks | None = None,
 ) -> BoundaryShapes:
     """Learn each stage boundary's tensor shape once, walking the stages in model order.
 
@@ -49,7 +50,7 @@ def exchange_shapes(
     device, ranks = comm.device, comm.world_size
     rng_devices = [device] if device.type == "cuda" else []
     for b in range(num_stages - 1):
-        sender, receiver = rank_of(b, ranks), rank_of(b + 1, ranks)
+        sender, receiver = rank_of(b, ranks, stage_ranks), rank_of(b + 1, ranks, stage_ranks)
         if comm.rank == sender:
             if b == 0:
                 stage_input = example

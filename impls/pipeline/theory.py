@@ -20,6 +20,9 @@ __all__ = [
     "utilization_bound",
     "zero_bubble_h1_bubble_time",
     "zero_bubble_h1_utilization",
+    "zero_bubble_h2_utilization",
+    "zero_bubble_max_inflight",
+    "zero_bubble_v_utilization",
 ]
 
 
@@ -101,16 +104,71 @@ def zero_bubble_h1_utilization(
     return work / (work + zero_bubble_h1_bubble_time(stages, t_f, t_i, t_w))
 
 
+def zero_bubble_h2_utilization(
+    stages: int, microbatches: int, t_f: float = 1.0, t_i: float = 1.0, t_w: float = 1.0
+) -> float:
+    """M(T_F+T_I+T_W) / (M(T_F+T_I+T_W) + (P−1)T_F); equal costs: 3M/(3M+P−1).
+
+    Qi et al. 2024, §2.2 and Fig. 3 (bottom): ZB-H2 leaves no rank idle between its first
+    and last action (the paper's zero bubble; its optimizer post-validation lets the next
+    step start on rank 0 at once). A synchronous step, as measured here, still waits the
+    parallelogram's skew: rank r starts r·T_F late and rank 0 ends (P−1)·T_F early. At
+    equal costs that is ZB-H1's bound too; ZB-H2 gains where T_I > T_W, since ZB-H1's idle
+    is (P−1)(T_F+T_I−T_W). Stated for equal costs (which the replay meets exactly for
+    M ≥ 2P−1, the warm-up it needs); other costs are the paper's reading, not pinned.
+    """
+    p, m = require_count("stages", stages), require_count("microbatches", microbatches)
+    if m < 2 * p - 1:
+        raise ValueError(
+            f"microbatches={m}: the ZB-H2 bound assumes microbatches >= 2·stages−1={2 * p - 1}"
+        )
+    work = m * (t_f + t_i + t_w)
+    return work / (work + (p - 1) * t_f)
+
+
+def zero_bubble_v_utilization(stages: int, microbatches: int) -> float:
+    """6M / (6M + P − 1) with equal chunk costs (T_F = T_I = T_W per chunk = half a stage).
+
+    Qi et al., "Pipeline Parallelism with Controllable Memory" (2024), §3 / Fig. 3 and the
+    ZB-V of "Zero Bubble Pipeline Parallelism" §6: with two chunks per rank in a V every
+    rank works without a gap, and the synchronous step's only idle is the ramp skew of
+    P−1 chunk units (half a 1F1B stage each), against 6M units of work per rank. Met
+    exactly by the replay for M ≥ P.
+    """
+    p, m = require_count("stages", stages), require_count("microbatches", microbatches)
+    if m < p:
+        raise ValueError(f"microbatches={m}: the ZB-V bound assumes microbatches >= stages={p}")
+    return 6 * m / (6 * m + p - 1)
+
+
+def zero_bubble_max_inflight(schedule: str, stages: int, microbatches: int) -> int:
+    """Most (stage, micro-batch) pairs a rank holds between F and W (rank 0's peak).
+
+    ZB-H1: min(P, M), 1F1B's (Qi et al. 2024 §2.1). ZB-H2: min(2P−1, M) micro-batches,
+    the paper's 2P−1 (§2.2). ZB-V: min(3P, 2M) chunk pairs as scheduled here (each half a
+    stage: 1.5 P micro-batches' worth; the paper's hand-built ZB-V holds 2P, 1F1B's P).
+    """
+    p, m = require_count("stages", stages), require_count("microbatches", microbatches)
+    limits = {"zero_bubble_h1": min(p, m), "zero_bubble_h2": min(2 * p - 1, m),
+              "zero_bubble_v": min(3 * p, 2 * m)}  # fmt: skip
+    if schedule not in limits:
+        raise ValueError(f"schedule={schedule!r}: choose one of {', '.join(limits)}")
+    return limits[schedule]
+
+
 def utilization_bound(
     schedule: str, stages: int, microbatches: int, virtual_stages: int = 1
 ) -> float:
-    """The theory column for a registered schedule (ZB-H1: T_F = T_I = T_W and M ≥ P)."""
+    """The theory column for a registered schedule (zero bubble: T_F = T_I = T_W, M ≥ P;
+    ZB-H2 M ≥ 2P−1)."""
     bounds = {
         "naive": lambda: naive_utilization(stages),
         "gpipe": lambda: gpipe_utilization(stages, microbatches),
         "1f1b": lambda: one_f_one_b_utilization(stages, microbatches),
         "interleaved_1f1b": lambda: interleaved_utilization(stages, microbatches, virtual_stages),
         "zero_bubble_h1": lambda: zero_bubble_h1_utilization(stages, microbatches),
+        "zero_bubble_h2": lambda: zero_bubble_h2_utilization(stages, microbatches),
+        "zero_bubble_v": lambda: zero_bubble_v_utilization(stages, microbatches),
     }
     if schedule not in bounds:
         raise ValueError(f"schedule={schedule!r}: unknown; choose one of {', '.join(bounds)}")

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from impls.pipeline.actions import COMPUTE_KINDS, Action, Plan
-from impls.pipeline.dataflow import partner
+from impls.pipeline.dataflow import StageRanks, partner
 from impls.pipeline.executor import ActionRecord
 from impls.pipeline.replay import Timeline, replay
 
@@ -113,7 +113,11 @@ def transfer_costs(records_by_rank: Records) -> dict[Action, float]:
 
 
 def replay_measured(
-    plan: Plan, records_by_rank: Records, num_stages: int, transfer: str | float = "median"
+    plan: Plan,
+    records_by_rank: Records,
+    num_stages: int,
+    transfer: str | float = "median",
+    stage_ranks: StageRanks | None = None,
 ) -> Timeline:
     """Replay `plan` with measured costs: each compute action's `cpu_s`, and transfers'.
 
@@ -129,13 +133,13 @@ def replay_measured(
             if record.kind in COMPUTE_KINDS:
                 durations[Action.parse(record.action)] = record.cpu_s
     if not isinstance(transfer, str):
-        return replay(plan, durations, float(transfer), num_stages)
+        return replay(plan, durations, float(transfer), num_stages, stage_ranks)
     if transfer not in TRANSFER_MODES:
         raise ValueError(
             f"transfer={transfer!r}: choose one of {', '.join(TRANSFER_MODES)} or a number"
         )
     costs = transfer_costs(records_by_rank)
     if transfer == "each":
-        return replay(plan, durations, costs, num_stages)
+        return replay(plan, durations, costs, num_stages, stage_ranks)
     median = statistics.median(costs.values()) if costs else 0.0
-    return replay(plan, durations, median, num_stages)
+    return replay(plan, durations, median, num_stages, stage_ranks)

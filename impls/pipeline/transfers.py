@@ -10,6 +10,7 @@ included.
 from __future__ import annotations
 
 from impls.pipeline.actions import Action, Plan
+from impls.pipeline.dataflow import StageRanks
 from impls.pipeline.validate import dry_run, insert_communication, validate
 
 __all__ = ["Segment", "boundary", "message_tag", "segments", "with_transfers"]
@@ -18,14 +19,20 @@ Segment = Action | tuple[Action, ...]
 """One compute action, or one round of transfers."""
 
 
-def with_transfers(plan: Plan, ranks: int, microbatches: int, virtual: int) -> Plan:
+def with_transfers(
+    plan: Plan,
+    ranks: int,
+    microbatches: int,
+    virtual: int,
+    stage_ranks: StageRanks | None = None,
+) -> Plan:
     """Validate `plan` and return it with its transfers (inserted unless already there)."""
     has_transfers = any(a.is_comm for actions in plan.values() for a in actions)
     compute_only = {r: [a for a in actions if a.is_compute] for r, actions in plan.items()}
-    validate(compute_only, ranks, microbatches, virtual)
+    validate(compute_only, ranks, microbatches, virtual, stage_ranks)
     if not has_transfers:
-        return insert_communication(plan, ranks, virtual)
-    dry_run(plan, ranks, virtual)
+        return insert_communication(plan, ranks, virtual, stage_ranks=stage_ranks)
+    dry_run(plan, ranks, virtual, stage_ranks=stage_ranks)
     return plan
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from impls.pipeline.actions import Action, Plan
-from impls.pipeline.dataflow import placement_problem
+from impls.pipeline.dataflow import StageRanks, placement_problem
 from impls.pipeline.grid import render_grid
 from impls.pipeline.lockstep import Lockstep, PlanError
 from impls.pipeline.placement import adjacent_transfers, paired_transfers
@@ -59,12 +59,16 @@ class DryRunResult:
 
 
 def insert_communication(
-    plan: Plan, stages: int, virtual_stages: int = 1, placement: str = "paired"
+    plan: Plan,
+    stages: int,
+    virtual_stages: int = 1,
+    placement: str = "paired",
+    stage_ranks: StageRanks | None = None,
 ) -> Plan:
     """Return `plan` (compute actions only) with its `SEND_*` / `RECV_*` actions added.
 
     `stages` is the number of ranks P; the model has P·`virtual_stages` stages, stage s on
-    rank s % P. `placement="paired"` (default) puts both ends of each transfer at the same
+    rank `stage_ranks[s]` (default s % P). `placement="paired"` (default) puts both ends of each transfer at the same
     lockstep boundary, which cannot deadlock under rendezvous sends; if the compute order
     itself cannot finish, it falls back to `"adjacent"` (send right after the producer,
     receive right before the consumer) so that the dry run can show where it sticks.
@@ -77,9 +81,13 @@ def insert_communication(
         if comm:
             raise PlanError(f"{comm[0]} on rank {rank}: plan already has communication")
     num_stages = stages * virtual_stages
-    _check_placement(plan, stages, num_stages)
-    paired = paired_transfers(plan, stages, num_stages) if placement == "paired" else None
-    return paired if paired is not None else adjacent_transfers(plan, stages, num_stages)
+    _check_placement(plan, stages, num_stages, stage_ranks)
+    paired = None
+    if placement == "paired":
+        paired = paired_transfers(plan, stages, num_stages, stage_ranks)
+    if paired is not None:
+        return paired
+    return adjacent_transfers(plan, stages, num_stages, stage_ranks)
 
 
 def dry_run(
@@ -87,6 +95,7 @@ def dry_run(
     stages: int | None = None,
     virtual_stages: int | None = None,
     sends: str = "rendezvous",
+    stage_ranks: StageRanks | None = None,
 ) -> DryRunResult:
     """Simulate `plan` (with transfers) and return its step × rank grid, or raise PlanError.
 
@@ -103,18 +112,27 @@ def dry_run(
     if virtual_stages is None:
         top = max((a.stage for actions in plan.values() for a in actions), default=0)
         virtual_stages = top // ranks + 1
-    _check_placement(plan, ranks, ranks * virtual_stages)
-    simulation = Lockstep(plan, ranks, ranks * virtual_stages, buffered=sends == "buffered")
+    _check_placement(plan, ranks, ranks * virtual_stages, stage_ranks)
+    simulation = Lockstep(
+        plan, ranks, ranks * virtual_stages, sends == "buffered", stage_ranks=stage_ranks
+    )
     simulation.run()
     return DryRunResult(tuple(tuple(row) for row in simulation.cells), dict(simulation.placed))
 
 
-def validate(plan: Plan, stages: int, microbatches: int, virtual_stages: int = 1) -> DryRunResult:
+def validate(
+    plan: Plan,
+    stages: int,
+    microbatches: int,
+    virtual_stages: int = 1,
+    stage_ranks: StageRanks | None = None,
+) -> DryRunResult:
     """`insert_communication` + `dry_run` + every (stage, micro-batch) present exactly once.
 
     `plan` holds compute actions only. Raises PlanError (with the grid) on any fault.
     """
-    result = dry_run(insert_communication(plan, stages, virtual_stages), stages, virtual_stages)
+    with_comm = insert_communication(plan, stages, virtual_stages, stage_ranks=stage_ranks)
+    result = dry_run(with_comm, stages, virtual_stages, stage_ranks=stage_ranks)
     stray = [a for a in result.placed if a.microbatch >= microbatches]
     if stray:
         raise PlanError(
@@ -138,11 +156,13 @@ def _check_ranks(plan: Plan, ranks: int) -> None:
         raise PlanError(f"plan has ranks {sorted(plan)}, expected 0..{ranks - 1} (stages={ranks})")
 
 
-def _check_placement(plan: Plan, ranks: int, num_stages: int) -> None:
+def _check_placement(
+    plan: Plan, ranks: int, num_stages: int, stage_ranks: StageRanks | None = None
+) -> None:
     """Every action must name a stage that exists and lives on the rank that lists it."""
     for rank in range(ranks):
         for index, action in enumerate(plan[rank]):
-            problem = placement_problem(action, rank, ranks, num_stages)
+            problem = placement_problem(action, rank, ranks, num_stages, stage_ranks)
             if problem is not None:
                 depth = max(len(actions) for actions in plan.values())
                 cells = [

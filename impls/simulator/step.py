@@ -46,7 +46,7 @@ from impls.simulator.zero_comm import StageDataParallel, dp_group, end_of_step, 
 
 __all__ = ["LayerCost", "layer_costs", "simulate"]
 
-SPLIT_BACKWARD = frozenset({"zero_bubble_h1"})  # schedules that run I and W as two actions
+SPLIT_BACKWARD = frozenset({"zero_bubble_h1", "zero_bubble_h2", "zero_bubble_v"})  # I and W apart
 OPTIMIZERS = ("adam",)
 
 

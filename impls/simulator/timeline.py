@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from impls.pipeline.dataflow import consumes, produces, rank_of
-from impls.pipeline.schedules import build_plan
+from impls.pipeline.schedules import build_plan, stage_ranks
 
 __all__ = ["CompiledSchedule", "FastTimeline", "compile_schedule", "evaluate"]
 
@@ -57,6 +57,7 @@ def compile_schedule(
     """Build the plan with `build_plan` and order its compute actions (Kahn's algorithm)."""
     plan = build_plan(name, pp, microbatches, virtual_stages)
     stages = pp * virtual_stages
+    placed = stage_ranks(name, pp, virtual_stages)
     actions = [(r, a) for r in range(pp) for a in plan[r] if a.is_compute]
     producer = {}
     for i, (_, a) in enumerate(actions):
@@ -72,7 +73,7 @@ def compile_schedule(
         for product in consumes(a, stages):
             j = producer[product]
             source = actions[j][1]
-            via = 0 if rank_of(source.stage, pp) == r else (1 if source.kind == "F" else 2)
+            via = 0 if rank_of(source.stage, pp, placed) == r else (1 if source.kind == "F" else 2)
             needs.append((j, source.stage, via))
         inputs.append(tuple(needs))
     order = _topological(previous, inputs)

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from impls.models import GPT, GPTConfig, split_into_virtual_stages, stages_of_rank
+from impls.models import GPT, GPTConfig, split_into_virtual_stages
 from impls.pipeline import PipelineExecutor, build_plan
+from impls.pipeline.dataflow import rank_of
+from impls.pipeline.schedules import stage_ranks
 from tests.rank_support import prefix_communicator
 
 BATCH = 8
@@ -51,7 +53,8 @@ def build_executor(case: Case, comm) -> tuple[GPT, PipelineExecutor]:
     p, v = case.stages, case.virtual_stages
     model = GPT(case.config(), seed=0)
     stages = split_into_virtual_stages(model, p, v)
-    mine = {s: stages[s] for s in stages_of_rank(comm.rank, p, v)}
+    placed = stage_ranks(case.schedule, p, v)  # ZB-V: rank r holds stages r and 2P−1−r
+    mine = {s: stages[s] for s in range(p * v) if rank_of(s, p, placed) == comm.rank}
     shape = None if case.infer_shapes else (BATCH // case.microbatches, case.seq_len, case.d_model)
     executor = PipelineExecutor(
         comm,
@@ -61,6 +64,7 @@ def build_executor(case: Case, comm) -> tuple[GPT, PipelineExecutor]:
         microbatches=case.microbatches,
         loss_fn=GPT.loss,
         activation_shape=shape,
+        stage_ranks=placed,
     )
     return model, executor
 

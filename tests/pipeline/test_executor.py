@@ -15,6 +15,8 @@ import torch
 
 from impls.models import GPT
 from impls.pipeline import build_plan, max_inflight_microbatches
+from impls.pipeline.dataflow import rank_of
+from impls.pipeline.schedules import stage_ranks
 from tests.pipeline.executor_ranks import Case, bad_inputs, run_steps
 
 
@@ -23,6 +25,9 @@ def _cases() -> list[Case]:
     for name in ("gpipe", "1f1b", "zero_bubble_h1"):
         cases += [Case(name, p, m) for p in (2, 4) for m in (1, 4, 8)]
     # Interleaving needs M % P == 0 and P·V layers; at P = 1 every hand-off is local.
+    # ZB-H2 and ZB-V need M >= P; ZB-V runs 2P stages in a V (rank 0 holds the loss).
+    cases += [Case("zero_bubble_h2", p, m) for p in (2, 4) for m in (4, 8)]
+    cases += [Case("zero_bubble_v", p, m, 2, n_layers=2 * p) for p in (2, 4) for m in (4, 8)]
     cases += [
         Case("interleaved_1f1b", p, m, 2, n_layers=max(4, 2 * p))
         for p in (1, 2, 4)
@@ -30,7 +35,7 @@ def _cases() -> list[Case]:
         if m % p == 0 and not (p == 1 and m == 8)
     ]
     # Two cases learn the activation shapes by messages instead of being told.
-    inferred = {("1f1b", 4, 4), ("interleaved_1f1b", 2, 4)}
+    inferred = {("1f1b", 4, 4), ("interleaved_1f1b", 2, 4), ("zero_bubble_v", 2, 4)}
     return [
         Case(**{**c.__dict__, "infer_shapes": True})
         if (c.schedule, c.stages, c.microbatches) in inferred
@@ -70,7 +75,8 @@ def _gathered(outputs: list[dict]) -> dict[str, torch.Tensor]:
 def _check_against_reference(outputs: list[dict], case: Case, scale: float = 1.0) -> None:
     want_loss, want_grads = _reference(case)
     losses = [out["results"][-1].loss for out in outputs]
-    last_rank = (case.stages * case.virtual_stages - 1) % case.stages
+    placed = stage_ranks(case.schedule, case.stages, case.virtual_stages)
+    last_rank = rank_of(case.stages * case.virtual_stages - 1, case.stages, placed)
     assert [r for r, loss in enumerate(losses) if loss is not None] == [last_rank]
     # float32, micro-batch sums in a different order than the full batch: ~1e-6 relative.
     torch.testing.assert_close(torch.tensor(losses[last_rank]), want_loss, rtol=1e-5, atol=1e-6)

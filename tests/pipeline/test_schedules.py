@@ -11,7 +11,7 @@ import pytest
 
 from impls.pipeline.actions import Action
 from impls.pipeline.replay import max_inflight_microbatches
-from impls.pipeline.schedules import SCHEDULES, build_plan
+from impls.pipeline.schedules import SCHEDULES, SPLIT_BACKWARD, build_plan, stage_ranks
 from impls.pipeline.validate import validate
 
 STAGES = (1, 2, 3, 4, 8)
@@ -28,6 +28,9 @@ def _table() -> list[tuple[str, int, int, int]]:
                     continue
                 if name == "interleaved_1f1b":
                     cases += [(name, p, m, v) for v in (2, 3) if m % p == 0]
+                elif name in ("zero_bubble_h2", "zero_bubble_v"):  # they need M >= P
+                    v = 2 if name == "zero_bubble_v" else 1
+                    cases += [(name, p, m, v)] if m >= p else []
                 else:
                     cases.append((name, p, m, 1))
     return cases
@@ -38,8 +41,9 @@ TABLE = _table()
 
 def test_table_covers_every_schedule() -> None:
     assert {case[0] for case in TABLE} == set(SCHEDULES)
-    # naive's five P; three full 5 x 5 grids; interleaved's 14 (P, M) with M % P == 0, times V = 2, 3
-    assert len(TABLE) == 5 + 3 * 25 + 2 * 14
+    # naive's five P; three full 5 x 5 grids; interleaved's 14 (P, M) with M % P == 0, times
+    # V = 2, 3; ZB-H2's and ZB-V's 17 (P, M) with M >= P
+    assert len(TABLE) == 5 + 3 * 25 + 2 * 14 + 2 * 17
 
 
 @pytest.mark.parametrize(("name", "stages", "microbatches", "virtual_stages"), TABLE)
@@ -47,8 +51,10 @@ def test_every_schedule_passes_validation(
     name: str, stages: int, microbatches: int, virtual_stages: int
 ) -> None:
     plan = build_plan(name, stages, microbatches, virtual_stages)
-    result = validate(plan, stages, microbatches, virtual_stages)
-    per_stage = 3 if name == "zero_bubble_h1" else 2  # F + B, or F + I + W
+    result = validate(
+        plan, stages, microbatches, virtual_stages, stage_ranks(name, stages, virtual_stages)
+    )
+    per_stage = 3 if name in SPLIT_BACKWARD else 2  # F + B, or F + I + W
     assert len(result.placed) == stages * virtual_stages * microbatches * per_stage
 
 
@@ -105,6 +111,19 @@ def test_one_f_one_b_and_zero_bubble_hold_at_most_p_micro_batches_gpipe_m() -> N
         (("interleaved_1f1b", 4, 6, 2), "microbatches=6", "divisible by stages=4"),
         (("interleaved_1f1b", 4, 8, 1), "virtual_stages=1", ">= 2 for schedule 'interleaved_1f1b'"),
         (("zero_bubble_h1", 4, 8, 2), "virtual_stages=2", "must be 1"),
+        (("zero_bubble_h2", 4, 8, 2), "virtual_stages=2", "must be 1"),
+        (("zero_bubble_v", 4, 8, 1), "virtual_stages=1", "must be 2"),
+        (("zero_bubble_v", 4, 8, 3), "virtual_stages=3", "must be 2"),
+        (
+            ("zero_bubble_h2", 4, 3),
+            "microbatches=3",
+            "'zero_bubble_h2' needs microbatches >= stages=4",
+        ),
+        (
+            ("zero_bubble_v", 4, 2, 2),
+            "microbatches=2",
+            "'zero_bubble_v' needs microbatches >= stages=4",
+        ),
     ],
 )
 def test_bad_configurations_are_refused_naming_the_key(args: tuple, key: str, rule: str) -> None:
@@ -118,3 +137,25 @@ def test_schedule_functions_check_their_own_arguments() -> None:
         SCHEDULES["naive"](2, 3)
     with pytest.raises(ValueError, match="microbatches=3"):
         SCHEDULES["interleaved_1f1b"](2, 3, 2)
+
+
+def test_zero_bubble_h2_holds_2p_minus_1_and_keeps_weight_gradients_for_the_drain() -> None:
+    for p, m in [(2, 4), (4, 8), (4, 16), (8, 16)]:
+        plan = build_plan("zero_bubble_h2", p, m)
+        assert max_inflight_microbatches(plan) == {r: min(2 * p - 1, m) for r in range(p)}
+        for rank, actions in plan.items():
+            last_i = max(i for i, a in enumerate(actions) if a.kind == "I")
+            # its own last W, and the 2r it kept back
+            assert [a.kind for a in actions[last_i + 1 :]] == ["W"] * (2 * rank + 1)
+
+
+def test_zero_bubble_v_places_stages_r_and_2p_minus_1_minus_r_on_rank_r() -> None:
+    p = 4
+    assert stage_ranks("zero_bubble_v", p, 2) == (0, 1, 2, 3, 3, 2, 1, 0)
+    assert stage_ranks("interleaved_1f1b", p, 2) is None  # round-robin
+    plan = build_plan("zero_bubble_v", p, 8, 2)
+    for rank, actions in plan.items():
+        assert {a.stage for a in actions} == {rank, 2 * p - 1 - rank}
+    # The default placement refuses it: round-robin puts stage 7 on rank 3, not rank 0.
+    with pytest.raises(ValueError, match="7F0 belongs on rank 3, not rank 0"):
+        validate(plan, p, 8, 2)

@@ -1,0 +1,32 @@
+"""ZB-H2: zero bubble at equal costs, bought with more warm-up forwards (more memory).
+
+Qi, Wan, Huang & Lin 2024, "Zero Bubble Pipeline Parallelism" (ICLR 2024), §2.2 and
+Fig. 3 (bottom). ZB-H1 keeps 1F1B's memory, so its ramps still idle (P−1)(T_F+T_I−T_W)
+per rank. ZB-H2 lets every rank hold up to 2P−1 micro-batches: the extra warm-up
+forwards fill the ramp before the first input gradient arrives, and each rank keeps 2r
+weight gradients back for the drain after its last `I`, where it would otherwise wait
+on the gradients of later stages. With T_F = T_I = T_W no rank idles between its first
+and last action: rank r works without a gap from r·T_F to r·T_F + M(T_F+T_I+T_W), the
+paper's parallelogram (which its optimizer post-validation tiles across iterations; a
+synchronous step still sees the (P−1)·T_F skew, see `impls.pipeline.theory`).
+
+The order is built by the unit-time list scheduler of `_greedy` (input gradients first,
+then forwards under the limit, then weight gradients), as the paper builds its schedules.
+The zero-bubble claim needs M ≥ 2P−1; with fewer micro-batches the plan still runs.
+"""
+
+from __future__ import annotations
+
+from impls.pipeline.actions import Plan
+from impls.pipeline.schedules._checks import require_count
+from impls.pipeline.schedules._greedy import greedy_plan
+
+__all__ = ["zero_bubble_h2"]
+
+
+def zero_bubble_h2(stages: int, microbatches: int) -> Plan:
+    """Rank r: up to 2P−1 micro-batches in flight, W's fill gaps, 2r W's kept for the drain."""
+    require_count("stages", stages)
+    require_count("microbatches", microbatches)
+    limits = [2 * stages - 1] * stages
+    return greedy_plan(list(range(stages)), microbatches, limits, [2 * r for r in range(stages)])
