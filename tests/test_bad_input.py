@@ -190,6 +190,18 @@ TIMED = [
     (["dtype=float33"], ["dtype='float33'", "float32", "bfloat16"]),
 ]
 BUILD_CASES = {
+    "activation_recompute": [
+        (["recompute=[partial]"], ["recompute", "partial", "selective"]),
+        (["recompute=[full,full]"], ["recompute", "repeats"]),
+        (["tp=[3]"], ["tp=3", "model.n_heads=8"]), (["tp=[0]"], ["tp=[0]"]),
+        (["sp=[]"], ["sp=[]"]), (["seq_lens=[0]"], ["seq_lens=[0]"]),
+        (["seq_lens=[33]"], ["seq_lens=[33]", "tp=2"]),
+        (["dtype=fp8"], ["dtype='fp8'", "bf16"]),
+        (["attention=flash"], ["attention='flash'", "materialized"]),
+        (["+model.recompute=full"], ["model.recompute=full", "grid keys"]),
+        (["budget_bytes=0"], ["budget_bytes=[0]"]), (["micro_batch=0"], ["micro_batch=[0]"]),
+        (["warmup=-1"], ["warmup=[-1]"]), (["+model.dropout=1.5"], ["dropout", "1.5"]),
+    ],
     "allreduce_scaling": [
         *RUN_KEYS, *TIMED,
         (["algorithms=[]"], ["algorithms=[]"]),
