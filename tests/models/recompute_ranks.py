@@ -9,7 +9,12 @@ import torch
 
 from impls.memory.saved import SavedStorages, storage_key
 from impls.models import GPT, Block, GPTConfig
-from impls.sequence_parallel import MegatronSPBlock, all_reduce_replicated_grads, shard_sequence
+from impls.sequence_parallel import (
+    MegatronSPBlock,
+    UlyssesAttention,
+    all_reduce_replicated_grads,
+    shard_sequence,
+)
 from impls.tensor_parallel import parallelize_gpt, sharded_dims, tp_loss
 from impls.tensor_parallel.layers import shard
 from impls.zero import ZeroDataParallel
@@ -102,6 +107,26 @@ def _sp_errors(comm, mode: str, attention: str, regather: bool) -> list[str]:
     return [e for e in errors if e]
 
 
+def _ulysses_errors(comm, mode: str, attention: str) -> list[str]:
+    """Ulysses attention with `mode` against the full attention without recomputation."""
+    attn = GPT(tiny(mode, attention), seed=0).blocks[0].attn
+    ref = GPT(tiny("none", "fused"), seed=0).blocks[0].attn
+    layer = UlyssesAttention.from_attention(attn, comm)
+    g = torch.Generator().manual_seed(9)
+    x_full, dy_full = torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g)
+    x = shard_sequence(x_full, comm).requires_grad_()
+    (layer(x) * shard_sequence(dy_full, comm)).sum().backward()
+    all_reduce_replicated_grads(layer.replicated_parameters(), comm)
+    x_ref = x_full.clone().requires_grad_()
+    (ref(x_ref) * dy_full).sum().backward()
+    tag = f"ulysses {mode} {attention}"
+    errors = [mismatch(f"{tag} dx", x.grad, shard_sequence(x_ref.grad, comm), **TOL)]
+    want = dict(ref.named_parameters())
+    for name, p in layer.named_parameters():
+        errors.append(mismatch(f"{tag} {name}", p.grad, want[name].grad, **TOL))
+    return [e for e in errors if e]
+
+
 def _zero_errors(comm, mode: str, stage: int) -> list[str]:
     """ZeRO-`stage` data parallelism over a GPT with `mode`: two Adam steps equal one
     process training on the whole batch without recomputation."""
@@ -129,7 +154,7 @@ def _zero_errors(comm, mode: str, stage: int) -> list[str]:
 
 
 def equality_errors(world: int) -> list[str] | None:
-    """Every mode under TP, Megatron-SP (both saving policies) and ZeRO-1 / ZeRO-3."""
+    """Every mode under TP, Megatron-SP (both saving policies), Ulysses and ZeRO-1 / 3."""
     comm = prefix_communicator(world)
     if comm is None:
         return None
@@ -138,6 +163,7 @@ def equality_errors(world: int) -> list[str] | None:
         for attention in ATTENTION:
             errors += _tp_errors(comm, mode, attention)
             errors += _sp_errors(comm, mode, attention, regather=attention == "materialized")
+            errors += _ulysses_errors(comm, mode, attention)
         for stage in (1, 3):
             errors += _zero_errors(comm, mode, stage)
     return errors

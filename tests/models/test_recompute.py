@@ -2,9 +2,9 @@
 computed, and keeps what the paper counts.
 
 A failure means a recompute mode or the materialized attention computes a different loss
-or gradient than the GPT without recomputation (on one process, in a pipeline stage, under
-Megatron TP, Megatron-SP or ZeRO), that recomputation draws different dropout masks than
-the forward did, or that the bytes a layer saves for backward differ from Korthikanti's
+or gradient than the GPT without recomputation (on one process, in a pipeline stage,
+under Megatron TP, Megatron-SP, Ulysses or ZeRO), that recomputation draws different
+dropout masks than the forward did, or that the bytes a layer saves for backward differ from Korthikanti's
 equations (beyond 1%, under the paper's conditions: bf16, dropout, materialized attention)
 or from `implementation_activation_bytes_per_layer` (exactly).
 """
