@@ -51,7 +51,8 @@ def test_default_grid_leaves_out_what_a_schedule_cannot_take():
         schedule, p, m, v, cut = cell.key.values()
         assert cut == "equal"  # the default grid runs the equal split only
         by_schedule.setdefault(schedule, set()).add((p, m))
-        assert v == (cfg.virtual_stages if "interleaved" in schedule else 1)
+        chunks = 2 if schedule == "zero_bubble_v" else 1  # ZB-V: always two, in a V
+        assert v == (cfg.virtual_stages if "interleaved" in schedule else chunks)
         # The plan is built once, here, and carried to the ranks and the row.
         if schedule.startswith("torch_"):
             assert cell.carry.plan is None and cell.carry.torch_schedule
@@ -61,7 +62,8 @@ def test_default_grid_leaves_out_what_a_schedule_cannot_take():
     assert by_schedule["naive"] == {(p, 1) for p in cfg.stages}
     for name in ("interleaved_1f1b", "torch_interleaved_1f1b"):
         assert by_schedule[name] == {(p, m) for p in cfg.stages for m in ms if m % p == 0}
-    assert by_schedule["torch_1f1b"] == {(p, m) for p in cfg.stages for m in ms if m >= p}
+    for name in ("torch_1f1b", "zero_bubble_h2", "zero_bubble_v"):
+        assert by_schedule[name] == {(p, m) for p in cfg.stages for m in ms if m >= p}
     for name in ("gpipe", "1f1b", "zero_bubble_h1", "torch_gpipe"):
         assert by_schedule[name] == {(p, m) for p in cfg.stages for m in ms}
     # One rank per stage, and the runner's one-pool-per-world-size needs P ascending.
@@ -295,10 +297,10 @@ def test_command_line_refuses_before_any_rank_starts(tmp_path):
 @pytest.mark.slow
 def test_small_run_end_to_end(tmp_path):
     """`python -m bench experiment=pipeline_utilization` on a tiny GPT, P = 2: rows for
-    distbench and torch, traces, plots, a headline; and one loss for every row (same
+    distbench (ZB-V's V placement included) and torch, traces, plots, a headline; and one loss for every row (same
     weights, same batch), distbench's and torch's alike."""
     overrides = [
-        "schedules=[naive,gpipe,1f1b,torch_gpipe,torch_1f1b]", "stages=[2]",
+        "schedules=[naive,gpipe,1f1b,zero_bubble_v,torch_gpipe,torch_1f1b]", "stages=[2]",
         "microbatches=[1,2]", "batch_size=4", "repeats=1", "trace_microbatches=[1,2]",
         "slicing_pairs=[]",  # the CI grid's pair (M = 8) does not divide this batch
         *(f"{key}={value}" for key, value in TINY.items()),
@@ -308,7 +310,7 @@ def test_small_run_end_to_end(tmp_path):
     report = tmp_path / "report"
     df = pd.read_csv(report / "results.csv")
     assert (df["status"] == "ok").all(), df.loc[df["status"] != "ok", "error"].tolist()
-    assert len(df) == 1 + 2 + 2 + 2 + 1  # naive M=1 only; torch_1f1b needs M ≥ P
+    assert len(df) == 1 + 2 + 2 + 1 + 2 + 1  # naive M=1 only; ZB-V, torch_1f1b need M ≥ P
     required = "schedule stages microbatches virtual_stages util_wall util_replayed util_theory "
     required += "bubble_fraction step_time_s peak_activation_bytes max_inflight_microbatches loss "
     required += "git_sha torch_version backend world_size timestamp wrong grad_error"

@@ -12,6 +12,7 @@ from bench.experiments.pipeline_utilization.names import (
     INTERLEAVED,
     SLICINGS,
     TORCH_SCHEDULES,
+    V_SHAPED,
     torch_refuses,
 )
 from impls.models import GPTConfig
@@ -40,7 +41,8 @@ class PipelineUtilizationConfig:
     microbatches: Any = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     """Micro-batch counts M; combinations a schedule cannot take are left out."""
     virtual_stages: int = 2
-    """Model chunks per rank V for the interleaved schedules (the others use 1)."""
+    """Model chunks per rank V for the interleaved schedules (zero_bubble_v always uses 2,
+    the others 1)."""
     d_model: int = 128
     n_layers: int = 16
     """GPT blocks; every stage (P·V of them when interleaved) needs at least one. 4 blocks
@@ -93,7 +95,7 @@ class PipelineUtilizationConfig:
             _check_count("virtual_stages", self.virtual_stages, 2, f" for {interleaved[0]}")
         check_number("timeout_s", self.timeout_s)
         GPTConfig(**self.model())  # n_heads must divide d_model: its message names both
-        self._check_layers(bool(interleaved))
+        self._check_layers(bool(interleaved), bool(set(self.schedules) & V_SHAPED))
         bad = [m for m in self.microbatches if self.batch_size % m]
         if bad:
             raise ValueError(
@@ -113,15 +115,15 @@ class PipelineUtilizationConfig:
         return {key: getattr(self, key) for key in MODEL_KEYS}
 
     def virtual(self, schedule: str) -> int:
-        """V for `schedule`: `virtual_stages` when interleaved, else 1."""
-        return self.virtual_stages if schedule in INTERLEAVED else 1
+        """V for `schedule`: `virtual_stages` when interleaved, 2 for ZB-V, else 1."""
+        return virtual_of(schedule, self.virtual_stages)
 
-    def _check_layers(self, interleaved: bool) -> None:
-        chunks = self.virtual_stages if interleaved else 1
+    def _check_layers(self, interleaved: bool, v_shaped: bool = False) -> None:
+        chunks = max(self.virtual_stages if interleaved else 1, 2 if v_shaped else 1)
         needed = max(self.stages) * chunks
         if needed > self.n_layers:
             how = (
-                f"the interleaved schedules cut stages × virtual_stages = {needed} stages"
+                f"the interleaved or V-shaped schedules cut stages × chunks = {needed} stages"
                 if chunks > 1
                 else f"{needed} stages"
             )
@@ -184,15 +186,21 @@ def alpa_refuses(schedule: str) -> str | None:
     """Why Alpa's slicing cannot cut `schedule`'s stages; None if it can."""
     if schedule not in SCHEDULES:
         return f"schedule {schedule!r}: alpa slicing runs distbench's {', '.join(SCHEDULES)}"
-    if schedule in INTERLEAVED:
+    if schedule in INTERLEAVED | V_SHAPED:
         return f"schedule {schedule!r} cuts P·V stages; alpa slicing cuts one stage per rank"
     return None
 
 
 def why_not(schedule: str, stages: int, microbatches: int, virtual_stages: int) -> str | None:
     """Why `schedule` cannot run P = `stages`, M = `microbatches`; None if it can."""
-    v = virtual_stages if schedule in INTERLEAVED else 1
-    return plan_or_reason(schedule, stages, microbatches, v)[1]
+    return plan_or_reason(schedule, stages, microbatches, virtual_of(schedule, virtual_stages))[1]
+
+
+def virtual_of(schedule: str, virtual_stages: int) -> int:
+    """Chunks per rank `schedule` runs: `virtual_stages` when interleaved, 2 for ZB-V, else 1."""
+    if schedule in V_SHAPED:
+        return 2
+    return virtual_stages if schedule in INTERLEAVED else 1
 
 
 @dataclass(frozen=True)

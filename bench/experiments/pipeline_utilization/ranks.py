@@ -42,6 +42,8 @@ from bench.kit.workloads import lm_loss, seeded_gpt_and_batch
 from impls.comm import Communicator
 from impls.models import GPT, split_into_stages, split_into_virtual_stages, stages_of_rank
 from impls.pipeline import PipelineExecutor
+from impls.pipeline.dataflow import rank_of
+from impls.pipeline.schedules import stage_ranks
 
 __all__ = ["paired_step_times", "run"]
 
@@ -78,9 +80,10 @@ def _distbench(cfg: Any, cell: Any) -> Side:
     """This rank's distbench step (a `StepResult` per call) on the carried plan."""
     p, m, v = _shape(cell)
     model, stages, inputs, targets = _model(cfg, cell)
-    mine = {s: stages[s] for s in stages_of_rank(dist.get_rank(), p, v)}
+    placed = stage_ranks(cell.key["schedule"], p, v)  # ZB-V: stages r and 2P−1−r on rank r
+    mine = {s: stages[s] for s in range(p * v) if rank_of(s, p, placed) == dist.get_rank()}
     executor = PipelineExecutor(Communicator(), mine, cell.carry.plan, num_stages=p * v,
-                                microbatches=m, loss_fn=lm_loss,
+                                microbatches=m, loss_fn=lm_loss, stage_ranks=placed,
                                 activation_shape=_activation(cfg, cell).shape)  # fmt: skip
     first, last = 0 in mine, p * v - 1 in mine
 
@@ -162,7 +165,9 @@ def _run_distbench(cfg: Any, cell: Any) -> dict[str, Any]:
         "peak_activation_bytes": max(r.peak_activation_bytes for r in results),
         "max_inflight": max(r.max_inflight for r in results),
         "transfer_s": probe_pairs(
-            _activation(cfg, cell), exchange=False, wraps=cell.key["virtual_stages"] > 1
+            _activation(cfg, cell),
+            exchange=False,
+            wraps=cell.key["virtual_stages"] > 1 and cell.key["schedule"] != "zero_bubble_v",
         ),  # fmt: skip
         **_against_reference(cfg, model, modules),
     }

@@ -23,6 +23,7 @@ from bench.experiments.pipeline_utilization.schedules_report import (
     gantt,
     memory,
     points,
+    stage_costs,
     utilization,
     zero_bubble,
 )
@@ -295,9 +296,10 @@ REPORT = Report(
         "*replayed* (each action's thread CPU time, and the measured cost of one transfer, "
         "placed on the plan's dependency graph as if every rank had a device of its own) and "
         "*wall clock* (this host's clock; distorted whenever ranks outnumber cores). Every "
-        "schedule (naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1) runs over micro-batch counts "
-        "M beside its bound from theory (GPipe, Huang et al. 2019; 1F1B and interleaved "
-        "1F1B, Narayanan et al. 2021; ZB-H1, Qi et al. 2024), and GPipe, 1F1B and "
+        "schedule (naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V) runs over "
+        "micro-batch counts M beside its bound from theory (GPipe, Huang et al. 2019; 1F1B "
+        "and interleaved 1F1B, Narayanan et al. 2021; the zero-bubble ones, Qi et al. 2024), "
+        "and GPipe, 1F1B and "
         "interleaved 1F1B beside torch.distributed.pipelining's own."
     ),
     sections=(
@@ -306,6 +308,7 @@ REPORT = Report(
         utilization,
         memory,
         zero_bubble,
+        stage_costs,
         gantt,
         alpa_vs_equal,
         against_torch,

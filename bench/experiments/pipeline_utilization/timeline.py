@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import statistics
 from pathlib import Path
@@ -31,6 +32,7 @@ from impls.pipeline import (
     utilization_wall,
 )
 from impls.pipeline.actions import COMPUTE_KINDS
+from impls.pipeline.schedules import stage_ranks
 
 __all__ = ["action_costs", "columns", "replayed", "write_trace"]
 
@@ -47,19 +49,23 @@ def _stage_count(key: dict[str, Any]) -> int:
     return key["stages"] * key["virtual_stages"]
 
 
+def _stage_ranks(key: dict[str, Any]) -> tuple[int, ...] | None:
+    return stage_ranks(key["schedule"], key["stages"], key["virtual_stages"])
+
+
 def replayed(plan: Plan, key: dict[str, Any], per_rank: list[dict]) -> Timeline:
     """The plan replayed with the profiling steps' action costs and the probed transfer."""
     probes = [r["transfer_s"] for r in per_rank if r.get("transfer_s") is not None]
     transfer = statistics.median(probes) if probes else 0.0
     costs = action_costs(_steps(per_rank, "isolated_records"))
-    return replay(plan, costs, transfer, _stage_count(key))
+    return replay(plan, costs, transfer, _stage_count(key), _stage_ranks(key))
 
 
 def _theory(key: dict[str, Any]) -> float:
     try:
         return utilization_bound(key["schedule"], key["stages"], key["microbatches"],
                                  key["virtual_stages"])  # fmt: skip
-    except ValueError:  # e.g. ZB-H1's bound assumes M ≥ P
+    except ValueError:  # e.g. ZB-H1's bound assumes M ≥ P, ZB-H2's M ≥ 2P−1
         return math.nan
 
 
@@ -67,7 +73,8 @@ def columns(plan: Plan, key: dict[str, Any], per_rank: list[dict]) -> dict[str, 
     """Utilization wall-clock and replayed, memory and in-flight counts."""
     steps = _steps(per_rank, "records")
     timeline = replayed(plan, key, per_rank)
-    in_step = [replay_measured(plan, records, _stage_count(key)) for records in steps]
+    in_step = [replay_measured(plan, records, _stage_count(key), stage_ranks=_stage_ranks(key))
+               for records in steps]  # fmt: skip
     probes = [r["transfer_s"] for r in per_rank if r.get("transfer_s") is not None]
     return {
         "util_wall": statistics.median(utilization_wall(records) for records in steps),
@@ -80,7 +87,17 @@ def columns(plan: Plan, key: dict[str, Any], per_rank: list[dict]) -> dict[str, 
         "transfer_s": statistics.median(probes) if probes else 0.0,
         "util_replayed_raw": statistics.median(t.utilization for t in in_step),
         "replayed_makespan_s": timeline.makespan,
+        "stage_costs": json.dumps(stage_costs(_steps(per_rank, "isolated_records"))),
     }
+
+
+def stage_costs(steps: list[Records]) -> dict[str, dict[str, float]]:
+    """Per stage, the cost of each compute kind it ran (F, B or I and W), as `action_costs`
+    prices them: {"0": {"F": seconds, "I": …, "W": …}, …}, stored as JSON in the row."""
+    costs: dict[str, dict[str, float]] = {}
+    for action, seconds in action_costs(steps).items():
+        costs.setdefault(str(action.stage), {})[action.kind] = seconds
+    return {stage: costs[stage] for stage in sorted(costs, key=int)}
 
 
 def action_costs(steps: list[Records]) -> dict[Action, float]:
