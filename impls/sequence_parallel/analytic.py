@@ -9,7 +9,8 @@ its link per layer. The papers quote the large-P limit; the counts here keep the
 
 - Megatron-SP (Korthikanti et al. 2022, arXiv 2205.05198, §4.2.2): per block, 2 all-gathers
   of the b·s·h activations forward (before QKV and fc1) and 2 reduce-scatters (after o_proj
-  and fc2); backward swaps them. A ring all-gather or reduce-scatter of b·s·h elements
+  and fc2); backward swaps them, and with `regather` (the column layers keep their input
+  shard only) all-gathers those inputs again: 6 collectives backward. A ring all-gather or reduce-scatter of b·s·h elements
   sends (P − 1)/P · b·s·h per rank: 4·b·s·h per link each way, constant in P.
 - Ulysses (§3.2): 4 all-to-alls forward (q, k, v in; context out) and 4 backward, each of
   the b·(s/P)·h elements a rank holds, (P − 1)/P of which leave it: O(1/P) per link.
@@ -53,10 +54,18 @@ def _check(method: str, sp: int, **sizes: int) -> None:
 
 
 def layer_traffic(
-    method: str, *, sp: int, batch: int, seq_len: int, d_model: int, bytes_per_element: int = 4
+    method: str,
+    *,
+    sp: int,
+    batch: int,
+    seq_len: int,
+    d_model: int,
+    bytes_per_element: int = 4,
+    regather: bool = False,
 ) -> LayerTraffic:
     """Per-rank traffic of one layer: a whole block for Megatron-SP, attention otherwise
-    (the other methods' MLP is per-position and needs no communication)."""
+    (the other methods' MLP is per-position and needs no communication). `regather`:
+    Megatron-SP's `MegatronSPBlock(regather=True)`, two more all-gathers in backward."""
     _check(method, sp, batch=batch, seq_len=seq_len, d_model=d_model)
     chunk = batch * math.ceil(seq_len / sp) * d_model * bytes_per_element  # b·L·h bytes
     if sp == 1:
@@ -64,7 +73,9 @@ def layer_traffic(
     if method == "megatron_sp":
         # Ring all-gather / reduce-scatter of P chunks: P − 1 rounds of one chunk each.
         per_collective, rounds = (sp - 1) * chunk, sp - 1
-        return LayerTraffic(method, 4 * per_collective, 4 * per_collective, 4 * rounds, 4 * rounds)
+        bwd = 6 if regather else 4
+        return LayerTraffic(method, 4 * per_collective, bwd * per_collective, 4 * rounds,
+                            bwd * rounds)  # fmt: skip
     if method == "ulysses":
         # All-to-all: P − 1 of a rank's P blocks leave it, in one round.
         per_collective = (sp - 1) * chunk // sp

@@ -41,6 +41,8 @@ class Case:
     method: str
     sp: int
     seq_len: int
+    regather: bool = False
+    """Megatron-SP only: keep the column layers' input shards, gather them in backward."""
 
     def config(self) -> GPTConfig:
         return GPTConfig(vocab_size=8, seq_len=self.seq_len, d_model=D_MODEL, n_heads=N_HEADS)
@@ -60,7 +62,7 @@ def _reference_module(case: Case) -> nn.Module:
 def _parallel_module(case: Case, comm: Communicator) -> nn.Module:
     ref = _reference_module(case)
     if case.method == "megatron_sp":
-        return MegatronSPBlock.from_block(ref, comm)
+        return MegatronSPBlock.from_block(ref, comm, regather=case.regather)
     layer = {"ulysses": UlyssesAttention, "ring_attention": RingAttention}[case.method]
     return layer.from_attention(ref, comm)
 
@@ -102,9 +104,8 @@ def run_case(case: Case, comm: Communicator) -> list[str]:
             if name in dims:
                 want = shard(want, dims[name], comm.rank, comm.world_size)
             errors.append(mismatch(f"grad {name}", got_grads[name], want, **TOL))
-    want = layer_traffic(
-        case.method, sp=case.sp, batch=BATCH, seq_len=case.seq_len, d_model=D_MODEL
-    )
+    want = layer_traffic(case.method, sp=case.sp, batch=BATCH, seq_len=case.seq_len,
+                         d_model=D_MODEL, regather=case.regather)  # fmt: skip
     got = (fwd.bytes_sent, fwd.bytes_recv, fwd.rounds, bwd.bytes_sent, bwd.bytes_recv, bwd.rounds)
     expected = (
         want.bytes_fwd, want.bytes_fwd, want.rounds_fwd,

@@ -13,10 +13,12 @@ import pytest
 
 from tests.sequence_parallel.sp_ranks import Case, run_cases
 
-# Even lengths for P = 1, 2, 4 and lengths P does not divide (end-padded).
+# Even lengths for P = 1, 2, 4 and lengths P does not divide (end-padded); the column
+# layers keeping the gathered input, and keeping their shard only (`regather`).
 CASES = [
-    Case("megatron_sp", sp, seq_len)
+    Case("megatron_sp", sp, seq_len, regather)
     for sp, seq_len in [(1, 8), (2, 8), (2, 7), (4, 8), (4, 12), (4, 10), (4, 3)]
+    for regather in (False, True)
 ]
 
 
