@@ -19,6 +19,10 @@ A real implementation cuts Ψ into N equal shards, padding each flat unit to a m
 N; `pad=True` predicts that: a sharded quantity of a unit of Ψ_u parameters holds
 ceil(Ψ_u / N) per rank. Activations are not model states; `activation_bytes` models what
 autograd saves for the backward of the small GPT and MLP, so a peak can be predicted too.
+Per transformer layer, `activation_bytes_per_layer` gives Korthikanti et al. 2022's
+equations under each recomputation mode, TP and SP, and
+`implementation_activation_bytes_per_layer` what `impls.models.Block` and its parallel
+versions save, exactly (materialized attention).
 Nothing here touches torch.distributed: these are the numbers measured runs are held to.
 """
 
