@@ -39,6 +39,7 @@ from impls.data_parallel import OptimizerFactory, shard_batch
 from impls.hybrid.mesh import Mesh
 from impls.models import GPT, split_into_stages
 from impls.pipeline import PipelineExecutor, StepResult, build_plan
+from impls.pipeline.tied import EmbeddingGroup
 from impls.tensor_parallel import parallelize_gpt, vocab_parallel_cross_entropy
 
 __all__ = ["HybridStepResult", "HybridTrainer"]
@@ -66,7 +67,10 @@ class HybridTrainer:
     Every check runs before any process group is touched, naming the key: the mesh against
     the model (`Mesh.check_model`), the batch split, and the two things the step does not
     coordinate across ranks — dropout masks (TP ranks would draw different ones for their
-    replicated activations) and an embedding tied across two pipeline stages.
+    replicated activations). A tied embedding (`GPTConfig.tie_embeddings`) split over pp
+    stages has its gradient summed over the first and last stage's ranks (Megatron's
+    embedding group, `impls.pipeline.tied`) before the dp average: each TP rank sums its
+    own vocabulary shard with the same TP position on the other end of the pipeline.
     """
 
     def __init__(
@@ -105,6 +109,9 @@ class HybridTrainer:
             loss_fn=partial(vocab_parallel_cross_entropy, comm=self.tp_comm),
             activation_shape=(micro_batch, seq_len, cfg.d_model),
         )
+        self.embedding_group = None
+        if cfg.tie_embeddings and mesh.size("pp") > 1:
+            self.embedding_group = EmbeddingGroup.of_executor(self.executor)
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """This rank's trained parameters under their names in the full model."""
@@ -137,6 +144,8 @@ class HybridTrainer:
             shard_batch(targets, dp_rank, dp),
             compute_guard=compute_guard,
         )
+        if self.embedding_group is not None:  # the head's part meets the embedding's
+            self.embedding_group.all_reduce_gradients()
         # The replica's loss travels with its gradients: one all-reduce averages both.
         replica_loss = torch.tensor([result.loss or 0.0], device=self.dp_comm.device)
         with self.dp_comm.measure() as traffic:
@@ -197,9 +206,4 @@ def _check_config(
         raise ValueError(
             f"GPTConfig.dropout={cfg.dropout}: the 3D step draws no coordinated dropout "
             "masks across TP ranks; allowed: 0.0"
-        )
-    if cfg.tie_embeddings and mesh.size("pp") > 1:
-        raise ValueError(
-            f"GPTConfig.tie_embeddings=True with pp={mesh.size('pp')}: the embedding and the "
-            "LM head would sit on different stages with no gradient exchange; allowed: False"
         )

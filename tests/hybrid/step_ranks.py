@@ -31,6 +31,7 @@ class Case:
     steps: int = 3
     n_layers: int = 2
     bias: bool = True
+    tie: bool = False
 
     @property
     def world(self) -> int:
@@ -44,6 +45,7 @@ class Case:
             n_heads=2,
             n_layers=self.n_layers,
             bias=self.bias,
+            tie_embeddings=self.tie,
         )
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:

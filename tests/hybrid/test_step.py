@@ -23,6 +23,8 @@ CASES = [
     Case(dp=2, pp=2, tp=2, schedule="gpipe", microbatches=1, optimizer="adamw", bias=False),
     Case(dp=2, pp=1, tp=2),  # 2D: data x tensor
     Case(dp=1, pp=2, tp=2, microbatches=4, n_layers=3),  # 2D: pipeline x tensor, uneven stages
+    # GPT-2's tied embedding on both ends of the pipeline, each TP rank a vocabulary shard
+    Case(dp=2, pp=2, tp=2, tie=True),
 ]
 
 # float32 throughout. TP splits every matmul's reduction over ranks and sums the partials
@@ -44,7 +46,6 @@ BAD = [
     (dict(pp=4, tp=2), dict(n_layers=2), {}, ["pp=4", "n_layers=2"]),
     (dict(dp=2, sp=2), {}, {}, ["sp=2"]),
     (dict(dp=2, tp=2), dict(dropout=0.1), {}, ["dropout=0.1"]),
-    (dict(pp=2, tp=2), dict(tie_embeddings=True), {}, ["tie_embeddings=True", "pp=2"]),
     (dict(dp=2, tp=2), {}, dict(global_batch_size=6), ["global_batch_size=6", "dp=2"]),
     (dict(dp=2, tp=2), {}, dict(microbatches=0), ["microbatches=0"]),
     (dict(dp=2, tp=2), {}, dict(seq_len=9), ["seq_len=9"]),
