@@ -200,6 +200,7 @@ BUILD_CASES = {
         (["attention=flash"], ["attention='flash'", "materialized"]),
         (["+model.recompute=full"], ["model.recompute=full", "grid keys"]),
         (["budget_bytes=0"], ["budget_bytes=[0]"]), (["micro_batch=0"], ["micro_batch=[0]"]),
+        (["budget_max_seq_len=0"], ["budget_max_seq_len=[0]"]),
         (["warmup=-1"], ["warmup=[-1]"]), (["+model.dropout=1.5"], ["dropout", "1.5"]),
     ],
     "allreduce_scaling": [

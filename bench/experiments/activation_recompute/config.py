@@ -51,6 +51,9 @@ class ActivationRecomputeConfig:
     those are grid keys)."""
     budget_bytes: int = 1 << 22
     """Saved-activation bytes per layer per rank for the longest-sequence search."""
+    budget_max_seq_len: int = 2048
+    """Where that search stops (a probe's attention scores grow as s²: full recomputation
+    keeps 2·s·b·h bytes, but its forward still computes them); reached means "at least"."""
     warmup: int = 2
     repeats: int = 5
     """Timed forward + backward passes per cell and side (mode, and none beside it)."""
@@ -69,7 +72,7 @@ class ActivationRecomputeConfig:
         check_unique("seq_lens", self.seq_lens)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("attention", self.attention, ATTENTION_MODES)
-        check_training(self, ("micro_batch", "repeats", "budget_bytes"))
+        check_training(self, ("micro_batch", "repeats", "budget_bytes", "budget_max_seq_len"))
         cfg = self.gpt_config(max(self.seq_lens))
         for t in self.tp:
             for key, size in (("n_heads", cfg.n_heads), ("d_ff", cfg.ff_dim)):

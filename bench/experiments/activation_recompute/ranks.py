@@ -13,14 +13,15 @@ does), each cast to the cell's dtype. Then:
   layer without recomputation, dropout on and the same RNG state (recomputation must
   redraw the same masks): `wrong` counts the tensors that differ at all;
 - time: `repeats` barrier-opened forward + backward passes of this mode and of "none"
-  taking turns (`bench.kit.timing.alternate`), the slowest rank's median each;
+  taking turns (`bench.kit.timing.alternate`), the slowest rank's fastest pass each (the
+  least disturbed by other work on shared cores);
 - the longest sequence within `budget_bytes`: forward passes at growing s (multiples of
-  t) with the count on, doubling then bisecting, on the cell's largest s only.
+  t, at most `budget_max_seq_len`, which bounds the s² scores a probe allocates) with the
+  count on, doubling then bisecting, on the cell's largest s only.
 """
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import torch
@@ -94,8 +95,9 @@ def _saved_forward(layer: nn.Module, x: torch.Tensor) -> int:
 
 
 def longest_in_budget(cfg: Any, comm: Communicator, recompute: str, sp: bool) -> int:
-    """The longest s (a multiple of t) whose one-layer forward saves ≤ `budget_bytes` on
-    the busiest rank, found by running: double, then bisect. 0 if even s = t does not fit."""
+    """The longest s (a multiple of t, at most `budget_max_seq_len`) whose one-layer
+    forward saves ≤ `budget_bytes` on the busiest rank, found by running: double, then
+    bisect. 0 if even s = t does not fit."""
     t = comm.world_size
 
     def fits(s: int) -> bool:
@@ -106,13 +108,16 @@ def longest_in_budget(cfg: Any, comm: Communicator, recompute: str, sp: bool) ->
             all_reduce(saved, comm, op="max")
         return saved.item() <= cfg.budget_bytes
 
+    cap = cfg.budget_max_seq_len // t  # in units of t, like lo and hi
     if not fits(t):
         return 0
-    lo, hi = 1, 2  # in units of t: lo fits
-    while fits(hi * t):
+    lo, hi = 1, 2  # lo fits, hi does not (once the doubling stops)
+    while hi <= cap and fits(hi * t):
         lo, hi = hi, 2 * hi
-        if hi > 1 << 16:
-            return lo * t
+    if hi > cap:
+        if lo == cap or fits(cap * t):
+            return cap * t  # the cap: the report shows it as a lower bound
+        hi = cap
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid * t) else (lo, mid)
@@ -145,7 +150,7 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
         "rank": comm.rank,
         "saved_bytes": saved,
         "wrong": wrong,
-        "step_time_s": statistics.median(timed["mode"].seconds),
-        "none_step_time_s": statistics.median(timed["none"].seconds),
+        "step_time_s": min(timed["mode"].seconds),
+        "none_step_time_s": min(timed["none"].seconds),
         "max_seq_len_in_budget": longest,
     }

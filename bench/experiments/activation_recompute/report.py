@@ -111,7 +111,8 @@ def time_overhead(ctx: Context) -> str | None:
 
     Each cell times its mode and the same layer without recomputation taking turns
     (`overhead_vs_none` = time ÷ time without recomputation − 1, the slowest rank's
-    medians). The prediction is the recomputed FLOPs over the 3 forwards' worth of a
+    fastest passes, the least disturbed by other work on shared cores). The prediction
+    is the recomputed FLOPs over the 3 forwards' worth of a
     layer's forward + backward (Korthikanti et al. 2022 appendix's FLOP count): full
     recomputation 1/3; selective 4bs²h ÷ 3(24bsh² + 4bs²h), small while s ≪ 6h. On CPU
     ranks sharing cores the measured overhead also carries memory-bound work (softmax,
@@ -142,7 +143,8 @@ def longest_sequence(ctx: Context) -> str | None:
 
     For each mode and layout, the longest s (a multiple of t) whose one-layer forward
     saves at most the budget on the busiest rank: forward passes at doubling, then
-    bisected s, each counted as above (measured, not extrapolated)."""
+    bisected s, each counted as above (measured, not extrapolated), up to the search's
+    cap (`budget_max_seq_len`: a value at the cap means at least that)."""
     ok = ctx.ok
     if ok.empty or "max_seq_len_in_budget" not in ok:
         return None
