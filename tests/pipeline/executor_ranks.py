@@ -111,6 +111,17 @@ def bad_inputs() -> list[str] | None:
         "missing micro-batch": lambda: PipelineExecutor(
             comm, mine, plan, num_stages=2, microbatches=5, loss_fn=GPT.loss
         ),
+        "short placement": lambda: PipelineExecutor(
+            comm, mine, plan, num_stages=2, microbatches=4, loss_fn=GPT.loss, stage_ranks=(0,)
+        ),
+        "V plan round-robin": lambda: PipelineExecutor(
+            comm,
+            {s: stages[0] for s in (comm.rank, 3 - comm.rank)},
+            build_plan("zero_bubble_v", 2, 4, 2),
+            num_stages=4,
+            microbatches=4,
+            loss_fn=GPT.loss,
+        ),
     }
     errors = []
     for name, attempt in attempts.items():

@@ -120,5 +120,8 @@ def test_misuse_is_refused_before_any_message(ranks8) -> None:
     assert "stage_modules" in by_name["wrong stages"]
     assert "stages=4" in by_name["wrong ranks"]
     assert "forwards never run: 0F4" in by_name["missing micro-batch"]
+    assert "stage_ranks=(0,)" in by_name["short placement"]
+    # ZB-V's stages 0 and 3 on rank 0, without its placement: refused, not misrouted.
+    assert "stage_modules has stages [0, 3]; rank 0 holds [0, 2]" in by_name["V plan round-robin"]
     assert "inputs is required" in by_name["no inputs"]
     assert "microbatches=4" in by_name["indivisible"]
