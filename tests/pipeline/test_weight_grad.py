@@ -18,9 +18,9 @@ from impls.pipeline.weight_grad import DeferWeightGrads, WeightGradSlot
 CONFIG = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=4)
 
 
-def _stage_run(stage: int, split: bool, recompute: str | None = None):
+def _stage_run(stage: int, split: bool, recompute: str | None = None, config=CONFIG):
     """One stage of a 2-stage GPT forward and backward; (its grads, input grad, slot)."""
-    model = GPT(CONFIG, seed=0)
+    model = GPT(config, seed=0)
     module = split_into_virtual_stages(model, 2, 1)[stage]
     g = torch.Generator().manual_seed(7)
     if stage == 0:
@@ -67,6 +67,21 @@ def test_split_survives_activation_checkpointing(recompute: str) -> None:
     want, want_input, _, _, _ = _stage_run(1, split=False)
     got, got_input, slot, _, _ = _stage_run(1, split=True, recompute=recompute)
     assert slot.pending == []
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-6, atol=1e-7, msg=name)
+    torch.testing.assert_close(got_input, want_input, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_split_equals_one_backward_under_the_models_recomputation(mode: str) -> None:
+    """GPTConfig.recompute checkpoints (non-reentrant) inside the stage: selective leaves
+    the linears outside the checkpoint (their GEMMs still deferred), full puts them inside
+    (computed in I instead). Both must train the same model as a fused backward."""
+    config = GPTConfig(**{**CONFIG.__dict__, "recompute": mode})
+    want, want_input, _, _, _ = _stage_run(1, split=False, config=config)
+    got, got_input, slot, stored, _ = _stage_run(1, split=True, config=config)
+    # Stage 1 of 4 blocks: 2 blocks × 6 linears + the LM head (outside every checkpoint).
+    assert slot.pending == [] and stored == (13 if mode == "selective" else 1)
     for name, grad in want.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-6, atol=1e-7, msg=name)
     torch.testing.assert_close(got_input, want_input, rtol=1e-6, atol=1e-7)
