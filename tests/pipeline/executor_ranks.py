@@ -31,6 +31,7 @@ class Case:
     d_model: int = 16
     seq_len: int = 8
     infer_shapes: bool = False  # let the executor learn activation shapes by messages
+    recompute: str = "none"  # GPTConfig.recompute: none, selective or full
 
     def config(self) -> GPTConfig:
         return GPTConfig(
@@ -39,6 +40,7 @@ class Case:
             d_model=self.d_model,
             n_heads=2,
             n_layers=self.n_layers,
+            recompute=self.recompute,
         )
 
     def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
