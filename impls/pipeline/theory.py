@@ -132,8 +132,10 @@ def zero_bubble_v_utilization(stages: int, microbatches: int) -> float:
     Qi et al., "Pipeline Parallelism with Controllable Memory" (2024), §3 / Fig. 3 and the
     ZB-V of "Zero Bubble Pipeline Parallelism" §6: with two chunks per rank in a V every
     rank works without a gap, and the synchronous step's only idle is the ramp skew of
-    P−1 chunk units (half a 1F1B stage each), against 6M units of work per rank. Met
-    exactly by the replay for M ≥ P.
+    P−1 chunk units (half a 1F1B stage each), against 6M units of work per rank: the step
+    ends at 6M + P − 1 (for M ≥ 2P−1 rank r works without a gap from r to r + 6M). This holds with each rank
+    holding at most 2P chunk pairs (`zero_bubble_max_inflight`), 1F1B's activation
+    memory (the Controllable Memory paper's V-ZB). Met exactly by the replay for M ≥ P.
     """
     p, m = require_count("stages", stages), require_count("microbatches", microbatches)
     if m < p:
@@ -145,12 +147,13 @@ def zero_bubble_max_inflight(schedule: str, stages: int, microbatches: int) -> i
     """Most (stage, micro-batch) pairs a rank holds between F and W (rank 0's peak).
 
     ZB-H1: min(P, M), 1F1B's (Qi et al. 2024 §2.1). ZB-H2: min(2P−1, M) micro-batches,
-    the paper's 2P−1 (§2.2). ZB-V: min(3P, 2M) chunk pairs as scheduled here (each half a
-    stage: 1.5 P micro-batches' worth; the paper's hand-built ZB-V holds 2P, 1F1B's P).
+    the paper's 2P−1 (§2.2). ZB-V: min(2P, 2M) chunk pairs, every rank (each chunk half
+    a stage, so P micro-batches' worth: 1F1B's peak activation memory, as Zero Bubble §6
+    and "Pipeline Parallelism with Controllable Memory" (Qi et al. 2024) §3 state for it).
     """
     p, m = require_count("stages", stages), require_count("microbatches", microbatches)
     limits = {"zero_bubble_h1": min(p, m), "zero_bubble_h2": min(2 * p - 1, m),
-              "zero_bubble_v": min(3 * p, 2 * m)}  # fmt: skip
+              "zero_bubble_v": min(2 * p, 2 * m)}  # fmt: skip
     if schedule not in limits:
         raise ValueError(f"schedule={schedule!r}: choose one of {', '.join(limits)}")
     return limits[schedule]

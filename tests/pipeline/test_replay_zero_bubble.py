@@ -49,7 +49,8 @@ def test_zero_bubble_h2_has_no_idle_inside_any_rank_and_meets_its_bound(
 
 
 @pytest.mark.parametrize(
-    ("stages", "microbatches"), [(2, 2), (2, 8), (3, 6), (4, 4), (4, 8), (4, 16)]
+    ("stages", "microbatches"),
+    [(1, 3), (2, 2), (2, 8), (3, 4), (3, 6), (4, 4), (4, 5), (4, 7), (4, 16), (6, 9), (8, 16)],
 )
 def test_zero_bubble_v_meets_its_bound_on_the_v_placement(stages: int, microbatches: int) -> None:
     plan = build_plan("zero_bubble_v", stages, microbatches, 2)
@@ -57,10 +58,13 @@ def test_zero_bubble_v_meets_its_bound_on_the_v_placement(stages: int, microbatc
     timeline = replay(plan, SPLIT, num_stages=2 * stages, stage_ranks=placed)
     assert timeline.makespan == 6 * microbatches + stages - 1  # in chunk units
     assert timeline.utilization == pytest.approx(zero_bubble_v_utilization(stages, microbatches))
-    if microbatches >= 2 * stages:
-        assert _idle_inside_spans(timeline) == [0.0] * stages
+    # M >= 2P−1: rank r works without a gap from r to r + 6M; fewer micro-batches leave rank
+    # r 2P−1−M−r units short of work inside its span, still within the step's bound
+    short = [max(0, 2 * stages - 1 - microbatches - r) for r in range(stages)]
+    assert _idle_inside_spans(timeline) == short
     peak = zero_bubble_max_inflight("zero_bubble_v", stages, microbatches)
     assert max_inflight_microbatches(plan) == {r: peak for r in range(stages)}
+    assert peak == 2 * stages  # 1F1B's activation memory: P micro-batches of two half-chunks
 
 
 def test_with_a_cheaper_weight_gradient_h2_and_v_beat_h1_and_1f1b() -> None:

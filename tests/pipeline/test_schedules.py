@@ -159,3 +159,19 @@ def test_zero_bubble_v_places_stages_r_and_2p_minus_1_minus_r_on_rank_r() -> Non
     # The default placement refuses it: round-robin puts stage 7 on rank 3, not rank 0.
     with pytest.raises(ValueError, match="7F0 belongs on rank 3, not rank 0"):
         validate(plan, p, 8, 2)
+
+
+def test_zero_bubble_v_warms_up_in_a_v_then_runs_f_i_w_at_1f1b_memory() -> None:
+    """Rank r: 2P−1−2r forwards down its first chunk, then micro-batch 0 comes back up its
+    second; 2P chunk pairs held at most (1F1B's P micro-batches); no W before the first I
+    (the replay tests pin that no rank idles)."""
+    for p, m in [(2, 4), (4, 8), (4, 16), (8, 16)]:
+        plan = build_plan("zero_bubble_v", p, m, 2)
+        assert max_inflight_microbatches(plan) == {r: 2 * p for r in range(p)}
+        for rank, actions in plan.items():
+            warm = 2 * p - 1 - 2 * rank
+            assert actions[:warm] == [Action(rank, "F", i) for i in range(warm)]
+            assert actions[warm] == Action(2 * p - 1 - rank, "F", 0)
+            first_i = next(i for i, a in enumerate(actions) if a.kind == "I")
+            assert {a.kind for a in actions[:first_i]} == {"F"}
+            assert actions[first_i + 1].kind == "W"  # the steady state's F, I, W begins

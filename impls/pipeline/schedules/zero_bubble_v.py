@@ -9,30 +9,30 @@ P−1 hands its activation to stage P without a message, and the first input gra
 produced on the rank that also starts the forward. Every chunk is half a rank's layers,
 so each ramp step costs half a 1F1B one.
 
-The order comes from the unit-time list scheduler of `_greedy` (input gradients first,
-then forwards, the later chunk first, under a limit; then weight gradients). With equal
-chunk costs T_F = T_I = T_W it leaves no rank idle between its first and last action and
-the step takes 6M + P − 1 chunk units. Here that needs each rank to hold up to 3P
-(chunk, micro-batch) pairs, 1.5 P micro-batches' worth of activations; the paper's
-hand-built ZB-V reaches it with 1F1B's P (2P chunk pairs), which this greedy order does
-not (at 2P pairs it idles up to P chunk units per rank). The order is fixed for equal
-costs, as the paper's ZB-V is; it is the most sensitive to T_I ≠ T_F of the zero-bubble
-schedules here (replayed at T_I = 1.8 T_F it falls below ZB-H1), where the paper's
-automatic scheduler would rebuild the order from the measured costs.
+The order is the paper's V (built by `_greedy.v_plan`, a unit-time list schedule
+with a fixed preference): rank r runs 2P−1−2r forwards down its first chunk before
+micro-batch 0 comes back up its second, alternates the two chunks' forwards until its
+first input gradient arrives, then repeats F, I, W triples, and drains the pending W's
+between its last input gradients. It holds at most 2P (chunk, micro-batch) pairs, a
+micro-batch counted on a chunk from its F to its W: P micro-batches' worth, 1F1B's
+peak activation memory, as the paper states for ZB-V. With equal chunk costs
+T_F = T_I = T_W the step takes 6M + P − 1 chunk units (M ≥ P), and for M ≥ 2P − 1 no
+rank idles between its first and last action (rank r works from r to r + 6M). The order is fixed for equal costs, as the paper's
+ZB-V is; with T_W ≈ T_F / 2 the paper's automatic scheduler would rebuild it from the
+measured costs.
 """
 
 from __future__ import annotations
 
 from impls.pipeline.actions import Plan
-from impls.pipeline.dataflow import v_shape
 from impls.pipeline.schedules._checks import require_count
-from impls.pipeline.schedules._greedy import greedy_plan
+from impls.pipeline.schedules._greedy import v_plan
 
 __all__ = ["zero_bubble_v"]
 
 
 def zero_bubble_v(stages: int, microbatches: int, virtual_stages: int = 2) -> Plan:
-    """Rank r runs stages r and 2P−1−r, at most 3P (stage, micro-batch) pairs held."""
+    """Rank r runs stages r and 2P−1−r, at most 2P (stage, micro-batch) pairs held."""
     require_count("stages", stages)
     require_count("microbatches", microbatches)
     if virtual_stages != 2:
@@ -40,4 +40,4 @@ def zero_bubble_v(stages: int, microbatches: int, virtual_stages: int = 2) -> Pl
             f"virtual_stages={virtual_stages!r}: schedule 'zero_bubble_v' places exactly 2 "
             "chunks on each rank (stages r and 2P−1−r), so virtual_stages must be 2"
         )
-    return greedy_plan(v_shape(stages), microbatches, [3 * stages] * stages)
+    return v_plan(stages, microbatches, 2 * stages)
