@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from impls.pipeline.actions import Action, Plan
+from impls.pipeline.replay import replay
 
-__all__ = ["StageCosts", "greedy_plan", "v_plan"]
+__all__ = ["StageCosts", "fastest", "greedy_plan", "v_plan"]
 
 # One {"F": s, "I": s, "W": s} for every stage, or one mapping shared by all stages.
 StageCosts = Mapping[str, float] | Sequence[Mapping[str, float]]
@@ -118,7 +119,7 @@ def _cost_table(costs: StageCosts | None, num_stages: int) -> list[dict[str, flo
         raise ValueError(f"costs: {len(per_stage)} stages' costs given, the plan has {num_stages}")
     table = []
     for s, row in enumerate(per_stage):
-        if set(row) < {"F", "I", "W"} or any(float(row[k]) <= 0 for k in "FIW"):
+        if not {"F", "I", "W"} <= set(row) or any(float(row[k]) <= 0 for k in "FIW"):
             raise ValueError(f"costs[{s}]={dict(row)!r}: give positive seconds for F, I and W")
         table.append({k: float(row[k]) for k in "FIW"})
     return table
@@ -176,3 +177,30 @@ def v_plan(ranks: int, microbatches: int, limit: int, costs: StageCosts | None =
                 or state.grad([second], t) or state.oldest_w(r))  # fmt: skip
 
     return _simulate(placement, ranks, microbatches, choose, costs)
+
+
+def fastest(
+    build: Callable[[StageCosts | None], Plan],
+    costs: StageCosts | None,
+    placement: Sequence[int],
+) -> Plan:
+    """`build(None)` (the unit-time order) or `build(costs)`, whichever replays faster.
+
+    At the given costs (transfers free) each candidate is replayed and the shorter step
+    kept, the unit-time order on ties: a list schedule built on the costs is not always
+    the better one (its greedy choices are myopic), so the auto-scheduled plan is never
+    slower than the fixed one, and with equal costs it is the fixed one.
+    """
+    unit = build(None)
+    if costs is None:
+        return unit
+    table = _cost_table(costs, len(placement))
+    placed = tuple(placement)
+
+    def makespan(plan: Plan) -> float:
+        timeline = replay(plan, lambda a: table[a.stage][a.kind], num_stages=len(placed),
+                          stage_ranks=placed)  # fmt: skip
+        return timeline.makespan
+
+    tuned = build(costs)
+    return tuned if makespan(tuned) < makespan(unit) else unit

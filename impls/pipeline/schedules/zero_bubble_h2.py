@@ -13,20 +13,30 @@ synchronous step still sees the (P−1)·T_F skew, see `impls.pipeline.theory`).
 The order is built by the unit-time list scheduler of `_greedy` (input gradients first,
 then forwards under the limit, then weight gradients), as the paper builds its schedules.
 The zero-bubble claim needs M ≥ 2P−1; with fewer micro-batches the plan still runs.
+
+`costs` (the paper's automatic scheduler, §3): each stage's profiled F, I and W seconds
+(one mapping for all stages, or one per stage). The same policy is then run on simulated
+time, under the same limits, and the plan kept is whichever of that order and the
+unit-time one replays faster at those costs (`_greedy.fastest`); without `costs`, the
+unit-time order.
 """
 
 from __future__ import annotations
 
 from impls.pipeline.actions import Plan
 from impls.pipeline.schedules._checks import require_count
-from impls.pipeline.schedules._greedy import greedy_plan
+from impls.pipeline.schedules._greedy import StageCosts, fastest, greedy_plan
 
 __all__ = ["zero_bubble_h2"]
 
 
-def zero_bubble_h2(stages: int, microbatches: int) -> Plan:
+def zero_bubble_h2(stages: int, microbatches: int, costs: StageCosts | None = None) -> Plan:
     """Rank r: up to 2P−1 micro-batches in flight, W's fill gaps, 2r W's kept for the drain."""
     require_count("stages", stages)
     require_count("microbatches", microbatches)
     limits = [2 * stages - 1] * stages
-    return greedy_plan(list(range(stages)), microbatches, limits, [2 * r for r in range(stages)])
+    reserves = [2 * r for r in range(stages)]
+    placement = list(range(stages))
+    return fastest(
+        lambda c: greedy_plan(placement, microbatches, limits, reserves, c), costs, placement
+    )

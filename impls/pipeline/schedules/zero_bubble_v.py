@@ -9,29 +9,35 @@ P−1 hands its activation to stage P without a message, and the first input gra
 produced on the rank that also starts the forward. Every chunk is half a rank's layers,
 so each ramp step costs half a 1F1B one.
 
-The order is the paper's V (built by `_greedy.v_plan`, a unit-time list schedule
-with a fixed preference): rank r runs 2P−1−2r forwards down its first chunk before
-micro-batch 0 comes back up its second, alternates the two chunks' forwards until its
-first input gradient arrives, then repeats F, I, W triples, and drains the pending W's
-between its last input gradients. It holds at most 2P (chunk, micro-batch) pairs, a
-micro-batch counted on a chunk from its F to its W: P micro-batches' worth, 1F1B's
-peak activation memory, as the paper states for ZB-V. With equal chunk costs
-T_F = T_I = T_W the step takes 6M + P − 1 chunk units (M ≥ P), and for M ≥ 2P − 1 no
-rank idles between its first and last action (rank r works from r to r + 6M). The order is fixed for equal costs, as the paper's
-ZB-V is; with T_W ≈ T_F / 2 the paper's automatic scheduler would rebuild it from the
-measured costs.
+The order is the paper's V (built by `_greedy.v_plan`, a list schedule with a fixed
+preference): rank r runs 2P−1−2r forwards down its first chunk before micro-batch 0
+comes back up its second, alternates the two chunks' forwards until its first input
+gradient arrives, then repeats F, I, W triples, and drains the pending W's between its
+last input gradients. It holds at most 2P (chunk, micro-batch) pairs, a micro-batch
+counted on a chunk from its F to its W: P micro-batches' worth, 1F1B's peak activation
+memory, as the paper states for ZB-V. With equal chunk costs T_F = T_I = T_W the step
+takes 6M + P − 1 chunk units (M ≥ P), and for M ≥ 2P − 1 no rank idles between its
+first and last action (rank r works from r to r + 6M).
+
+`costs` (the paper's automatic scheduler, §3): each chunk's profiled F, I and W seconds
+(one mapping for all 2P chunks, or one per stage). The same policy is then run on
+simulated time, under the same 2P limit, and the plan kept is whichever of that order
+and the unit-time one replays faster at those costs (`_greedy.fastest`); without
+`costs`, the unit-time order.
 """
 
 from __future__ import annotations
 
 from impls.pipeline.actions import Plan
 from impls.pipeline.schedules._checks import require_count
-from impls.pipeline.schedules._greedy import v_plan
+from impls.pipeline.schedules._greedy import StageCosts, fastest, v_plan
 
 __all__ = ["zero_bubble_v"]
 
 
-def zero_bubble_v(stages: int, microbatches: int, virtual_stages: int = 2) -> Plan:
+def zero_bubble_v(
+    stages: int, microbatches: int, virtual_stages: int = 2, costs: StageCosts | None = None
+) -> Plan:
     """Rank r runs stages r and 2P−1−r, at most 2P (stage, micro-batch) pairs held."""
     require_count("stages", stages)
     require_count("microbatches", microbatches)
@@ -40,4 +46,5 @@ def zero_bubble_v(stages: int, microbatches: int, virtual_stages: int = 2) -> Pl
             f"virtual_stages={virtual_stages!r}: schedule 'zero_bubble_v' places exactly 2 "
             "chunks on each rank (stages r and 2P−1−r), so virtual_stages must be 2"
         )
-    return v_plan(stages, microbatches, 2 * stages)
+    placement = tuple(range(stages)) + tuple(range(stages - 1, -1, -1))
+    return fastest(lambda c: v_plan(stages, microbatches, 2 * stages, c), costs, placement)
