@@ -16,8 +16,8 @@ Per action (stage s, micro-batch m):
   the full batch's mean loss (for equal micro-batches and a mean loss).
 - `B`: `torch.autograd.backward(output, grad_output)`; parameter gradients accumulate in
   `.grad`, the input's gradient is what `SEND_B` ships to stage s−1.
-- `I` / `W` (zero bubble, Qi et al. 2024): the forward ran under `DeferWeightGrads`
-  (`impls.pipeline.weight_grad`), so `I` is one backward of the stage that computes the
+- `I` / `W` (zero bubble, Qi et al. 2024): a plan with them reroutes its stages' linears
+  and runs each forward under `DeferWeightGrads` (`impls.pipeline.weight_grad`), so `I` is one backward of the stage that computes the
   input gradient and the cheap parameter gradients (LayerNorm, embeddings, biases) and
   stores each linear layer's (x, grad_y) instead of its weight-gradient GEMM; `W` runs
   only those GEMMs into `.grad`. I + W costs one backward. Stage 0 splits the same way
@@ -55,7 +55,7 @@ from impls.pipeline.records import ActionRecord, ActionTimer, StepResult
 from impls.pipeline.shapes import BoundaryShapes, exchange_shapes, uniform_shapes
 from impls.pipeline.transfers import boundary, message_tag, segments, with_transfers
 from impls.pipeline.validate import PlanError
-from impls.pipeline.weight_grad import DeferWeightGrads, WeightGradSlot
+from impls.pipeline.weight_grad import DeferWeightGrads, WeightGradSlot, reroute_linears
 
 __all__ = ["ActionRecord", "PipelineExecutor", "StepResult"]
 
@@ -139,6 +139,12 @@ class PipelineExecutor:
         self.stage_modules, self.stage_ranks = stage_modules, stage_ranks
         self.plan = with_transfers(plan, ranks, microbatches, virtual, stage_ranks)
         self.actions = self.plan[rank]
+        # Only a plan that splits backward reroutes its linears (`weight_grad`): a fused B
+        # stays autograd's own backward, the baseline that I + W is measured against.
+        self._splits = any(a.kind in ("I", "W") for a in self.actions)
+        if self._splits:
+            for module in stage_modules.values():
+                reroute_linears(module)
         self._segments = segments(self.actions)
         self._params = {
             s: [p for p in m.parameters() if p.requires_grad] for s, m in stage_modules.items()
@@ -231,7 +237,7 @@ class PipelineExecutor:
         slot = WeightGradSlot()
         with (
             saved.counting(self._param_storages, state.caller_storages, until_dropped=False),
-            DeferWeightGrads(slot),
+            DeferWeightGrads(slot) if self._splits else nullcontext(),
         ):
             output = self.stage_modules[s](inputs)
             if last:
@@ -255,7 +261,8 @@ class PipelineExecutor:
             last = s == self.num_stages - 1
             grad_output = None if last else state.ready_grads.pop((s, m))
             held.slot.deferring = action.kind == "I"
-            with DeferWeightGrads(held.slot):  # a recomputed forward defers as the first did
+            # a recomputed forward defers as the first did
+            with DeferWeightGrads(held.slot) if self._splits else nullcontext():
                 torch.autograd.backward(held.output, grad_output)
             input_grad = held.inputs.grad if s > 0 else None
             held.output = held.inputs = None  # the graph is freed; W needs only the slot

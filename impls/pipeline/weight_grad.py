@@ -6,30 +6,31 @@ so on the critical path) and grad_W = grad_yᵀ x (needed only by the optimizer 
 Their `B` pass runs the first and keeps (x, grad_y); their `W` pass runs only the second.
 Together they cost one backward, where running `autograd.grad` twice walks the graph twice.
 
-Here a stage's forward runs inside `DeferWeightGrads(slot)`, a `TorchFunctionMode` that
-reroutes `torch.nn.functional.linear` (what `nn.Linear` calls) through
-`_LinearDeferringWeight`, so models need no change. Its backward returns grad_x and the
-bias gradient at once and, while the slot is `deferring`, appends (weight, x, grad_y) to
-the slot instead of computing grad_W; `WeightGradSlot.run` later does the GEMMs and adds
-them into `.grad`. Everything else (LayerNorm, embeddings, biases) gets its gradient in
-the one backward, as the paper's reference implementation does. A linear the mode does
-not reach computes its weight gradient at once: correct, only not deferred. That covers a
-linear inside another custom Function, and activation recomputation: a reentrant
-checkpoint recomputes in backward, outside the mode; inside a non-reentrant checkpoint the
-mode stands aside, because the recomputation (in backward, without the mode) must save the
-same tensors as the forward did, which torch checks.
+Here `reroute_linears(module)` points every `nn.Linear` under a stage at
+`_LinearDeferringWeight` once (an instance-level `forward`, so models need no change and
+no other op pays for it), and `DeferWeightGrads(slot)` names the slot those linears
+record into while it is active; outside it they are plain `F.linear`. Its backward
+returns grad_x and the bias gradient at once and, while the slot is `deferring`, appends
+(weight, x, grad_y) to the slot instead of computing grad_W; `WeightGradSlot.run` later
+does the GEMMs and adds them into `.grad`. Everything else (LayerNorm, embeddings,
+biases) gets its gradient in the one backward, as the paper's reference implementation
+does. Activation recomputation keeps the deferral: a checkpoint's forward and its
+recomputation in backward (inside `DeferWeightGrads` during `I`) take the same rerouted
+path, so they save the same tensors. (A first version used a `TorchFunctionMode`, which
+sent every op of the forward through Python: on this host's small kernels it cost F
+~20% and made I + W ~1.3 B against autograd's own backward.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
-__all__ = ["DeferWeightGrads", "WeightGradSlot"]
+__all__ = ["DeferWeightGrads", "WeightGradSlot", "reroute_linears"]
 
 
 @dataclass
@@ -74,7 +75,7 @@ class _LinearDeferringWeight(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         # The parameter itself, for `.grad`: saved-tensor hooks may unpack a plain alias.
         ctx.param, ctx.slot = weight, slot
-        return F.linear(x, weight, bias)  # the mode is off inside its own handler
+        return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_y: Tensor):
@@ -90,28 +91,37 @@ class _LinearDeferringWeight(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
-class DeferWeightGrads(TorchFunctionMode):
-    """Inside this mode, `F.linear` on a weight that needs a gradient records into `slot`."""
+_ACTIVE: list[WeightGradSlot] = []  # the slot of the innermost DeferWeightGrads
+
+
+class DeferWeightGrads:
+    """While active, rerouted linears (`reroute_linears`) record into `slot`."""
 
     def __init__(self, slot: WeightGradSlot) -> None:
-        super().__init__()
         self.slot = slot
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear and torch.is_grad_enabled() and not _in_checkpoint():
-            x, weight, bias = _linear_args(*args, **kwargs)
-            if isinstance(weight, nn.Parameter) and weight.requires_grad:
-                return _LinearDeferringWeight.apply(x, weight, bias, self.slot)
-        return func(*args, **kwargs)
+    def __enter__(self) -> WeightGradSlot:
+        _ACTIVE.append(self.slot)
+        return self.slot
+
+    def __exit__(self, *exc: object) -> None:
+        _ACTIVE.pop()
 
 
-def _in_checkpoint() -> bool:
-    """Whether a non-reentrant `torch.utils.checkpoint` region is packing saved tensors."""
-    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
-    pack = getattr(hooks[0], "__qualname__", "") if hooks is not None else ""
-    return pack.startswith("_checkpoint_hook.")
+def reroute_linears(module: nn.Module) -> int:
+    """Point every `nn.Linear` under `module` (not a subclass with its own forward) at the
+    deferring path; idempotent. Returns how many linears are rerouted."""
+    count = 0
+    for sub in module.modules():
+        if isinstance(sub, nn.Linear) and type(sub).forward is nn.Linear.forward:
+            if "forward" not in sub.__dict__:
+                sub.forward = partial(_linear_forward, sub)
+            count += 1
+    return count
 
 
-def _linear_args(input: Tensor, weight: Tensor, bias: Tensor | None = None):  # noqa: A002
-    return input, weight, bias
+def _linear_forward(linear: nn.Linear, x: Tensor) -> Tensor:
+    weight = linear.weight
+    if _ACTIVE and torch.is_grad_enabled() and weight.requires_grad:
+        return _LinearDeferringWeight.apply(x, weight, linear.bias, _ACTIVE[-1])
+    return F.linear(x, weight, linear.bias)

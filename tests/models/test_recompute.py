@@ -157,21 +157,22 @@ def test_bad_modes_refused_by_name(key, value):
 def test_zero_bubble_split_stage_equals_reference(mode):
     """A stage of blocks with recomputation under the zero-bubble I / W split
     (`impls.pipeline.weight_grad`): I with the weight GEMMs deferred, then W, equals the
-    reference's gradients (full recomputation's linears run inside a checkpoint, where the
-    split stands aside; selective keeps every linear outside it, deferred)."""
-    from impls.pipeline.weight_grad import DeferWeightGrads, WeightGradSlot
+    reference's gradients; every linear's GEMM is deferred, the ones full recomputation
+    reruns inside its checkpoint too."""
+    from impls.pipeline.weight_grad import DeferWeightGrads, WeightGradSlot, reroute_linears
 
     want_loss, want = reference_grads("materialized")
     model = GPT(tiny(mode, "materialized"), seed=0)
     idx, tgt = tokens()
     slot = WeightGradSlot()
+    reroute_linears(model)
     with DeferWeightGrads(slot):
         loss = GPT.loss(model(idx), tgt)
     slot.deferring = True
     with DeferWeightGrads(slot):
         loss.backward()
-    # the LM head, and unless recomputed in full each block's q, k, v, o, fc1 and fc2
-    assert len(slot.pending) == (1 if mode == "full" else 1 + 6 * model.cfg.n_layers)
+    # the LM head and each block's q, k, v, o, fc1 and fc2
+    assert len(slot.pending) == 1 + 6 * model.cfg.n_layers
     slot.run()
     torch.testing.assert_close(loss.item(), want_loss, rtol=1e-6, atol=0)
     torch.testing.assert_close(_grads(model), want, rtol=1e-5, atol=1e-6)
