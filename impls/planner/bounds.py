@@ -32,10 +32,14 @@ stage per rank and a lower bound with interleaving.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from impls.costmodel.compute import TransformerSpec
 from impls.costmodel.hardware import Hardware
 from impls.costmodel.memory import activation_bytes_per_layer, model_state_bytes
+from impls.pipeline import build_plan
+from impls.pipeline.replay import max_inflight_microbatches
+from impls.pipeline.schedules import SPLIT_BACKWARD as _SPLIT
 from impls.simulator import ParallelPlan
 from impls.simulator.costs import DTYPE_BYTES, layer_prices, logit_gradient_bytes
 from impls.simulator.memory import WORKSPACE_BYTES, bytes_per_param
@@ -44,7 +48,7 @@ from impls.simulator.zero_comm import dp_group
 __all__ = ["LayerTable", "MemoryModel", "inflight", "layer_table", "memory_bound",
            "memory_bound_any_cut", "time_bound", "time_bound_any_cut"]  # fmt: skip
 
-SPLIT_BACKWARD = frozenset({"zero_bubble_h1"})
+SPLIT_BACKWARD = _SPLIT  # zero-bubble schedules: I and W apart
 
 
 def inflight(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> list[int]:
@@ -53,9 +57,14 @@ def inflight(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1)
     GPipe holds all M; 1F1B rank r min(P − r, M) (Narayanan et al. 2021 §2.2.1);
     zero_bubble_h1 min(P, M) on every rank (its W comes late, Qi et al. 2023 §3);
     interleaved rank r its warm-up 2(P − r − 1) + (V − 1)P plus the forward just issued,
-    all M·V when M = P (Megatron-LM's warm-up, `impls.pipeline.schedules.interleaved_1f1b`).
+    all M·V when M = P (Megatron-LM's warm-up, `impls.pipeline.schedules.interleaved_1f1b`);
+    zero_bubble_h2 (at most 2P − 1) and zero_bubble_v (at most 2P chunk pairs, 1F1B's
+    memory: `impls.pipeline.theory.zero_bubble_max_inflight`) as their plans hold them,
+    counted on the plan (their list-scheduled orders have no closed form per rank).
     """
     m = microbatches
+    if schedule in ("zero_bubble_h2", "zero_bubble_v"):
+        return list(_counted(schedule, pp, m, virtual_stages))
     if pp == 1 or schedule == "naive":
         return [1] * pp if schedule == "naive" else [1]
     if schedule == "gpipe":
@@ -68,6 +77,12 @@ def inflight(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1)
     if m == pp:
         return [total] * pp
     return [min(2 * (pp - r - 1) + (virtual_stages - 1) * pp + 1, total) for r in range(pp)]
+
+
+@lru_cache(maxsize=256)
+def _counted(schedule: str, pp: int, microbatches: int, virtual_stages: int) -> tuple[int, ...]:
+    counts = max_inflight_microbatches(build_plan(schedule, pp, microbatches, virtual_stages))
+    return tuple(counts[r] for r in range(pp))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from impls.pipeline.replay import max_inflight_microbatches
+from impls.pipeline.theory import zero_bubble_max_inflight
 from impls.pipeline.schedules import build_plan
 from impls.planner.bounds import (
     inflight,
@@ -29,11 +30,19 @@ from tests.planner import GPT8, small_cluster
 HW = small_cluster()
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zero_bubble_h1", "interleaved_1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zero_bubble_h1", "interleaved_1f1b",
+                                      "zero_bubble_h2", "zero_bubble_v"])  # fmt: skip
 @pytest.mark.parametrize("pp", [2, 3, 4])
 @pytest.mark.parametrize("microbatches", [1, 2, 3, 4, 8, 12])
 def test_inflight_matches_the_schedules(schedule, pp, microbatches):
-    chunks = [2, 3] if schedule == "interleaved_1f1b" else [1]
+    chunks = {"interleaved_1f1b": [2, 3], "zero_bubble_v": [2]}.get(schedule, [1])
+    if schedule in ("zero_bubble_h2", "zero_bubble_v") and microbatches < pp:
+        with pytest.raises(ValueError, match="microbatches"):
+            inflight(schedule, pp, microbatches, chunks[0])
+        return
+    if schedule in ("zero_bubble_h2", "zero_bubble_v"):  # never above the paper's peak
+        peak = zero_bubble_max_inflight(schedule, pp, microbatches)
+        assert max(inflight(schedule, pp, microbatches, chunks[0])) == peak
     for v in chunks:
         if schedule == "interleaved_1f1b" and microbatches % pp:
             continue
