@@ -15,6 +15,7 @@ from bench.report import (
     Report,
     Target,
     format_bytes,
+    format_percent,
     markdown_table,
     new_figure,
 )
@@ -178,6 +179,7 @@ REPORT = Report(
             bound=0.01,
             source="issue 15; " + PAPER,
             where={"attention": "materialized"},
+            fmt=lambda value: format_percent(value, 2),
         ),
     ),  # fmt: skip
     correctness=(
