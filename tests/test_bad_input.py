@@ -317,6 +317,10 @@ BUILD_CASES = {
         (["seed=-1"], ["seed=-1"]), (["slicings=[bogus]"], ["slicings", "bogus", "alpa"]),
         (["schedules=[gpipe]", "stages=[64]", "n_layers=64", "microbatches=[1]"],
          ["stages=[64]", "64 ranks"]),
+        (["schedules=[zero_bubble_v]", "stages=[4]", "n_layers=6"],
+         ["stages=[4]", "8 stages", "n_layers=6"]),
+        (["schedules=[zero_bubble_h2]", "stages=[4]", "microbatches=[2]"],
+         ["microbatches=[2]", "zero_bubble_h2", "microbatches >= stages=4"]),
     ],
     "sequence_parallel": [
         (["methods=[ring_attention]", "sp_degrees=[100000]"], ["sp_degrees=[100000]", "at most"]),
