@@ -13,8 +13,8 @@ from dataclasses import replace
 import pytest
 
 from impls.pipeline.replay import max_inflight_microbatches
-from impls.pipeline.theory import zero_bubble_max_inflight
 from impls.pipeline.schedules import build_plan
+from impls.pipeline.theory import zero_bubble_max_inflight
 from impls.planner.bounds import (
     inflight,
     layer_table,
