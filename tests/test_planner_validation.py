@@ -84,6 +84,10 @@ def _sources(root: Path) -> None:
          "microbatches": "8", "virtual_stages": "2", "microbatch_size": "4",
          "world_size": "4", "step_time_s": "0.5", "replayed_makespan_s": "0.25",
          "peak_activation_bytes": "1e7"},
+        {**common, "impl": "distbench", "schedule": "zero_bubble_v", "stages": "4",
+         "microbatches": "8", "virtual_stages": "2", "microbatch_size": "4",
+         "world_size": "4", "step_time_s": "0.5", "replayed_makespan_s": "0.2",
+         "peak_activation_bytes": "1e7"},
     ])  # fmt: skip
 
 
@@ -91,7 +95,8 @@ def test_ground_truth_rows_labels_and_link(tmp_path):
     _sources(tmp_path)
     truths = experiment.ground_truth(PlannerValidationConfig(reports_root=str(tmp_path)))
     by_config = {t["config"]: t for t in truths}
-    # torch's own and failed rows are left out; one cell per distbench row
+    # torch's own and failed rows are left out, and ZB-V (the simulator has no V
+    # placement); one cell per distbench row
     assert sorted(by_config) == ["dp2, M=4", "dp2×pp2, M=4", "interleaved_1f1b, P=4, M=8, V=2",
                                  "zero3, N=8, fp32"]  # fmt: skip
     assert by_config["dp2, M=4"]["ground_truth"] == "wall clock"  # 2 ranks on 2 cores

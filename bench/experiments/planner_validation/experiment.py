@@ -96,12 +96,20 @@ def _zero(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
     return out
 
 
+# ZB-V puts two chunks on each rank in a V (stages r and 2P − 1 − r); the simulator's
+# ParallelPlan places one stage per rank, or interleaved chunks r, r + P, so it does not
+# predict ZB-V's rows (pipeline_utilization's own report replays them).
+UNPLACED = frozenset({"zero_bubble_v"})
+
+
 def _pipeline(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         # Equal cuts only: an Alpa-sliced row repeats its equal twin's key here (the report
         # shows those pairs from the source's own columns, `alpa_slicing`).
         if r.get("impl") != "distbench" or r.get("slicing", "equal") not in ("", "equal"):
+            continue
+        if r["schedule"] in UNPLACED:
             continue
         p, m, v = (int(float(r[k])) for k in ("stages", "microbatches", "virtual_stages"))
         out.append(_truth(
