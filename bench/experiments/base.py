@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # rank processes unpickle `Cell` from here: keep pandas and plots out
     import pandas as pd
 
+    from bench.charts import Chart
     from bench.report.skeleton import Report
 
 __all__ = ["Cell", "Experiment"]
@@ -58,6 +59,9 @@ class Experiment:
     artefacts: Callable[[Any, Cell, list[dict], Path], dict] | None = None
     """(cfg, cell, every rank's result, report_dir) -> columns naming the files it wrote
     there for the cell (traces); kept apart from `to_row`, which only builds the row."""
+    charts: tuple[Chart, ...] = ()
+    """The headline figures as data (`bench.charts.Chart`): wandb draws each from the
+    results table, and the saved dashboard gives each a panel."""
 
     def parse(self, values: Mapping[str, Any]) -> Any:
         from bench.config import parse_config
