@@ -42,13 +42,18 @@ import pandas as pd
 
 from bench.provenance import git_sha
 
-__all__ = ["MEASURED", "STATUSES", "ResultStore", "run_metadata", "settings_hash"]
+__all__ = ["MEASURED", "STATUSES", "TEXT_COLUMNS", "ResultStore", "read_results", "run_metadata",
+           "settings_hash"]  # fmt: skip
 
 _INT_TEXT = re.compile(r"[+-]?\d+")
 # A row's status: measured and checked ("ok"), measured but off its reference ("wrong":
 # `wrong > 0`), or no measurement at all ("failed": raised, crashed or timed out).
 STATUSES = ("ok", "wrong", "failed")
 MEASURED = ("ok", "wrong")
+# Columns that are text whatever they look like: a commit such as "8e25226" or "1234567"
+# would otherwise come back as a float (inf) or an int when results.csv is read.
+TEXT_COLUMNS = ("git_sha", "source_git_sha", "run_id", "settings_hash", "host", "timestamp",
+                "torch_version", "python_version", "status", "error")  # fmt: skip
 _FIX = "fix or delete that line, or move the file away (nothing was overwritten)"
 
 
@@ -102,6 +107,15 @@ def _parse_key_text(text: str) -> Any:
         return text
 
 
+def read_results(path: str | Path) -> pd.DataFrame:
+    """A results.csv as a typed frame: numbers where the text is a number, except in
+    `TEXT_COLUMNS`; only empty cells are missing (a string key such as "NA" stays a string)."""
+    with open(path, newline="") as handle:
+        header = next(csv.reader(handle), [])
+    text = {name: str for name in TEXT_COLUMNS if name in header}
+    return pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=text)
+
+
 def _read_text(path: Path) -> pd.DataFrame:
     """The CSV with every cell as its exact text, so rewriting it changes no old value."""
     return pd.read_csv(path, dtype=str, keep_default_na=False)
@@ -139,8 +153,7 @@ class ResultStore:
         """The results as a typed frame; an empty frame with the key columns if none yet."""
         if not self.path.exists():
             return pd.DataFrame(columns=self.key_columns)
-        # Only empty cells are missing: a string key such as "NA" stays a string.
-        return self._fill(pd.read_csv(self.path, keep_default_na=False, na_values=[""]))
+        return self._fill(read_results(self.path))
 
     def key_of(self, row: Mapping[str, Any] | Sequence[Any]) -> tuple:
         """The canonical key of a row (a mapping) or of key values in key-column order."""

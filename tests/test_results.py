@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from bench.provenance import git_sha
-from bench.results import ResultStore, run_metadata
+from bench.results import ResultStore, read_results, run_metadata
 
 KEYS = ["world_size", "algorithm", "lr"]
 
@@ -60,6 +60,19 @@ def test_keys_survive_the_csv_round_trip(tmp_path: Path) -> None:
     store.write([row(2, "ring", 1.0), row(3, "007", 0.00001)])
     assert len(store.read()) == 3
     assert store.read()["algorithm"].tolist() == ["ring", "007", "NA"]
+
+
+def test_commit_and_id_columns_stay_text(tmp_path: Path) -> None:
+    # "8e25226" reads as the float 8e25226 (inf) and "1234567" as an int unless these
+    # columns are read as text; the report would then say git_sha "inf".
+    store = ResultStore(tmp_path, KEYS)
+    store.write([row(2, "ring", 0.1, git_sha="8e25226", source_git_sha="1234567",
+                     run_id="0012", settings_hash="1e5", time_s=1.5)])  # fmt: skip
+    for table in (store.read(), read_results(store.path)):
+        got = table.iloc[0]
+        assert (got["git_sha"], got["source_git_sha"]) == ("8e25226", "1234567")
+        assert (got["run_id"], got["settings_hash"]) == ("0012", "1e5")
+        assert got["time_s"] == 1.5 and got["world_size"] == 2  # other columns stay typed
 
 
 def test_finished_keys_skips_failed_rows(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ import pandas as pd
 
 from bench.experiments.max_model_size.plots import STAGE_NAMES, max_params_figure, per_device_figure
 from bench.report import Context, Report, format_percent, markdown_table, ok_rows
+from bench.results import read_results
 
 __all__ = ["GPU_FILE", "LECTURE", "LECTURE_SOURCE", "MODEL_STATE_TARGET", "REPORT"]
 
@@ -229,7 +230,7 @@ def _zero_memory_errors(path: Path) -> tuple[pd.DataFrame | None, str]:
             "experiment has not been run into this reports folder), so nothing here has "
             "been checked against a measurement."
         )
-    df = ok_rows(pd.read_csv(path))
+    df = ok_rows(read_results(path))
     needed = {"impl", "stage", "world_size", "model_state_bytes", "predicted_model_state_bytes"}
     if not needed <= set(df.columns):
         return (

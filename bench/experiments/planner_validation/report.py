@@ -20,6 +20,7 @@ from bench.report import (
     format_seconds,
     markdown_table,
 )
+from bench.results import read_results
 
 __all__ = ["MEMORY_BOUND", "REPORT", "SPEARMAN_BOUND", "STEP_BOUND", "prepare", "spearman"]
 
@@ -238,7 +239,7 @@ def alpa_slicing(ctx: Context) -> str | None:
         return None
     root = ctx.settings.get("reports_root")
     path = (Path(root) if root else repository_reports()) / "pipeline_utilization/results.csv"
-    rows = pd.read_csv(path, keep_default_na=False, na_values=[""]) if path.is_file() else None
+    rows = read_results(path) if path.is_file() else None
     if rows is None or "slicing" not in rows.columns or not (rows["slicing"] == "alpa").any():
         return f"No Alpa-sliced row in {path}."
     alpa = rows[(rows["status"] == "ok") & (rows["slicing"] == "alpa")]
