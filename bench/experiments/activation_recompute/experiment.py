@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from bench.charts import Chart
 from bench.experiments.activation_recompute import ranks, report
 from bench.experiments.activation_recompute.config import ActivationRecomputeConfig
 from bench.experiments.base import Cell, Experiment
@@ -118,4 +119,21 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Saved bytes per layer against sequence length",
+            x="seq_len",
+            y="saved_bytes_per_layer",
+            group="recompute",
+            log_x=True,
+            log_y=True,
+        ),
+        Chart(
+            title="Step time overhead of recomputation",
+            x="seq_len",
+            y="overhead_vs_none",
+            group="recompute",
+            kind="scatter",
+        ),
+    ),
 )

@@ -3,6 +3,7 @@ torch.distributed.all_reduce as the baseline (the lecture's comparison table).""
 
 from __future__ import annotations
 
+from bench.charts import Chart
 from bench.experiments.allreduce_scaling import report
 from bench.experiments.allreduce_scaling.config import AllReduceScalingConfig
 from bench.experiments.base import Cell, Experiment
@@ -46,4 +47,30 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Bus bandwidth against world size",
+            x="world_size",
+            y="busbw_gbps",
+            group="algorithm",
+            kind="scatter",
+        ),
+        Chart(
+            title="Bytes sent by the busiest rank",
+            x="world_size",
+            y="max_rank_bytes_sent",
+            group="algorithm",
+            kind="scatter",
+            log_y=True,
+        ),
+        Chart(
+            title="Time per call against message size",
+            x="message_bytes",
+            y="time_s",
+            group="algorithm",
+            kind="scatter",
+            log_x=True,
+            log_y=True,
+        ),
+    ),
 )

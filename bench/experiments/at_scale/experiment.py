@@ -3,6 +3,7 @@ each on the one-rank pool. Rows hold the prediction beside the published number.
 
 from __future__ import annotations
 
+from bench.charts import Chart
 from bench.experiments.at_scale import ranks, report
 from bench.experiments.at_scale.config import AtScaleConfig
 from bench.experiments.base import Cell, Experiment
@@ -30,4 +31,16 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Simulator against published figures",
+            x="published",
+            y="predicted",
+            group="kind",
+            kind="scatter",
+            log_x=True,
+            log_y=True,
+        ),
+        Chart(title="Predicted ÷ published", x="name", y="ratio", kind="bar"),
+    ),
 )

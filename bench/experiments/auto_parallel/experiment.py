@@ -9,6 +9,7 @@ Every number in a row is the simulator's output: the report labels it as a model
 
 from __future__ import annotations
 
+from bench.charts import Chart
 from bench.experiments.auto_parallel import ranks, report
 from bench.experiments.auto_parallel.config import AutoParallelConfig
 from bench.experiments.base import Cell, Experiment
@@ -42,4 +43,20 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Predicted MFU of the plans against GPUs",
+            x="gpus",
+            y="predicted_mfu",
+            group="list",
+            kind="scatter",
+        ),
+        Chart(
+            title="Plans: step time against peak memory",
+            x="predicted_peak_memory_gb",
+            y="predicted_step_time_s",
+            group="gpus",
+            kind="scatter",
+        ),
+    ),
 )

@@ -3,6 +3,7 @@ beside torch.distributed's, with algbw, busbw and `wrong`."""
 
 from __future__ import annotations
 
+from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.collectives import report
 from bench.experiments.collectives.config import CollectivesConfig
@@ -52,4 +53,20 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Bus bandwidth against message size",
+            x="message_bytes",
+            y="busbw_gbps",
+            group="impl",
+            kind="scatter",
+            log_x=True,
+        ),
+        Chart(
+            title="distbench busbw ÷ torch, per collective",
+            x="collective",
+            y="busbw_vs_torch",
+            kind="bar",
+        ),
+    ),
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 
+from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.delayed_averaging import report
 from bench.experiments.delayed_averaging.config import DelayedAveragingConfig
@@ -71,4 +72,20 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Time to target accuracy against link latency",
+            x="latency_ms",
+            y="time_to_target_s",
+            group="delay",
+            kind="scatter",
+        ),
+        Chart(
+            title="Final held-out accuracy against link latency",
+            x="latency_ms",
+            y="final_accuracy",
+            group="delay",
+            kind="scatter",
+        ),
+    ),
 )

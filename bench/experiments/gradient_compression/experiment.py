@@ -22,6 +22,7 @@ import math
 import statistics
 from typing import Any
 
+from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.gradient_compression import report
 from bench.experiments.gradient_compression.config import (
@@ -117,4 +118,21 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Final accuracy against bytes on the wire",
+            x="bytes_per_step",
+            y="final_accuracy",
+            group="method",
+            kind="scatter",
+            log_x=True,
+        ),
+        Chart(
+            title="Compression ratio per method",
+            x="method",
+            y="compression_ratio",
+            kind="bar",
+            log_y=True,
+        ),
+    ),
 )

@@ -12,6 +12,7 @@ column. Under an external `torchrun` of more than one rank the runner skips one-
 
 from __future__ import annotations
 
+from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.max_model_size import ranks, report
 from bench.experiments.max_model_size.config import MaxModelSizeConfig
@@ -60,5 +61,23 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Largest trainable model per ZeRO stage",
+            x="dp",
+            y="max_params_billions",
+            group="stage",
+            log_x=True,
+            log_y=True,
+        ),
+        Chart(
+            title="Model states per device",
+            x="dp",
+            y="per_device_gb",
+            group="stage",
+            log_x=True,
+            log_y=True,
+        ),
+    ),
     reads=("zero_memory",),
 )

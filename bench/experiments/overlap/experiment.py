@@ -24,6 +24,7 @@ import math
 import statistics
 from typing import Any
 
+from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.overlap import report
 from bench.experiments.overlap.config import OverlapConfig, network_label
@@ -127,4 +128,30 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Step time against bucket cap",
+            x="bucket_cap_bytes",
+            y="step_time_s",
+            group="overlap",
+            kind="scatter",
+            log_x=True,
+        ),
+        Chart(
+            title="All-reduce time hidden behind backward",
+            x="bucket_cap_bytes",
+            y="hidden_fraction",
+            group="network",
+            kind="scatter",
+            log_x=True,
+        ),
+        Chart(
+            title="Exposed sync per step",
+            x="bucket_cap_bytes",
+            y="exposed_sync_s",
+            group="overlap",
+            kind="scatter",
+            log_x=True,
+        ),
+    ),
 )

@@ -17,6 +17,7 @@ import math
 import statistics
 from typing import Any
 
+from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.parallelism_comparison import report
 from bench.experiments.parallelism_comparison.columns import (
@@ -118,4 +119,11 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(title="Memory per rank by layout", x="layout", y="memory_per_rank_bytes", kind="bar"),
+        Chart(
+            title="Bytes sent per step by layout", x="layout", y="comm_bytes_per_step", kind="bar"
+        ),
+        Chart(title="Replayed utilization by layout", x="layout", y="util_replayed", kind="bar"),
+    ),
 )

@@ -26,6 +26,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.pipeline_utilization import ranks, report, slicing, timeline
 from bench.experiments.pipeline_utilization.config import (
@@ -180,6 +181,29 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Utilization against micro-batches",
+            x="microbatches",
+            y="util_replayed",
+            group="schedule",
+            log_x=True,
+        ),
+        Chart(
+            title="Bubble fraction against micro-batches",
+            x="microbatches",
+            y="bubble_fraction",
+            group="schedule",
+            log_x=True,
+        ),
+        Chart(
+            title="Peak activation bytes",
+            x="microbatches",
+            y="peak_activation_bytes",
+            group="schedule",
+            log_x=True,
+        ),
+    ),
     artefacts=artefacts,
     unmeasured=("trace_dir",),
 )

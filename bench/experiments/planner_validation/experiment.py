@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.planner_validation import ranks, report
 from bench.experiments.planner_validation.config import PlannerValidationConfig
@@ -201,5 +202,25 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Predicted against measured step time",
+            x="measured_step_time_s",
+            y="predicted_step_time_s",
+            group="source",
+            kind="scatter",
+            log_x=True,
+            log_y=True,
+        ),
+        Chart(
+            title="Predicted against measured peak memory",
+            x="measured_peak_bytes",
+            y="predicted_peak_bytes",
+            group="source",
+            kind="scatter",
+            log_x=True,
+            log_y=True,
+        ),
+    ),
     reads=("parallelism_comparison", "zero_memory", "pipeline_utilization"),
 )

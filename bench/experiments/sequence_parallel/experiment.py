@@ -22,6 +22,7 @@ import math
 import statistics
 from typing import Any
 
+from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.sequence_parallel import ranks, report
 from bench.experiments.sequence_parallel.config import SequenceParallelConfig
@@ -116,4 +117,24 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Bytes per link per layer against sequence length",
+            x="seq_len",
+            y="comm_bytes_per_link_per_layer",
+            group="method",
+            kind="scatter",
+            log_x=True,
+            log_y=True,
+        ),
+        Chart(
+            title="Activation bytes per rank against sequence length",
+            x="seq_len",
+            y="activation_bytes_per_rank",
+            group="method",
+            kind="scatter",
+            log_x=True,
+            log_y=True,
+        ),
+    ),
 )

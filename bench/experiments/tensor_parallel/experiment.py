@@ -20,6 +20,7 @@ import math
 import statistics
 from typing import Any
 
+from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.tensor_parallel import ranks, report
 from bench.experiments.tensor_parallel.config import TensorParallelConfig
@@ -117,4 +118,17 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(title="Step time against TP degree", x="tp", y="step_time_s", group="method"),
+        Chart(
+            title="Peak memory per rank against TP degree",
+            x="tp",
+            y="peak_bytes",
+            group="method",
+            log_x=True,
+        ),
+        Chart(
+            title="Bytes per layer, forward", x="tp", y="comm_bytes_per_layer_fwd", group="method"
+        ),
+    ),
 )

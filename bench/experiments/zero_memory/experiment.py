@@ -18,6 +18,7 @@ import math
 import statistics
 from typing import Any
 
+from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.zero_memory import ranks, report
 from bench.experiments.zero_memory.config import ZeroMemoryConfig
@@ -148,4 +149,22 @@ EXPERIMENT = Experiment(
     cells=cells,
     to_row=to_row,
     report=report.REPORT,
+    charts=(
+        Chart(
+            title="Model states per rank against ranks",
+            x="world_size",
+            y="model_state_bytes",
+            group="method",
+            kind="scatter",
+            log_y=True,
+        ),
+        Chart(
+            title="Bytes sent per step in units of Ψ",
+            x="world_size",
+            y="comm_psi_multiple",
+            group="method",
+            kind="scatter",
+        ),
+        Chart(title="Step time ÷ torch", x="method", y="step_time_vs_torch", kind="bar"),
+    ),
 )
