@@ -39,7 +39,7 @@ from impls.costmodel.hardware import Hardware
 from impls.costmodel.memory import activation_bytes_per_layer, model_state_bytes
 from impls.pipeline import build_plan
 from impls.pipeline.replay import max_inflight_microbatches
-from impls.pipeline.schedules import SPLIT_BACKWARD as _SPLIT
+from impls.pipeline.schedules import SPLIT_BACKWARD  # zero-bubble schedules: I and W apart
 from impls.simulator import ParallelPlan
 from impls.simulator.costs import DTYPE_BYTES, layer_prices, logit_gradient_bytes
 from impls.simulator.memory import WORKSPACE_BYTES, bytes_per_param
@@ -47,8 +47,6 @@ from impls.simulator.zero_comm import dp_group
 
 __all__ = ["LayerTable", "MemoryModel", "inflight", "layer_table", "memory_bound",
            "memory_bound_any_cut", "time_bound", "time_bound_any_cut"]  # fmt: skip
-
-SPLIT_BACKWARD = _SPLIT  # zero-bubble schedules: I and W apart
 
 
 def inflight(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> list[int]:

@@ -33,6 +33,7 @@ from impls.costmodel.comm import p2p_seconds
 from impls.costmodel.compute import TransformerSpec, hfu, mfu, step_flops
 from impls.costmodel.hardware import Hardware
 from impls.costmodel.memory import activation_bytes_per_layer, model_state_bytes
+from impls.pipeline.schedules import SPLIT_BACKWARD  # zero-bubble schedules: I and W apart
 from impls.simulator.costs import DTYPE_BYTES, LayerPrice, layer_prices, logit_gradient_bytes
 from impls.simulator.memory import (
     WORKSPACE_BYTES,
@@ -46,7 +47,6 @@ from impls.simulator.zero_comm import StageDataParallel, dp_group, end_of_step, 
 
 __all__ = ["LayerCost", "layer_costs", "simulate"]
 
-SPLIT_BACKWARD = frozenset({"zero_bubble_h1", "zero_bubble_h2", "zero_bubble_v"})  # I and W apart
 OPTIMIZERS = ("adam",)
 
 
