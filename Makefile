@@ -1,11 +1,14 @@
-# distbench: `make reports` regenerates every report; `make test` runs the suite.
-# Both create .venv on first use and install the project with torch pinned (constraints.txt).
+# distbench: `make reports` regenerates every report; `make test` runs the suite;
+# `make reports-ci` regenerates the CI profile's reports into $(CI_REPORTS) (what
+# .github/workflows/ci.yml uploads). All create .venv on first use and install the project
+# with torch pinned (constraints.txt).
 PYTHON ?= python3
+CI_REPORTS ?= reports-ci
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test reports bench lint format clean
+.PHONY: venv test reports reports-ci bench lint format clean
 
 venv: $(STAMP)
 
@@ -22,6 +25,10 @@ test: venv
 reports: venv
 	$(PY) -m bench.make_reports
 
+# An absolute --out: the experiments run as subprocesses from the repository root.
+reports-ci: venv
+	$(PY) -m bench.make_reports --profile ci --out $(abspath $(CI_REPORTS))
+
 bench: venv
 	$(PY) -m pytest benchmarks -q --benchmark-only
 
@@ -34,4 +41,4 @@ format: venv
 	$(PY) -m ruff check --fix .
 
 clean:
-	rm -rf $(VENV) outputs multirun wandb .pytest_cache .benchmarks
+	rm -rf $(VENV) outputs multirun wandb reports-ci .pytest_cache .benchmarks
