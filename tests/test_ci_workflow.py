@@ -279,3 +279,21 @@ def test_check_rejects_broken_workflow(name, workflow):
     broken = copy.deepcopy(workflow)
     mutate(broken)
     assert check(broken) != []
+
+
+def test_readme_describes_this_workflow(workflow):
+    """README's "CI for your repository" quotes the workflow's artifact, limits and env."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## CI for your repository", 1)[1].split("\n## ", 1)[0]
+    section = " ".join(section.split())
+    upload = next(s for s in steps(workflow) if "upload-artifact" in s.get("uses", ""))
+    env = the_job(workflow)["env"]
+    quoted = [
+        f"as the artifact `{upload['with']['name']}`",
+        f"kept {upload['with']['retention-days']} days",
+        f"into `{reports_dir(workflow)}/`",
+        f"within {step_running(workflow, 'make test')['timeout-minutes']} minutes",
+        f"`PIP_EXTRA_INDEX_URL={env['PIP_EXTRA_INDEX_URL']}`",
+        " ".join(f"{key}={value}" for key, value in ci_run()[0].items()),
+    ]
+    assert [q for q in quoted if q not in section] == []
