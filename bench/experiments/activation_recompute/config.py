@@ -55,10 +55,13 @@ class ActivationRecomputeConfig:
     """Where that search stops (a probe's attention scores grow as s²: full recomputation
     keeps 2·s·b·h bytes, but its forward still computes them); reached means "at least"."""
     warmup: int = 2
+    """Untimed forward + backward passes per cell and side before the timed ones."""
     repeats: int = 5
     """Timed forward + backward passes per cell and side (mode, and none beside it)."""
     timeout_s: float = 600.0
+    """A cell whose ranks have not all finished by then is recorded as failed."""
     seed: int = 0
+    """Seeds the layer's weights and the batch (the same on every rank)."""
 
     def __post_init__(self) -> None:
         check_choices("recompute", self.recompute, RECOMPUTE_MODES)

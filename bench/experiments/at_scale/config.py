@@ -26,6 +26,8 @@ class AtScaleConfig:
     gpt3_gpus: int = 1024
     """GPUs the GPT-3 175B run is planned on (the planner picks the layout)."""
     gpt3_hardware: str = "a100_80gb"
+    """The cluster preset (`impls.costmodel.presets.HARDWARE`) the GPT-3 run is planned
+    on."""
     chinchilla_flops: float = 5.76e23
     """Compute budget C (FLOPs) of the compute-optimal run: N = √(C/120), D = 20N (the
     default is Chinchilla's own budget, Hoffmann et al. 2022)."""
@@ -33,10 +35,13 @@ class AtScaleConfig:
     """The transformer shape whose step is priced for the Chinchilla run (its parameter
     count should be near √(C/120); the report states both)."""
     chinchilla_gpus: int = 1024
+    """GPUs the Chinchilla run is planned on (the planner picks the layout)."""
     chinchilla_hardware: str = "a100_80gb"
+    """The cluster preset the Chinchilla run is planned on."""
     error_target: float = 0.15
     """The issue's bound on |predicted ÷ published − 1| (median over rows)."""
     timeout_s: float = 600.0
+    """A cell not finished by then is recorded as failed."""
 
     def __post_init__(self) -> None:
         from impls.costmodel.models import MODELS

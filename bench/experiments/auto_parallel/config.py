@@ -37,14 +37,19 @@ class AutoParallelConfig:
     dp: int | None = None
     """Fixed data-parallel degree; null: searched. The same for every axis below."""
     tp: int | None = None
+    """Fixed tensor-parallel degree; null: searched."""
     pp: int | None = None
+    """Fixed pipeline-parallel degree (stages); null: searched."""
     sp: str | None = None
     """Sequence parallelism: none, megatron_sp or ulysses; null: searched."""
     zero_stage: int | None = None
+    """Fixed ZeRO stage, 0 to 3; null: searched."""
     microbatch_size: int | None = None
+    """Fixed sequences per micro-batch; null: searched."""
     schedule: str | None = None
     """gpipe, 1f1b, interleaved_1f1b or zero_bubble_h1; null: searched."""
     virtual_stages: int | None = None
+    """Fixed model chunks per rank for the interleaved schedule; null: searched."""
     recompute: str | None = None
     """none, selective or full; null: searched."""
     allow_cross_node_tp: bool = False

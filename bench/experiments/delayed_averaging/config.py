@@ -32,19 +32,28 @@ class DelayedAveragingConfig:
     delays: list[int] = field(default_factory=lambda: [4, 16])
     """DGA's delay D (steps an average may take), each ≥ 1; sync DP is D = 0."""
     methods: list[str] = field(default_factory=lambda: list(METHODS))
+    """sync (every step waits for its all-reduce) and/or dga (Delayed Gradient Averaging:
+    step on the local gradient now, correct it with the average D steps later)."""
     bandwidth_mbps: float | None = None
     """Link bandwidth; null: unlimited (latency only)."""
     target_accuracy: float = 0.95
     """Held-out accuracy whose first crossing is the time-to-accuracy."""
     task: str = "digits"
+    """digits (sklearn's 8×8 digits, MLP) or chargpt (character GPT on Python's docs)."""
     steps: int = 300
+    """Training steps per cell, timed; the learning rate decays over them."""
     batch_size: int = 64
+    """Global batch per step, split evenly over the ranks."""
     lr: float = 0.5
     """Peak plain-SGD learning rate (cosine decay to 0)."""
     world_size: int = 4
+    """Ranks (data-parallel replicas) of every cell."""
     eval_every: int = 10
+    """Steps between held-out evaluations (the clock is stopped while they run)."""
     seed: int = 0
+    """Seeds the model's initialization and the data order."""
     timeout_s: float = 900.0
+    """A cell whose ranks have not all finished by then is recorded as failed."""
 
     def __post_init__(self) -> None:
         check_choices("methods", self.methods, METHODS)

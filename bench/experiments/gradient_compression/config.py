@@ -63,19 +63,23 @@ class GradientCompressionConfig:
     task: str = "digits"
     """digits (sklearn's 8×8 digits, MLP) or chargpt (character GPT on Python's docs)."""
     steps: int = 300
+    """Training steps per cell, timed; the learning rate decays over them."""
     batch_size: int | None = None
     """Global batch per step (split over the ranks); null: the task's default."""
     lr: float | None = None
     """Peak SGD learning rate (cosine decay to 0); null: the task's default."""
     world_size: int = 4
+    """Ranks (data-parallel replicas) of every cell."""
     seeds: list[int] = field(default_factory=lambda: [0, 1])
     """Each seed is a full replicate (model init and data order)."""
     eval_every: int = 25
+    """Steps between held-out evaluations (the clock is stopped while they run)."""
     dgc_warmup_steps: int = 50
     """DGC's sparsity warm-up: density decays from 25% to the target over these steps."""
     draws: int = 200
     """Quantizations drawn for QSGD's and TernGrad's unbiasedness and variance check."""
     timeout_s: float = 900.0
+    """A cell whose ranks have not all finished by then is recorded as failed."""
 
     def __post_init__(self) -> None:
         check_choices("methods", self.methods, METHODS)

@@ -65,6 +65,7 @@ class OverlapConfig:
     """Simulated links under the bucket all-reduces: {latency_ms, bandwidth_mbps}; null:
     loopback only."""
     world_size: int = 2
+    """Ranks (data-parallel replicas) of every cell."""
     model: dict[str, Any] = field(
         default_factory=lambda: {
             "vocab_size": 256, "seq_len": 64, "d_model": 128, "n_heads": 4, "n_layers": 4,
@@ -74,6 +75,7 @@ class OverlapConfig:
     batch_size: int = 8
     """Sequences per rank per step."""
     warmup: int = 3
+    """Untimed steps per cell before the timed ones."""
     repeats: int = 15
     """Timed steps per cell; the median of the slowest rank is reported."""
     paired: Any = True
@@ -81,7 +83,9 @@ class OverlapConfig:
     cell measures the speed-up side by side (twice the time per cell). true or false
     (typed Any so that "yes" is refused, not coerced)."""
     seed: int = 0
+    """Seeds the model's weights and the batches."""
     timeout_s: float = 600.0
+    """A cell whose ranks have not all finished by then is recorded as failed."""
 
     def __post_init__(self) -> None:
         check_positive("bucket_caps_bytes", self.bucket_caps_bytes)

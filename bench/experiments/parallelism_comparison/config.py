@@ -67,13 +67,17 @@ class ParallelismComparisonConfig:
     steps: int = 3
     """AdamW steps checked against single-device training."""
     lr: float = 1e-3
+    """AdamW learning rate."""
     warmup: int = 1
+    """Untimed steps per cell before the timed ones."""
     repeats: int = 5
     """Timed steps per cell; the median of the slowest rank's step is reported."""
     profile_steps: int = 2
     """Steps with the host's compute serialised, whose costs the replay uses."""
     timeout_s: float = 900.0
+    """A cell whose ranks have not all finished by then is recorded as failed."""
     seed: int = 0
+    """Seeds the model's weights and the batch."""
 
     def __post_init__(self) -> None:
         check_positive("world_sizes", self.world_sizes)

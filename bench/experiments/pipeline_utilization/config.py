@@ -44,11 +44,14 @@ class PipelineUtilizationConfig:
     """Model chunks per rank V for the interleaved schedules (zero_bubble_v always uses 2,
     the others 1)."""
     d_model: int = 128
+    """GPT hidden size h."""
     n_layers: int = 16
     """GPT blocks; every stage (P·V of them when interleaved) needs at least one. 4 blocks
     per stage at P = 4 keep an activation transfer small beside a stage's compute."""
     n_heads: int = 4
+    """Attention heads per block."""
     seq_len: int = 64
+    """Tokens per sequence."""
     vocab_size: int = 64
     """A 64-token vocabulary keeps the LM head from weighing down the last stage."""
     batch_size: int = 32

@@ -42,14 +42,18 @@ class SequenceParallelConfig:
     Cells measure one block; `n_layers` is the depth the memory-budget figure assumes;
     Ulysses and Megatron-SP need P to divide `n_heads`."""
     batch_size: int = 2
+    """Sequences per cell's batch; every rank holds its chunk of each."""
     memory_budget_bytes: int = 1 << 30
     """Per-rank budget for the activations of `n_layers` blocks, for the longest-sequence
     figure (weights, gradients and optimizer state not included)."""
     warmup: int = 2
+    """Untimed forward + backward passes per cell before the timed ones."""
     repeats: int = 7
     """Timed forward + backward passes per cell; the median of the slowest rank's is kept."""
     timeout_s: float = 600.0
+    """A cell whose ranks have not all finished by then is recorded as failed."""
     seed: int = 0
+    """Seeds the block's weights and the input (the same on every rank)."""
 
     def __post_init__(self) -> None:
         check_choices("methods", self.methods, METHODS)

@@ -44,13 +44,17 @@ class TensorParallelConfig:
     steps: int = 3
     """SGD steps checked against the single-process reference."""
     lr: float = 0.1
+    """SGD learning rate of the checked steps."""
     warmup: int = 3
+    """Untimed steps per cell before the timed ones."""
     repeats: int = 21
     """Timed steps of the block stack per cell; the median of the slowest rank is reported."""
     paired: bool = True
     """Time each cell's other method on twin weights in alternating steps (the speed ratio)."""
     timeout_s: float = 900.0
+    """A cell whose ranks have not all finished by then is recorded as failed."""
     seed: int = 0
+    """Seeds the model's weights and the batch (the same on every rank)."""
 
     def __post_init__(self) -> None:
         check_positive("tp_degrees", self.tp_degrees)

@@ -54,17 +54,21 @@ class ZeroMemoryConfig:
     steps: int = 3
     """AdamW steps checked against the single-process reference."""
     lr: float = 1e-3
+    """AdamW learning rate."""
     bucket_cap_bytes: int = 2 << 20
     """distbench DDP's gradient bucket size. On 2 ranks of this 2-core host, 2 MiB measured
     best for the default GPT (5 MB of gradients): 1 MiB buckets pay more per-round latency,
     4–8 MiB leave too little to overlap (overlapped ÷ serial 0.96× vs 0.99–1.03×)."""
     warmup: int = 2
+    """Untimed steps per cell before the timed ones."""
     repeats: int = 15
     """Timed steps per cell; the median of the slowest rank's step is reported."""
     paired: bool = True
     """Time each fp32 distbench cell's torch twin in alternating steps (the speed ratio)."""
     timeout_s: float = 900.0
+    """A cell whose ranks have not all finished by then is recorded as failed."""
     seed: int = 0
+    """Seeds the model's weights and the batch (the same on every rank)."""
 
     def __post_init__(self) -> None:
         self.precision = [self.precision] if isinstance(self.precision, str) else self.precision
