@@ -3,6 +3,7 @@ headline figure (`Experiment.charts`), built with `wandb-workspaces`.
 
     python -m bench.dashboard                                  # offline: writes the spec
     python -m bench.dashboard mode=online entity=me experiments=[collectives,overlap]
+    python -m bench.dashboard group=20261126T004055-21       # only that grid's runs
 
 A report, not a workspace: a workspace has one run set for all its sections, so it cannot
 show each experiment's runs apart; each of a report's panel grids has its own run sets.
@@ -13,10 +14,14 @@ Each `Chart` becomes the panel wandb draws correctly from what is logged:
 - scatter: a native scatter plot over the per-cell runs (x and y from each run's config or
   summary, log axes kept); wandb cannot colour such points by a column, so the hover
   label names the chart's group instead;
-- line: a custom chart with wandb's own line preset over the report run's results table,
-  one line per value of the group, the only panel that joins cells (runs) into a series;
-- bar: a native bar plot of the mean y per x, where x is a key column (in each cell
-  run's config), else the bar preset over the results table.
+- line: a custom chart with wandb's own line preset over the report run's results table
+  (logged with its real dtypes), one line per value of the group: the only panel that
+  joins cells, which are separate runs, into a series;
+- bar: a native bar plot of the median y per x (the logger's own bar chart takes the
+  median too) where x is a key column, in each cell run's config; else the bar preset
+  over the results table.
+Where a run holds a column follows `bench.wandb_log`: the key and text columns in its
+config, numbers in its summary; a chart's group is categorical, so always config.
 
 Offline (the default) contacts no server: the report's JSON spec is written to `out`.
 Online saves the report and prints its address.
@@ -39,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["DashboardArgs", "build_report", "main", "parse_args", "report_spec"]
 
 MODES = ("offline", "online")
-KEYS = ("entity", "project", "experiments", "mode", "out")
+KEYS = ("entity", "project", "experiments", "group", "mode", "out")
 RESULTS_TABLE = "results"
 """The key the report run logs its results table under (`WandbLogger.log_report`)."""
 DEFAULT_OUT = Path("outputs/dashboard.json")
@@ -56,6 +61,8 @@ class DashboardArgs:
     project: str = "distbench"
     experiments: tuple[str, ...] = ()
     """Which experiments get a section, in this order; empty for all."""
+    group: str | None = None
+    """Only the runs of this wandb group (one grid's run id); every grid logged otherwise."""
     mode: str = "offline"
     out: Path = DEFAULT_OUT
     """Where offline mode writes the spec."""
@@ -67,6 +74,8 @@ class DashboardArgs:
             raise ValueError("entity is required with mode=online (entity=<your W&B entity>)")
         if not self.project:
             raise ValueError("project must not be empty")
+        if self.group is not None and ("'" in self.group or not self.group):
+            raise ValueError(f"group={self.group!r}; expected a run group id (no quotes)")
 
 
 def _parse_list(value: str) -> tuple[str, ...]:
@@ -104,16 +113,11 @@ def _selected(names: tuple[str, ...]) -> list[Experiment]:
 
 
 def _run_column(name: str, experiment: Experiment) -> Any:
-    """A results column as a per-cell run holds it: key columns in the run's config,
-    every other scalar in its summary."""
+    """A numeric results column as a per-cell run holds it: a key column in the run's
+    config, any other number in its summary."""
     import wandb_workspaces.reports.v2 as wr
 
     return wr.Config(name) if name in experiment.key_columns else wr.SummaryMetric(name)
-
-
-def _legend(name: str, experiment: Experiment) -> str:
-    section = "config" if name in experiment.key_columns else "summary"
-    return f"${{{section}:{name}}}"
 
 
 def _table_chart(preset: str, fields: dict[str, str], title: str) -> Any:
@@ -135,7 +139,7 @@ def chart_panel(chart: Chart, experiment: Experiment) -> Any:
     if chart.kind == "scatter":
         legend = "${run:displayName}"
         if chart.group is not None:
-            legend = f"{chart.group}={_legend(chart.group, experiment)} {legend}"
+            legend = f"{chart.group}=${{config:{chart.group}}} {legend}"
         return wr.ScatterPlot(
             title=chart.title,
             x=_run_column(chart.x, experiment),
@@ -150,7 +154,7 @@ def chart_panel(chart: Chart, experiment: Experiment) -> Any:
             metrics=[wr.SummaryMetric(chart.y)],
             orientation="v",
             groupby=wr.Config(chart.x),
-            groupby_aggfunc="mean",
+            groupby_aggfunc="median",
             title_x=chart.x,
             title_y=chart.y,
         )
@@ -189,11 +193,10 @@ def experiment_blocks(experiment: Experiment, args: DashboardArgs) -> list[Any]:
 
     # No entity or project on a run set: the report's own project is used, and a run set
     # that names one makes wandb-workspaces look its id up on the server.
+    grid = f" and Group = '{args.group}'" if args.group else ""
     runsets = [
-        wr.Runset(name=f"{experiment.name} cells", filters=f"JobType = '{experiment.name}'"),
-        wr.Runset(
-            name=f"{experiment.name} report", filters=f"JobType = '{experiment.name}-report'"
-        ),
+        wr.Runset(name=f"{experiment.name} {part}", filters=f"JobType = '{job_type}'{grid}")
+        for part, job_type in (("cells", experiment.name), ("report", f"{experiment.name}-report"))
     ]
     panels = [chart_panel(chart, experiment) for chart in experiment.charts]
     panels.append(wr.MarkdownPanel(markdown=_links(experiment, args)))

@@ -90,10 +90,18 @@ def test_every_experiment_has_a_section_with_one_panel_per_chart(spec, name):
     assert len(markdown) == 1 and f"reports/{name}/report.md" in markdown[0]["config"]["value"]
 
 
+def where_logged(column: str, experiment, results: pd.DataFrame) -> str:
+    """Where `bench.wandb_log` puts a column in a cell's run: the key and text columns in
+    its config, numbers in its summary."""
+    text = not pd.api.types.is_numeric_dtype(results[column])
+    return "config" if column in experiment.key_columns or text else "summary"
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_panel_names_columns_the_results_have(spec, name):
     experiment = experiments()[name]
     header = set(pd.read_csv(REPORTS / name / "results.csv", nrows=0).columns)
+    results = pd.read_csv(REPORTS / name / "results.csv")
     for chart, panel in zip(experiment.charts, chart_panels(spec, name), strict=True):
         read = panel_columns(panel)
         columns = {role: column for role, (_, column) in read.items()}
@@ -101,18 +109,34 @@ def test_every_panel_names_columns_the_results_have(spec, name):
         assert columns == {"x": chart.x, "y": chart.y} | (
             {"group": chart.group} if chart.group else {}
         ), chart.title
-        for role, (where, column) in read.items():  # config holds the key, summary the rest
+        for role, (where, column) in read.items():
             if where != "table":
-                expected = "config" if column in experiment.key_columns else "summary"
+                expected = where_logged(column, experiment, results)
                 assert where == expected, f"{chart.title}: {role}={column} read from {where}"
+
+
+def run_filter(runset: dict, field: str) -> list[tuple[str, str]]:
+    """A saved run set's filters on one run field, as (operator, value)."""
+    return [(f["op"], f["value"]) for f in runset["filters"]["filters"]
+            if f["key"]["name"] == field]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_each_section_shows_its_own_runs(spec, name):
     runsets = section(spec, name)["metadata"]["runSets"]
-    job_types = [[f["value"] for f in rs["filters"]["filters"] if f["key"]["name"] == "jobType"]
-                 for rs in runsets]  # fmt: skip
-    assert job_types == [[name], [f"{name}-report"]]
+    job_types = [run_filter(runset, "jobType") for runset in runsets]
+    assert job_types == [[("=", name)], [("=", f"{name}-report")]]
+    assert [run_filter(runset, "group") for runset in runsets] == [[], []]
+
+
+def test_group_narrows_every_run_set_to_one_grid():
+    args = dashboard.DashboardArgs(experiments=("collectives", "overlap"), group="g-1")
+    grids = [b for b in dashboard.report_spec(dashboard.build_report(args))["spec"]["blocks"]
+             if b["type"] == "panel-grid"]  # fmt: skip
+    groups = [
+        run_filter(runset, "group") for grid in grids for runset in grid["metadata"]["runSets"]
+    ]
+    assert groups == [[("=", "g-1")]] * 4
 
 
 def test_the_spec_is_json_that_round_trips(spec):
@@ -139,11 +163,12 @@ def test_offline_writes_the_spec_without_the_network(tmp_path, monkeypatch, caps
     ("argv", "named"),
     [
         (["mode=offlne"], "mode='offlne'; allowed values: offline, online"),
-        (["colour=red"], "allowed keys: entity, project, experiments, mode, out"),
+        (["colour=red"], "allowed keys: entity, project, experiments, group, mode, out"),
         (["entity"], "unknown argument 'entity'"),
         (["experiments=[collectives,nope]"], "experiments: unknown nope; allowed values:"),
         (["mode=online"], "entity is required with mode=online"),
         (["project="], "project must not be empty"),
+        (["group=a'b"], 'group="a\'b"; expected a run group id'),
     ],
 )
 def test_bad_arguments_give_one_clear_line(argv, named, capsys, monkeypatch):
