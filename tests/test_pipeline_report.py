@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ import pandas as pd
 import pytest
 
 from bench.experiments.pipeline_utilization.experiment import EXPERIMENT
+from bench.experiments.pipeline_utilization.report import prepare, split_backward_ratio
 from bench.report.index import write_index
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +172,7 @@ def test_torch_ratio_is_distbench_over_torch_at_two_stages(traced):
         assert found["basis"] == "separate cells"
     assert ratios["1f1b"]["microbatches"] == [2, 4, 8]  # torch's 1F1B needs M ≥ P
     # The issue's targets (GPipe and 1F1B only), judged on every M torch takes at P = 2.
-    gpipe, one_f = headline["targets"]
+    gpipe, one_f = headline["targets"][:2]
     assert "GPipe" in gpipe["figure"] and "1F1B" in one_f["figure"]
     assert [t["median_text"] for t in (gpipe, one_f)] == [
         "1.05× over 4 cells",
@@ -347,3 +349,22 @@ def test_rows_without_a_slicing_column_have_no_slicing_section(traced):
     headline = write_report(df, report_dir)
     assert "alpa_vs_equal" not in headline
     assert "Alpa-style slicing" not in (report_dir / "report.md").read_text()
+
+
+def test_zero_bubble_targets_read_the_1f1b_twin_and_the_worst_stage():
+    """ZB-H1 ÷ 1F1B replayed, and (I + W) ÷ B of the worst stage, from the twin row of the
+    same P and M; a stage without costs leaves the ratio unjudged rather than flattered."""
+    costs = {"0": {"F": 1.0, "B": 2.0}, "1": {"F": 1.0, "B": 2.0}}
+    split = {"0": {"F": 1.0, "I": 1.2, "W": 0.8}, "1": {"F": 1.0, "I": 1.4, "W": 0.9}}
+    base = {"stages": 2, "microbatches": 4, "virtual_stages": 1, "slicing": "equal",
+            "status": "ok", "step_time_s": 1.0}  # fmt: skip
+    df = pd.DataFrame([
+        {**base, "schedule": "1f1b", "replayed_makespan_s": 2.0, "stage_costs": json.dumps(costs)},
+        {**base, "schedule": "zero_bubble_h1", "replayed_makespan_s": 1.8,
+         "stage_costs": json.dumps(split)},
+    ])  # fmt: skip
+    zb = prepare(df).iloc[1]
+    assert zb["replayed_vs_1f1b"] == pytest.approx(0.9)
+    assert zb["split_backward_ratio"] == pytest.approx(2.3 / 2.0)  # stage 1, not the mean
+    del split["1"]["W"]
+    assert math.isnan(split_backward_ratio(json.dumps(costs), json.dumps(split)))

@@ -223,11 +223,14 @@ class PipelineExecutor:
         return list(batch.tensor_split(self.microbatches))
 
     def _compute(self, state: _StepState, action: Action) -> None:
-        with state.guard(), state.timer.compute(action):
-            if action.kind == "F":
-                self._forward(state, action.stage, action.microbatch)
-            else:
-                self._backward(state, action)
+        with state.guard():
+            with state.timer.compute(action):
+                if action.kind == "F":
+                    self._forward(state, action.stage, action.microbatch)
+                else:
+                    self._backward(state, action)
+            if action.kind != "F":  # bookkeeping, not the action's cost: outside its timer
+                self._release(state, action)
 
     def _forward(self, state: _StepState, s: int, m: int) -> None:
         last = s == self.num_stages - 1
@@ -268,20 +271,26 @@ class PipelineExecutor:
             held.output = held.inputs = None  # the graph is freed; W needs only the slot
         if action.kind == "W":
             held.slot.run()
-        if action.kind == "I":  # from now on only the slot's (x, grad_y) pairs are held
-            kept = held.slot.nbytes(self._param_storages | state.caller_storages)
-            state.held_bytes += kept - held.saved_bytes
-            held.saved_bytes = kept
-            state.peak_bytes = max(state.peak_bytes, state.held_bytes)
-        else:
-            del state.held[(s, m)]
-            state.held_bytes -= held.saved_bytes
         if input_grad is None:
             return
         if self._rank_of(s - 1) == self.rank:
             state.ready_grads[(s - 1, m)] = input_grad
         else:
             state.outbox[Action(s, "SEND_B", m)] = input_grad.contiguous()
+
+    def _release(self, state: _StepState, action: Action) -> None:
+        """The held bytes after a backward action: B and W free the pair; after I only the
+        slot's (x, grad_y) storages stay held, until W."""
+        key = (action.stage, action.microbatch)
+        held = state.held[key]
+        if action.kind == "I":
+            kept = held.slot.nbytes(self._param_storages | state.caller_storages)
+            state.held_bytes += kept - held.saved_bytes
+            held.saved_bytes = kept
+            state.peak_bytes = max(state.peak_bytes, state.held_bytes)
+        else:
+            del state.held[key]
+            state.held_bytes -= held.saved_bytes
 
     def _round(self, state: _StepState, actions: tuple[Action, ...]) -> None:
         """Post every send and receive of the round, then wait for all of them."""

@@ -58,12 +58,12 @@ class WeightGradSlot:
         """Compute every stored grad_W = grad_yᵀ x, add it into `.grad`, empty the slot."""
         with torch.no_grad():
             for weight, x, grad_y in self.pending:
-                # (n, out)ᵀ @ (n, in) -> (out, in), n = every leading dim flattened
-                grad = grad_y.reshape(-1, grad_y.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+                # (n, out)ᵀ @ (n, in) -> (out, in), n = every leading dim flattened; added
+                # into an existing .grad by the GEMM itself (addmm_), not by a second pass
                 if weight.grad is None:
-                    weight.grad = grad
+                    weight.grad = torch.mm(grad_y.t(), x)
                 else:
-                    weight.grad.add_(grad)
+                    weight.grad.addmm_(grad_y.t(), x)
         self.pending.clear()
 
 
@@ -82,12 +82,13 @@ class _LinearDeferringWeight(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         need_x, need_w, need_b, _ = ctx.needs_input_grad
         grad_x = grad_y @ weight if need_x else None  # (..., out) @ (out, in) -> (..., in)
-        grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if need_b else None
+        grad_y2 = grad_y.reshape(-1, grad_y.shape[-1])  # (n, out), n = leading dims
+        grad_b = grad_y2.sum(0) if need_b else None
         grad_w = None
-        if need_w and ctx.slot.deferring:
-            ctx.slot.pending.append((ctx.param, x, grad_y))
+        if need_w and ctx.slot.deferring:  # flattened now: W runs one mm per linear
+            ctx.slot.pending.append((ctx.param, x.reshape(-1, x.shape[-1]), grad_y2))
         elif need_w:
-            grad_w = grad_y.reshape(-1, grad_y.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+            grad_w = grad_y2.t() @ x.reshape(-1, x.shape[-1])
         return grad_x, grad_w, grad_b, None
 
 

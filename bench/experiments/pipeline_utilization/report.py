@@ -12,6 +12,7 @@ skeleton (`bench.report.skeleton`) writes the setup, targets, correctness and fa
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -87,7 +88,40 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     df.loc[separate.notna(), "torch_ratio_basis"] = "separate cells"
     df.loc[paired.notna(), "torch_ratio_basis"] = "paired"
     df["step_time_vs_torch"] = paired.where(paired.notna(), separate)
+    return _against_1f1b(df, equal)
+
+
+def _against_1f1b(df: pd.DataFrame, equal: pd.Series) -> pd.DataFrame:
+    """Per ZB-H1 row on the equal split, beside the 1F1B row of the same P and M (both
+    replayed from measured costs): `replayed_vs_1f1b`, its replayed step ÷ 1F1B's, and
+    `split_backward_ratio`, the worst stage's (I + W) ÷ that stage's fused B."""
+    df["replayed_vs_1f1b"] = math.nan
+    df["split_backward_ratio"] = math.nan
+    if "replayed_makespan_s" not in df.columns:
+        return df
+    ok = ok_rows(df)
+    fused = {(int(r.stages), int(r.microbatches)): r
+             for r in ok[(ok["schedule"] == "1f1b") & equal[ok.index]].itertuples()}  # fmt: skip
+    for index, row in ok[(ok["schedule"] == "zero_bubble_h1") & equal[ok.index]].iterrows():
+        twin = fused.get((int(row["stages"]), int(row["microbatches"])))
+        if twin is None:
+            continue
+        if twin.replayed_makespan_s > 0:
+            df.loc[index, "replayed_vs_1f1b"] = row["replayed_makespan_s"] / twin.replayed_makespan_s
+        df.loc[index, "split_backward_ratio"] = split_backward_ratio(
+            getattr(twin, "stage_costs", None), row.get("stage_costs"))
     return df
+
+
+def split_backward_ratio(fused_costs: Any, split_costs: Any) -> float:
+    """max over stages of (I + W) ÷ B, from two rows' `stage_costs` JSON; NaN if either
+    lacks a stage's costs."""
+    if not isinstance(fused_costs, str) or not isinstance(split_costs, str):
+        return math.nan
+    fused, split = json.loads(fused_costs), json.loads(split_costs)
+    ratios = [(split[s]["I"] + split[s]["W"]) / fused[s]["B"] for s in fused
+              if {"I", "W"} <= set(split.get(s, {})) and (fused[s].get("B") or 0) > 0]  # fmt: skip
+    return max(ratios) if ratios and len(ratios) == len(fused) else math.nan
 
 
 def _vs_torch(schedule: str, name: str) -> Target:
@@ -315,7 +349,24 @@ REPORT = Report(
         same_loss,
         traces,
     ),  # fmt: skip
-    targets=(_vs_torch("gpipe", "GPipe"), _vs_torch("1f1b", "1F1B")),
+    targets=(
+        _vs_torch("gpipe", "GPipe"),
+        _vs_torch("1f1b", "1F1B"),
+        Target(
+            figure="ZB-H1 replayed step ÷ 1F1B's, P = 4, every M ≥ 4 (same P and M, each "
+            "action its measured cost)",
+            column="replayed_vs_1f1b", op="<", bound=1.0,
+            source="issue #15; Qi et al. 2024 (ZB-H1 faster than 1F1B at its memory)",
+            where={"schedule": "zero_bubble_h1", "stages": 4},
+        ),
+        Target(
+            figure="Split backward (I + W) ÷ fused backward B, worst stage, every P and M "
+            "ZB-H1 ran",
+            column="split_backward_ratio", op="<=", bound=1.10,
+            source="issue #15: B + W within 10% of the fused backward per stage",
+            where={"schedule": "zero_bubble_h1"},
+        ),
+    ),  # fmt: skip
     prepare=prepare,
     correctness=(
         "`wrong` counts, per cell, the ranks whose gradients after a step differ from one "
