@@ -113,6 +113,9 @@ def _run_claimed(experiment, cfg, store, grid, cluster, rank, as_rank, *, resume
         project=wandb_cfg.get("project", "distbench"),
         entity=wandb_cfg.get("entity"),
         experiment=experiment.name,
+        group=grid.run_id,  # a sweep's jobs share it: one group per experiment run
+        key_columns=experiment.key_columns,
+        charts=experiment.charts,
         config={
             "experiment": experiment.name,
             **asdict(cfg),

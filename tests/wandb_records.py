@@ -20,7 +20,15 @@ from typing import Any
 
 from wandb.proto import wandb_internal_pb2
 
-__all__ = ["logged_config", "logged_history", "logged_summary", "records"]
+__all__ = [
+    "first_of",
+    "logged_artifacts",
+    "logged_config",
+    "logged_history",
+    "logged_metrics",
+    "logged_summary",
+    "records",
+]
 
 BLOCK = 32 * 1024
 CHUNK_HEADER = 7
@@ -95,3 +103,33 @@ def logged_config(path: Path) -> dict[str, Any]:
         elif kind == "config":
             config.update(_items(record.config.update))
     return config
+
+
+def first_of(path: Path, kind: str):
+    """The first record of one kind (``run``, ``exit``...), unwrapped; None if none."""
+    for record in records(path):
+        if record.WhichOneof("record_type") == kind:
+            return getattr(record, kind)
+    return None
+
+
+def logged_metrics(path: Path) -> dict[str, str]:
+    """Each `run.define_metric`: the metric's name and its step metric ("" if none)."""
+    return {
+        r.metric.name: r.metric.step_metric
+        for r in records(path)
+        if r.WhichOneof("record_type") == "metric" and r.metric.name
+    }
+
+
+def logged_artifacts(path: Path) -> dict[str, Any]:
+    """Each artifact the run logged, by name: its type, metadata and file paths."""
+    return {
+        r.artifact.name: {
+            "type": r.artifact.type,
+            "metadata": json.loads(r.artifact.metadata or "{}"),
+            "files": sorted(entry.path for entry in r.artifact.manifest.contents),
+        }
+        for r in records(path)
+        if r.WhichOneof("record_type") == "artifact"
+    }
