@@ -7,8 +7,9 @@ headline figure (`Experiment.charts`), built with `wandb-workspaces`.
 
 A report, not a workspace: a workspace has one run set for all its sections, so it cannot
 show each experiment's runs apart; each of a report's panel grids has its own run sets.
-Each section holds two run sets, the grid's per-cell runs (job type `<experiment>`) and its
-report run (`<experiment>-report`, which carries the results table; `bench.wandb_log`).
+Each section holds two run sets: the per-cell runs (job type `<experiment>`) and the grids'
+report runs (`<experiment>-report`, which carry the results table; `bench.wandb_log`),
+of every grid logged to the project, or of one with `group=`.
 
 Each `Chart` becomes the panel wandb draws correctly from what is logged:
 - scatter: a native scatter plot over the per-cell runs (x and y from each run's config or
@@ -41,7 +42,15 @@ from bench.charts import Chart
 if TYPE_CHECKING:
     from bench.experiments import Experiment
 
-__all__ = ["DashboardArgs", "build_report", "main", "parse_args", "report_spec"]
+__all__ = [
+    "DashboardArgs",
+    "build_report",
+    "chart_panel",
+    "experiment_blocks",
+    "main",
+    "parse_args",
+    "report_spec",
+]
 
 MODES = ("offline", "online")
 KEYS = ("entity", "project", "experiments", "group", "mode", "out")
@@ -171,20 +180,23 @@ def chart_panel(chart: Chart, experiment: Experiment) -> Any:
 
 
 def _links(experiment: Experiment, args: DashboardArgs) -> str:
-    """The markdown panel: where the written report and the raw table live."""
+    """The markdown panel: the report artifact the report run logs (`bench.wandb_log`
+    versions report.md, results.csv, headline.json and the plots as `<name>-report`),
+    and the same files in the repository."""
     name = experiment.name
-    lines = [
+    artifact = f"{name}-report"
+    if args.entity:
+        url = f"https://wandb.ai/{args.entity}/{args.project}/artifacts/report/{artifact}/latest"
+        artifact_line = f"- Report artifact: [{artifact}:latest]({url})"
+    else:  # offline without an entity: the address is not known, the name is
+        artifact_line = f"- Report artifact: `{artifact}:latest` (type `report`)"
+    return "\n".join([
         f"**{name}**: {experiment.summary}",
         "",
-        f"- Written report: `reports/{name}/report.md` in the distbench repository "
-        f"(figures, targets, findings; `reports/{name}/results.csv` holds every row).",
-        f"- Results table: the `{RESULTS_TABLE}` table of the `{name}-report` run.",
-    ]
-    if args.entity:
-        base = f"https://wandb.ai/{args.entity}/{args.project}"
-        lines.append(f"- [All runs of this project]({base}/table) (job types `{name}`, "
-                     f"`{name}-report`); [artifacts]({base}/artifacts).")  # fmt: skip
-    return "\n".join(lines)
+        artifact_line + " (report.md, results.csv, headline.json, plots).",
+        f"- Results table: `{RESULTS_TABLE}` of the `{artifact}` run; every row is also in "
+        f"`reports/{name}/results.csv`, the written report in `reports/{name}/report.md`.",
+    ])  # fmt: skip
 
 
 def experiment_blocks(experiment: Experiment, args: DashboardArgs) -> list[Any]:

@@ -87,7 +87,7 @@ def test_every_experiment_has_a_section_with_one_panel_per_chart(spec, name):
     for title, chart in zip(titles, charts, strict=True):
         assert title.startswith(chart.title), (title, chart.title)
     markdown = [p for p in panels(section(spec, name)) if p["viewType"] == "Markdown Panel"]
-    assert len(markdown) == 1 and f"reports/{name}/report.md" in markdown[0]["config"]["value"]
+    assert len(markdown) == 1 and f"`{name}-report:latest`" in markdown[0]["config"]["value"]
 
 
 def where_logged(column: str, experiment, results: pd.DataFrame) -> str:
@@ -186,3 +186,7 @@ def test_online_with_an_entity_saves(monkeypatch, capsys):
     argv = ["mode=online", "entity=someone", "project=p", "experiments=[collectives]"]
     assert dashboard.main(argv) == 0
     assert [(r.entity, r.project) for r in saved] == [("someone", "p")]
+    markdown = [p for b in saved[0].blocks if hasattr(b, "panels") for p in b.panels
+                if hasattr(p, "markdown")]  # fmt: skip
+    link = "https://wandb.ai/someone/p/artifacts/report/collectives-report/latest"
+    assert [link in p.markdown for p in markdown] == [True]
