@@ -39,6 +39,7 @@ __all__ = [
     "run_keys",
     "schema_keys",
     "summaries",
+    "yaml_defaults",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -208,18 +209,22 @@ def _experiment(name: str) -> Any:
 
 def _groups() -> list[tuple[str, str]]:
     """(`group=option`, the first sentence of that option's YAML comment) for the config
-    groups a user picks from (cluster, profile); the default is marked."""
+    groups a user picks from — those the primary config's defaults list chooses by name
+    (cluster, profile; not experiment, which has none, nor the optional profile_grid
+    derived from the others); the default is marked."""
     import yaml
 
     primary = yaml.safe_load((CONFIG_DIR / "config.yaml").read_text())
     defaults = {k: v for d in primary["defaults"] if isinstance(d, dict) for k, v in d.items()}
     rows = []
-    for group in ("cluster", "profile"):
+    for group, default in defaults.items():
+        if not re.fullmatch(r"\w+", group) or not re.fullmatch(r"\w+", str(default)):
+            continue
         for path in sorted((CONFIG_DIR / group).glob("*.yaml")):
             comment = " ".join(line.lstrip("# ").strip() for line in path.read_text().splitlines()
                                if line.startswith("#") and "@package" not in line)  # fmt: skip
             first = re.split(r"(?<=[.:])\s", comment, maxsplit=1)[0].rstrip(":.")
-            mark = " (default)" if defaults.get(group) == path.stem else ""
+            mark = " (default)" if default == path.stem else ""
             rows.append((f"{group}={path.stem}", first + mark))
     return rows
 
@@ -245,7 +250,7 @@ def main_help() -> str:
     ])  # fmt: skip
 
 
-def _yaml_values(name: str) -> dict:
+def yaml_defaults(name: str) -> dict:
     """The keys `experiments/experiment/<name>.yaml` sets over its schema's defaults."""
     import yaml
 
@@ -257,7 +262,7 @@ def _yaml_values(name: str) -> dict:
 def experiment_help(name: str) -> str:
     """`python -m bench experiment=NAME --help`: the experiment's keys."""
     experiment = _experiment(name)
-    keys = schema_keys(experiment.schema, overrides=_yaml_values(name))
+    keys = schema_keys(experiment.schema, overrides=yaml_defaults(name))
     groups = {}
     for choice, _ in _groups():
         group, option = choice.split("=")

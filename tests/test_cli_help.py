@@ -37,7 +37,7 @@ def _defined_in(schema: type, name: str) -> str:
 @pytest.mark.parametrize("name", list(experiments()))
 def test_every_key_of_every_experiment_is_listed_with_type_default_and_meaning(name):
     schema = experiments()[name].schema
-    keys = cli.schema_keys(schema, overrides=cli._yaml_values(name))
+    keys = cli.schema_keys(schema, overrides=cli.yaml_defaults(name))
     assert [k.name for k in keys] == [f.name for f in fields(schema)]
     for key in keys:
         assert key.type and key.default, key
@@ -68,7 +68,7 @@ def test_allowed_values_are_the_ones_the_checks_enforce():
 def test_experiment_yaml_values_override_the_schema_defaults():
     keys = {k.name: k for k in cli.schema_keys(
         experiments()["pipeline_utilization"].schema,
-        overrides=cli._yaml_values("pipeline_utilization"))}  # fmt: skip
+        overrides=cli.yaml_defaults("pipeline_utilization"))}  # fmt: skip
     assert keys["slicing_pairs"].default.startswith("[{schedule: gpipe, stages: 4")
 
 
