@@ -72,6 +72,7 @@ class ClusterConfig:
     backend: str = "gloo"
     """gloo, nccl, or auto (nccl where CUDA is available, else gloo); local ranks: gloo."""
     device: str = "cpu"
+    """Where each rank computes: cpu, or cuda (one GPU per rank, by its local rank)."""
     max_ranks: int | None = None
     """Most ranks `cluster=local` spawns for one cell; None: derived from the host,
     min(max(8, 4 × cores), available memory / 0.4 GB per rank)."""
@@ -108,7 +109,9 @@ class WandbConfig:
     mode: str = "offline"
     """offline (runs land in ./wandb), online, or disabled."""
     project: str = "distbench"
+    """The wandb project every run of the grid goes to."""
     entity: str | None = None
+    """The wandb user or team owning the project; None: the logged-in user's default."""
 
     def __post_init__(self) -> None:
         check_choice("wandb.mode", self.mode, WANDB_MODES)

@@ -64,9 +64,11 @@ class TimedGridConfig:
     world_sizes: list[int] = field(default_factory=lambda: [2, 4, 8])
     """Numbers of ranks (N)."""
     dtype: str = "float32"
+    """Element type of every message (a message size must be a whole number of them)."""
     repeats: int = 5
     """Timed windows per cell; the median is reported."""
     warmup: int = 2
+    """Untimed calls before the windows (connections made, buffers allocated)."""
     window_s: float = 0.1
     """Target length of one timed window; sets the calls per window."""
     max_iters: int = 200
