@@ -80,8 +80,8 @@ def _runs(root: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def offline_run(tmp_path_factory):
-    """A two-cell grid run by the CLI with wandb offline."""
+def offline_run(tmp_path_factory, curves_process):
+    """A two-cell grid run by the CLI with wandb offline (while `curves_process` runs)."""
     root = tmp_path_factory.mktemp("wandb")
     trap = ConnectionTrap()
     report_dir = root / "report"
@@ -257,17 +257,30 @@ print(json.dumps({"during": during, "after": children()}))
 """
 
 
+RESULTS = REPO_ROOT / "reports" / "gradient_compression"
+
+
 @pytest.fixture(scope="module")
-def curves_run(tmp_path_factory):
+def curves_process(tmp_path_factory):
+    """The CURVES logger, started at once so that it runs beside the CLI's grid."""
     root = tmp_path_factory.mktemp("curves")
-    results = REPO_ROOT / "reports" / "gradient_compression"
-    done = subprocess.run([sys.executable, "-c", CURVES, str(results)], cwd=REPO_ROOT,
-                          env=_offline_env(root, "http://127.0.0.1:9"), capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    process = subprocess.Popen([sys.executable, "-c", CURVES, str(RESULTS)], cwd=REPO_ROOT,
+                               env=_offline_env(root, "http://127.0.0.1:9"), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    yield root, process
+    if process.poll() is None:
+        process.kill()
+        process.communicate()
+
+
+@pytest.fixture(scope="module")
+def curves_run(curves_process):
+    root, process = curves_process
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr[-3000:]
     experiment = experiments()["gradient_compression"]
-    store = ResultStore(results, experiment.key_columns, experiment.key_defaults)
-    return {"runs": _runs(root), "row": store.read().iloc[0], **json.loads(done.stdout)}
+    store = ResultStore(RESULTS, experiment.key_columns, experiment.key_defaults)
+    return {"runs": _runs(root), "row": store.read().iloc[0], **json.loads(stdout)}
 
 
 def test_per_step_lists_are_curves_against_a_step_metric(curves_run):
