@@ -14,6 +14,7 @@ collectives are opaque).
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from typing import Any
@@ -75,6 +76,8 @@ def to_row(cfg: ZeroMemoryConfig, cell: Cell, per_rank: list[dict]) -> dict:
         "batch_size": cfg.batch_size,
         "steps": cfg.steps,
         "loss": first["losses"][-1],
+        "losses": json.dumps(first["losses"]),  # per step: wandb draws them as a curve
+        "step_times_s": json.dumps(first["step_times_s"]),
         "max_param_diff": first["max_param_diff"],
         "update_error": first["update_error"],
         "wrong": int(not first["update_error"] <= TOLERANCE[plan.precision]),
