@@ -51,6 +51,7 @@ layout is known; the first field is always the step. Others are numbered."""
 # code snapshot per run (the row already records the commit, host and versions).
 LEAN_RUN = {
     "console": "off",
+    "silent": True,  # not wandb's 15 lines of run summary and sync hint per cell on stderr
     "disable_git": True,
     "disable_code": True,
     "save_code": False,
