@@ -314,6 +314,16 @@ def _completion_line(environ: dict[str, str]) -> None:
             environ["COMP_POINT"] = str(max(0, int(environ["COMP_POINT"]) - shift))
 
 
+def _page(text: str) -> None:
+    """Print the help and exit 0, quietly when the reader stops early (`| head`)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # stdout's other end is gone: point it at /dev/null so exit's flush cannot fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)
+
+
 def intercept(argv: list[str], environ: Any = os.environ) -> None:
     """Answer `--help` and refuse a missing or unknown experiment (exit status 2) before
     Hydra sees `argv`; return when Hydra should take the command line as it is."""
@@ -325,12 +335,10 @@ def intercept(argv: list[str], environ: Any = os.environ) -> None:
     if {"--help", "-h"} & set(argv):
         value = _experiment_override(argv)
         if value is None:
-            print(main_help())
-            sys.exit(0)
+            _page(main_help())
         error = check_experiment(argv)
         if error is None and value in experiment_names():
-            print(experiment_help(value))
-            sys.exit(0)
+            _page(experiment_help(value))
         error = error or "bad config: --help takes one experiment=NAME, not a sweep"
     else:
         error = check_experiment(argv)

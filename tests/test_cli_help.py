@@ -167,3 +167,14 @@ def test_tab_completion_installs_and_answers_for_python_dash_m_bench(commands):
     assert install.returncode == 0 and "hydra_bash_completion()" in install.stdout
     assert query.returncode == 0, query.stderr
     assert query.stdout.split() == ["experiment=allreduce_scaling"]
+
+
+def test_help_piped_into_head_ends_quietly():
+    """`python -m bench --help | head -1`: the reader leaves early; exit 0, no traceback.
+    The reader here is gone before the help is written (the help fits a pipe's buffer,
+    so a real `head` only sometimes closes it in time)."""
+    script = ("import os; from bench.cli import _page, main_help; read, write = os.pipe(); "
+              "os.close(read); os.dup2(write, 1); _page(main_help())")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
