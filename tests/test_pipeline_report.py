@@ -364,6 +364,7 @@ def test_zero_bubble_targets_read_the_1f1b_twin_and_the_worst_stage():
          "stage_costs": json.dumps(split)},
     ])  # fmt: skip
     zb = prepare(df).iloc[1]
+    assert zb["m_at_least_p"]  # M = 4 ≥ P = 2: the ZB-H1 target's cells
     assert zb["replayed_vs_1f1b"] == pytest.approx(0.9)
     assert zb["split_backward_ratio"] == pytest.approx(2.3 / 2.0)  # stage 1, not the mean
     del split["1"]["W"]
