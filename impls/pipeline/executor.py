@@ -17,9 +17,10 @@ Per action (stage s, micro-batch m):
 - `B`: `torch.autograd.backward(output, grad_output)`; parameter gradients accumulate in
   `.grad`, the input's gradient is what `SEND_B` ships to stage s−1.
 - `I` / `W` (zero bubble, Qi et al. 2024): a plan with them reroutes its stages' linears
-  and runs each forward under `DeferWeightGrads` (`impls.pipeline.weight_grad`), so `I` is one backward of the stage that computes the
-  input gradient and the cheap parameter gradients (LayerNorm, embeddings, biases) and
-  stores each linear layer's (x, grad_y) instead of its weight-gradient GEMM; `W` runs
+  and runs each forward under `DeferWeightGrads` (`impls.pipeline.weight_grad`), so `I`
+  (`WeightGradSlot.backward`) is one backward of the stage that computes the input
+  gradient and the cheap parameter gradients (LayerNorm, embeddings, biases) and keeps
+  each linear layer's (x, grad_y) instead of running its weight-gradient GEMM; `W` runs
   only those GEMMs into `.grad`. I + W costs one backward. Stage 0 splits the same way
   (its `I` just has no input gradient to send).
 
@@ -143,8 +144,7 @@ class PipelineExecutor:
         # stays autograd's own backward, the baseline that I + W is measured against.
         self._splits = any(a.kind in ("I", "W") for a in self.actions)
         if self._splits:
-            for module in stage_modules.values():
-                reroute_linears(module)
+            reroute_linears(*stage_modules.values())  # at once: a weight two stages share
         self._segments = segments(self.actions)
         self._params = {
             s: [p for p in m.parameters() if p.requires_grad] for s, m in stage_modules.items()
@@ -264,10 +264,10 @@ class PipelineExecutor:
             last = s == self.num_stages - 1
             grad_output = None if last else state.ready_grads.pop((s, m))
             held.slot.deferring = action.kind == "I"
-            # a recomputed forward defers as the first did
-            with DeferWeightGrads(held.slot) if self._splits else nullcontext():
-                torch.autograd.backward(held.output, grad_output)
-            input_grad = held.inputs.grad if s > 0 else None
+            input_grad = held.slot.backward(
+                held.output, grad_output, params=self._params[s], stage_input=held.inputs
+            )
+            input_grad = input_grad if s > 0 else None
             held.output = held.inputs = None  # the graph is freed; W needs only the slot
         if action.kind == "W":
             held.slot.run()
