@@ -369,3 +369,28 @@ def test_zero_bubble_targets_read_the_1f1b_twin_and_the_worst_stage():
     assert zb["split_backward_ratio"] == pytest.approx(2.3 / 2.0)  # stage 1, not the mean
     del split["1"]["W"]
     assert math.isnan(split_backward_ratio(json.dumps(costs), json.dumps(split)))
+
+
+def test_zero_bubble_ratio_prefers_the_cells_own_paired_twin():
+    """A ZB-H1 row that profiled a 1F1B twin in alternating steps is judged against that
+    twin (basis "paired"), not against the separate 1F1B cell, whose host may have run
+    faster or slower; its split ratio uses the twin's B too."""
+    cell_costs = {"0": {"F": 1.0, "B": 2.0}}
+    twin_costs = {"0": {"F": 1.0, "B": 2.5}}
+    split = {"0": {"F": 1.0, "I": 1.2, "W": 0.8}}
+    base = {"stages": 2, "microbatches": 4, "virtual_stages": 1, "slicing": "equal",
+            "status": "ok", "step_time_s": 1.0}  # fmt: skip
+    df = pd.DataFrame([
+        {**base, "schedule": "1f1b", "replayed_makespan_s": 1.5,
+         "stage_costs": json.dumps(cell_costs)},
+        {**base, "schedule": "zero_bubble_h1", "replayed_makespan_s": 1.8,
+         "stage_costs": json.dumps(split), "twin_1f1b_replayed_s": 2.0,
+         "twin_1f1b_stage_costs": json.dumps(twin_costs)},
+    ])  # fmt: skip
+    zb = prepare(df).iloc[1]
+    assert zb["vs_1f1b_basis"] == "paired"
+    assert zb["replayed_vs_1f1b"] == pytest.approx(0.9)  # against the twin's 2.0, not 1.5
+    assert zb["split_backward_ratio"] == pytest.approx(2.0 / 2.5)
+    without = prepare(df.drop(columns=["twin_1f1b_replayed_s", "twin_1f1b_stage_costs"]))
+    assert without.iloc[1]["vs_1f1b_basis"] == "separate cells"
+    assert without.iloc[1]["replayed_vs_1f1b"] == pytest.approx(1.2)

@@ -64,7 +64,8 @@ class PipelineUtilizationConfig:
     """A cell whose ranks have not all finished by then is recorded as failed."""
     paired: bool = True
     """distbench cells whose schedule torch also has (gpipe, 1f1b, interleaved_1f1b) time
-    torch's twin in alternating steps too: the side-by-side speed ratio the report leads with."""
+    torch's twin in alternating steps too: the side-by-side speed ratio the report leads
+    with; and ZB-H1 cells profile a 1F1B twin in alternating steps (ZB-H1 ÷ 1F1B, one cell)."""
     slicings: Any = field(default_factory=lambda: ["equal"])
     """How every grid cell cuts the model into stages: `equal` block counts, or `alpa`
     (Alpa's stage slicing on layer costs measured on this host before the cell runs).
@@ -222,3 +223,7 @@ class Carry:
     layer_costs: Any = None
     """The `slicing.LayerCosts` the cut was decided on (also for an equal cell of a pair);
     None: not measured."""
+    fused_twin: Plan | None = None
+    """A ZB-H1 cell's 1F1B plan of the same P and M, profiled in steps alternating with the
+    cell's own on a twin model, so that ZB-H1 ÷ 1F1B is a ratio measured in one cell (None:
+    no twin)."""

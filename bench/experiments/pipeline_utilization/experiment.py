@@ -101,12 +101,14 @@ def _carry(cfg: PipelineUtilizationConfig, key: dict[str, Any],
     twin = torch_twin(schedule)
     paired = cfg.paired and twin is not None and torch_refuses(twin, p, m) is None
     traced = m in cfg.trace_microbatches and not alpa
+    fused = cfg.paired and schedule == "zero_bubble_h1" and not alpa
     return Carry(
         plan=plan,
         torch_schedule=TORCH_SCHEDULES[twin] if paired else None,
         trace=f"{schedule}_p{p}_m{m}" if traced else None,
         stage_layers=slicing.alpa_layers(costs, cfg.n_layers, p, m) if alpa else None,
         layer_costs=costs,
+        fused_twin=plan_or_reason("1f1b", p, m, 1)[0] if fused else None,
     )
 
 
@@ -140,7 +142,7 @@ def to_row(cfg: PipelineUtilizationConfig, cell: Cell, per_rank: list[dict]) -> 
     if carry.torch_schedule:  # torch's twin, timed in steps alternating with ours
         row["torch_step_time_s"] = statistics.median(per_rank[0]["torch_step_times_s"])
         row["step_time_vs_torch"] = step_time / row["torch_step_time_s"]
-    return row | timeline.columns(carry.plan, cell.key, per_rank)
+    return row | timeline.columns(carry.plan, cell.key, per_rank, carry.fused_twin)
 
 
 def _blocks(cfg: PipelineUtilizationConfig, cell: Cell) -> tuple[int, ...]:

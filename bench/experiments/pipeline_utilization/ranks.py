@@ -76,13 +76,16 @@ def _activation(cfg: Any, cell: Any) -> torch.Tensor:
     return torch.zeros(cfg.batch_size // cell.key["microbatches"], cfg.seq_len, cfg.d_model)
 
 
-def _distbench(cfg: Any, cell: Any) -> Side:
-    """This rank's distbench step (a `StepResult` per call) on the carried plan."""
+def _distbench(cfg: Any, cell: Any, twin: bool = False) -> Side:
+    """This rank's distbench step (a `StepResult` per call) on the carried plan, or with
+    `twin` on the carried 1F1B twin's (`Carry.fused_twin`, a model of its own)."""
     p, m, v = _shape(cell)
     model, stages, inputs, targets = _model(cfg, cell)
-    placed = stage_ranks(cell.key["schedule"], p, v)  # ZB-V: stages r and 2P−1−r on rank r
+    schedule, plan = ("1f1b", cell.carry.fused_twin) if twin else (cell.key["schedule"],
+                                                                  cell.carry.plan)  # fmt: skip
+    placed = stage_ranks(schedule, p, v)  # ZB-V: stages r and 2P−1−r on rank r
     mine = {s: stages[s] for s in range(p * v) if rank_of(s, p, placed) == dist.get_rank()}
-    executor = PipelineExecutor(Communicator(), mine, cell.carry.plan, num_stages=p * v,
+    executor = PipelineExecutor(Communicator(), mine, plan, num_stages=p * v,
                                 microbatches=m, loss_fn=lm_loss, stage_ranks=placed,
                                 activation_shape=_activation(cfg, cell).shape)  # fmt: skip
     first, last = 0 in mine, p * v - 1 in mine
@@ -153,7 +156,13 @@ def _run_distbench(cfg: Any, cell: Any) -> dict[str, Any]:
     results = timed["distbench"].outcomes
     with HostComputeLock() as lock:
         profiling = {"alone": _fresh(partial(step, compute_guard=lock), modules)}
-        alone = alternate(profiling, warmup=0, repeats=2)["alone"].outcomes
+        if cell.carry.fused_twin is not None:  # ZB-H1's 1F1B twin, in alternating steps
+            fused_step, fused_modules, _ = _distbench(cfg, cell, twin=True)
+            profiling["fused"] = _fresh(partial(fused_step, compute_guard=lock), fused_modules)
+            profiling["fused"]()  # its warm-up (shapes, buffers), as the timed steps had ours
+        profiled = alternate(profiling, warmup=0, repeats=2)
+        alone = profiled["alone"].outcomes
+        fused = profiled["fused"].outcomes if "fused" in profiled else None
     losses = [r.loss for r in results if r.loss is not None]
     return {
         "rank": dist.get_rank(),
@@ -162,6 +171,7 @@ def _run_distbench(cfg: Any, cell: Any) -> dict[str, Any]:
         "loss": statistics.median(losses) if losses else None,
         "records": [r.records for r in results],
         "isolated_records": [r.records for r in alone],
+        "twin_isolated_records": None if fused is None else [r.records for r in fused],
         "peak_activation_bytes": max(r.peak_activation_bytes for r in results),
         "max_inflight": max(r.max_inflight for r in results),
         "transfer_s": probe_pairs(

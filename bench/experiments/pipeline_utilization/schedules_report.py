@@ -196,33 +196,44 @@ def zero_bubble(ctx: Context) -> str | None:
     Qi et al. 2024 split each backward into I (the input's gradient) and W (the weights')
     and defer W into the bubble, so ZB-H1 should finish a step sooner than 1F1B at the same
     P and M ≥ P. Compared on the replayed step (each rank its own device, each action its
-    measured cost) and on this host's wall clock. I + W costs about one B here (the next
-    section measures it per stage), so what the schedule saves in bubble is not lost in
-    work. ZB-H2 and ZB-V, where the run has them, stand beside it."""
+    measured cost): each ZB-H1 cell profiles a 1F1B twin (same P, M, model and ranks) in
+    steps alternating with its own, so the ratio is measured in one cell ("paired"); a row
+    without a twin is compared with the 1F1B cell ("separate cells"). The wall clocks of
+    the two cells stand beside it. I + W costs about one B here (the next section measures
+    it per stage), so what the schedule saves in bubble is not lost in work. ZB-H2 and
+    ZB-V, where the run has them, stand beside it (their cells, against ZB-H1's)."""
     rows = distbench_rows(ctx.ok)
     columns = ["stages", "microbatches", "replayed_makespan_s", "step_time_s"]
-    if rows.empty or not set(columns) <= set(rows.columns):
+    if rows.empty or not set(columns) <= set(rows.columns) or "replayed_vs_1f1b" not in rows:
         return None
-    zb = rows[(rows["schedule"] == "zero_bubble_h1") & (rows["microbatches"] >= rows["stages"])]
-    both = zb[columns].merge(rows[rows["schedule"] == "1f1b"][columns],
-                             on=["stages", "microbatches"], suffixes=("_zb", "_1f1b"))  # fmt: skip
-    if both.empty:
+    zb = rows[(rows["schedule"] == "zero_bubble_h1") & (rows["microbatches"] >= rows["stages"])
+              & rows["replayed_vs_1f1b"].notna()]  # fmt: skip
+    if zb.empty:
         return None
-    sooner = both["replayed_makespan_s_zb"] < both["replayed_makespan_s_1f1b"]
-    late = [f"P={r.stages}, M={r.microbatches}" for r in both[~sooner].itertuples()]
+    fused = rows[rows["schedule"] == "1f1b"][["stages", "microbatches", "step_time_s"]]
+    both = zb[[*columns, "replayed_vs_1f1b", "vs_1f1b_basis"]].merge(
+        fused, on=["stages", "microbatches"], how="left", suffixes=("_zb", "_1f1b"))
+    sooner = both["replayed_vs_1f1b"] < 1.0
+    late = [f"P={r.stages}, M={r.microbatches} ({r.replayed_vs_1f1b:.3f}×)"
+            for r in both[~sooner].itertuples()]  # fmt: skip
     ctx.finding("ZB-H1 finishes a step sooner than 1F1B at the same P and M ≥ P (replayed; "
                 "Qi et al. 2024)", bool(sooner.all()),
                 f"not sooner in {len(late)} of {len(both)} cells ({'; '.join(late)})")  # fmt: skip
     shown = both.rename(columns={
-        "replayed_makespan_s_zb": "ZB-H1 replayed", "replayed_makespan_s_1f1b": "1F1B replayed",
-        "step_time_s_zb": "ZB-H1 wall clock", "step_time_s_1f1b": "1F1B wall clock"})  # fmt: skip
+        "replayed_makespan_s": "ZB-H1 replayed", "replayed_vs_1f1b": "ZB-H1 ÷ 1F1B replayed",
+        "vs_1f1b_basis": "1F1B side", "step_time_s_zb": "ZB-H1 wall clock",
+        "step_time_s_1f1b": "1F1B wall clock (its cell)"})  # fmt: skip
     for other, label in (("zero_bubble_h2", "ZB-H2"), ("zero_bubble_v", "ZB-V")):
         extra = rows[rows["schedule"] == other][["stages", "microbatches", "replayed_makespan_s"]]
-        _beats_h1(ctx, both, extra, label)
+        _beats_h1(ctx, both.rename(columns={"replayed_makespan_s": "replayed_makespan_s_zb"}),
+                  extra, label)  # fmt: skip
         shown = shown.merge(extra.rename(columns={"replayed_makespan_s": f"{label} replayed"}),
                             on=["stages", "microbatches"], how="left")  # fmt: skip
     for column in shown.columns[2:]:
-        shown[column] = shown[column].map(format_seconds)
+        if column == "ZB-H1 ÷ 1F1B replayed":
+            shown[column] = shown[column].map(lambda x: f"{x:.3f}×")
+        elif column != "1F1B side":
+            shown[column] = shown[column].map(format_seconds)
     return markdown_table(shown)
 
 
@@ -247,30 +258,41 @@ def stage_costs(ctx: Context) -> str | None:
     """Measured F, B, I, W per stage beside the paper's relations
 
     Each cost is the fastest of its stage's actions of that kind (thread CPU time, the
-    profiling steps), from the 1F1B cell (F, B) and the ZB-H1 cell (I, W) of the same P and
-    M, the largest M both ran. Qi et al. 2024 assume T_F = T_I = T_W and I + W = B (their
-    B is our I): the last columns show how far the measured costs sit from that."""
+    profiling steps) at the largest M ZB-H1 ran: F, I and W from the ZB-H1 cell, B (and
+    1F1B's F, "F fused") from its 1F1B twin profiled in alternating steps in that cell (or,
+    without a twin, from the 1F1B cell of the same P and M). Qi et al. 2024 assume
+    T_F = T_I = T_W and I + W = B (their B is our I): the last columns show how far the
+    measured costs sit from that."""
     rows = distbench_rows(ctx.ok)
     if rows.empty or "stage_costs" not in rows.columns:
         return None
     tables = []
     for p, group in rows.groupby("stages"):
-        fused = group[(group["schedule"] == "1f1b") & group["stage_costs"].notna()]
         split = group[(group["schedule"] == "zero_bubble_h1") & group["stage_costs"].notna()]
-        ms = sorted(set(fused["microbatches"]) & set(split["microbatches"]))
+        fused_cells = group[(group["schedule"] == "1f1b") & group["stage_costs"].notna()]
+        fused_by_m = dict(zip(fused_cells["microbatches"], fused_cells["stage_costs"],
+                              strict=True))  # fmt: skip
+        if "twin_1f1b_stage_costs" in split.columns:
+            for m, twin in zip(split["microbatches"], split["twin_1f1b_stage_costs"],
+                               strict=True):  # fmt: skip
+                if isinstance(twin, str) and twin:
+                    fused_by_m[m] = twin
+        ms = sorted(set(fused_by_m) & set(split["microbatches"]))
         if not ms:
             continue
         m = ms[-1]
-        b_costs = json.loads(fused[fused["microbatches"] == m]["stage_costs"].iloc[0])
+        b_costs = json.loads(fused_by_m[m])
         iw_costs = json.loads(split[split["microbatches"] == m]["stage_costs"].iloc[0])
         table, ratios = [], []
         for stage in sorted(b_costs, key=int):
-            f, b = b_costs[stage].get("F"), b_costs[stage].get("B")
-            i, w = iw_costs.get(stage, {}).get("I"), iw_costs.get(stage, {}).get("W")
-            if None in (f, b, i, w):
+            f_fused, b = b_costs[stage].get("F"), b_costs[stage].get("B")
+            own = iw_costs.get(stage, {})
+            f, i, w = own.get("F"), own.get("I"), own.get("W")
+            if None in (f_fused, f, b, i, w):
                 continue
             ratios.append((i + w) / b)
-            table.append({"stage": int(stage), "F": format_seconds(f), "B": format_seconds(b),
+            table.append({"stage": int(stage), "F fused": format_seconds(f_fused),
+                          "F": format_seconds(f), "B": format_seconds(b),
                           "I": format_seconds(i), "W": format_seconds(w),
                           "(I+W)/B": f"{(i + w) / b:.2f}", "I/F": f"{i / f:.2f}",
                           "W/F": f"{w / f:.2f}"})  # fmt: skip

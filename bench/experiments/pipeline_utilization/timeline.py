@@ -69,8 +69,11 @@ def _theory(key: dict[str, Any]) -> float:
         return math.nan
 
 
-def columns(plan: Plan, key: dict[str, Any], per_rank: list[dict]) -> dict[str, Any]:
-    """Utilization wall-clock and replayed, memory and in-flight counts."""
+def columns(plan: Plan, key: dict[str, Any], per_rank: list[dict],
+            fused_twin: Plan | None = None) -> dict[str, Any]:  # fmt: skip
+    """Utilization wall-clock and replayed, memory and in-flight counts; with `fused_twin`
+    (a ZB-H1 cell's 1F1B twin), the twin's replayed step and stage costs from its own
+    profiling steps, which alternated with the cell's."""
     steps = _steps(per_rank, "records")
     timeline = replayed(plan, key, per_rank)
     in_step = [replay_measured(plan, records, _stage_count(key), stage_ranks=_stage_ranks(key))
@@ -88,7 +91,21 @@ def columns(plan: Plan, key: dict[str, Any], per_rank: list[dict]) -> dict[str, 
         "util_replayed_raw": statistics.median(t.utilization for t in in_step),
         "replayed_makespan_s": timeline.makespan,
         "stage_costs": json.dumps(stage_costs(_steps(per_rank, "isolated_records"))),
+        **_twin_columns(fused_twin, key, per_rank),
     }
+
+
+def _twin_columns(plan: Plan | None, key: dict[str, Any], per_rank: list[dict]) -> dict:
+    """`twin_1f1b_replayed_s` and `twin_1f1b_stage_costs`: the 1F1B twin replayed as the cell
+    is (its own fastest action costs, the same probed transfer); NaN / "" without a twin."""
+    if plan is None or not per_rank[0].get("twin_isolated_records"):
+        return {"twin_1f1b_replayed_s": math.nan, "twin_1f1b_stage_costs": ""}
+    probes = [r["transfer_s"] for r in per_rank if r.get("transfer_s") is not None]
+    steps = _steps(per_rank, "twin_isolated_records")
+    twin = replay(plan, action_costs(steps), statistics.median(probes) if probes else 0.0,
+                  key["stages"], stage_ranks("1f1b", key["stages"], 1))  # fmt: skip
+    return {"twin_1f1b_replayed_s": twin.makespan,
+            "twin_1f1b_stage_costs": json.dumps(stage_costs(steps))}  # fmt: skip
 
 
 def stage_costs(steps: list[Records]) -> dict[str, dict[str, float]]:
