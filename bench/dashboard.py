@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.charts import Chart
+from bench.wandb_log import RESULTS_TABLE
 
 if TYPE_CHECKING:
     from bench.experiments import Experiment
@@ -54,8 +55,6 @@ __all__ = [
 
 MODES = ("offline", "online")
 KEYS = ("entity", "project", "experiments", "group", "mode", "out")
-RESULTS_TABLE = "results"
-"""The key the report run logs its results table under (`WandbLogger.log_report`)."""
 DEFAULT_OUT = Path("outputs/dashboard.json")
 """Under the git-ignored outputs/: the spec carries random panel ids, so it is a build
 artefact to inspect, not a file to commit beside the regenerated reports/."""

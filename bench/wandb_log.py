@@ -34,9 +34,12 @@ import pandas as pd
 
 from bench.charts import Chart
 
-__all__ = ["WandbLogger", "cell_name", "draw_chart", "per_step", "table_columns"]
+__all__ = ["RESULTS_TABLE", "WandbLogger", "cell_name", "draw_chart", "per_step",
+           "table_columns"]  # fmt: skip
 
 MODES = ("offline", "online", "disabled")
+RESULTS_TABLE = "results"
+"""The key the report run logs its results table under (`bench.dashboard` reads it)."""
 
 log = logging.getLogger("bench")
 
@@ -245,7 +248,7 @@ class WandbLogger:
                           name=f"{self.experiment} report", config=self.config)  # fmt: skip
         try:
             columns, rows = table_columns(df)
-            logged: dict[str, Any] = {"results": wandb.Table(columns=columns, data=rows)}
+            logged: dict[str, Any] = {RESULTS_TABLE: wandb.Table(columns=columns, data=rows)}
             for chart in self.charts:
                 drawn = draw_chart(wandb, chart, df)
                 if drawn is not None:
