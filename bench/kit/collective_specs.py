@@ -43,6 +43,9 @@ class Buffers:
     fill: Callable[[bool], None]  # True: the test pattern; False: zeros (timing)
     result: Callable[[], torch.Tensor | None]
     expected: torch.Tensor | None  # None on ranks without a defined result
+    # all-reduce: the same buffer reduced by a named from-scratch algorithm (auto's cell
+    # times each beside its own choice); None for the other collectives
+    run_algorithm: Callable[[str], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ def _all_reduce(comm, numel, dtype, algorithm) -> Buffers:
         fill=lambda real: buf.copy_(_pattern(r, numel, dtype)) if real else buf.zero_(),
         result=lambda: buf,
         expected=expected,
+        run_algorithm=lambda name: C.all_reduce(buf, comm, algorithm=name),
     )
 
 

@@ -65,3 +65,24 @@ def test_ci_check_passes_on_it_and_fails_without_auto(tmp_path: Path) -> None:
     wrong_traffic.loc[picks, "auto_choice"] = "sequential"  # counters are parameter_server's
     with pytest.raises(AssertionError):
         ci.counters_equal_analytic_counts(wrong_traffic, {})
+
+
+def test_alternatives_timed_beside_auto_decide_its_best() -> None:
+    """An auto row carrying `alt_<algorithm>_s` (each alternative timed in the windows
+    auto took turns in) is judged against the fastest of them, not against the other
+    cells: here the separate cells say parameter_server, the same cell says ring."""
+    from bench.experiments.allreduce_scaling.auto import prepare
+
+    frame = auto_frame()
+    picks = (frame["algorithm"] == "auto") & (frame["world_size"] == 2) & (
+        frame["message_bytes"] == 4096)  # fmt: skip
+    frame.loc[picks, ["time_s", "alt_parameter_server_s", "alt_ring_s", "alt_tree_s"]] = [
+        2e-4, 2.5e-4, 1e-4, 4e-4]  # fmt: skip
+    got = prepare(frame)
+    auto = got[picks].iloc[0]
+    assert auto["best_basis"] == "same cell" and auto["best_algorithm"] == "ring"
+    assert auto["auto_vs_best"] == pytest.approx(0.5)  # 1e-4 / 2e-4
+    assert auto["choice_vs_best"] == pytest.approx(0.4)  # parameter_server: 1e-4 / 2.5e-4
+    assert auto["auto_chose_best"] == 0.0
+    others = got[(got["algorithm"] == "auto") & ~picks]
+    assert set(others["best_basis"]) == {"separate cells"}
