@@ -184,19 +184,72 @@ def test_single_rank_prediction_is_the_sum_of_the_calibrated_layer_costs():
     assert got["predicted_peak_bytes"] == 16 * params + saved
 
 
-def test_run_records_the_calibration_it_used(monkeypatch):
-    cal = {**CAL, "reference_fp32_s": {1: 1e-3, 16: 1e-2}, "reference_bf16_s": {1: 1e-3, 16: 1e-2},
+RUN_CAL = {**CAL, "reference_fp32_s": {1: 1e-3, 16: 1e-2},
+           "reference_bf16_s": {1: 1e-3, 16: 1e-2},
            "fit_fp32": {"scale": 1.5, "overhead_s": 4e-6, "kernels": 1.0, "two_point": True},
            "fit_bf16": {"scale": 1.0, "overhead_s": 1e-6, "kernels": 1.0, "two_point": True}}  # fmt: skip
-    monkeypatch.setattr(ranks, "calibrate", lambda cfg, threads: cal)
-    truth = {"model": MODEL, "dp": 8, "tp": 1, "pp": 1, "zero_stage": 0, "precision": "fp32",
-             "schedule": "1f1b", "microbatches": 1, "virtual_stages": 1, "microbatch_size": 4,
-             "optimizer": True, "memory_includes_states": True, "ranks": 8, "host_cores": 2,
-             "ground_truth": "wall clock, 8 ranks on 2 cores (modelled core sharing)",
-             "link": LINK}  # fmt: skip
+
+
+def _local(threads: int, adamw: float = 3e-9, one: float = 0.08, at: float = 0.05) -> dict:
+    many = threads > 1
+    return {"threads": threads, "adamw_s_per_param": adamw,
+            **{f"reference_{d}_one_thread_s": one if many else None for d in ("fp32", "bf16")},
+            **{f"reference_{d}_at_threads_s": at if many else None for d in ("fp32", "bf16")}}  # fmt: skip
+
+
+def _truth(ranks_: int, zero_stage: int = 0, label: str = "wall clock") -> dict:
+    return {"model": MODEL, "dp": ranks_, "tp": 1, "pp": 1, "zero_stage": zero_stage,
+            "precision": "fp32", "schedule": "1f1b", "microbatches": 1, "virtual_stages": 1,
+            "microbatch_size": 4, "optimizer": True, "memory_includes_states": True,
+            "ranks": ranks_, "host_cores": 2, "ground_truth": label, "link": LINK}  # fmt: skip
+
+
+def test_run_records_the_calibration_it_used(monkeypatch):
+    monkeypatch.setattr(ranks, "calibrate", lambda cfg, threads: RUN_CAL)
+    monkeypatch.setattr(ranks, "rank_calibration", lambda cfg, threads: _local(threads))
+    truth = _truth(8, label="wall clock, 8 ranks on 2 cores (modelled core sharing)")
     row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
     assert (row["compute_rate"], row["overhead_stretch"], row["fit_scale"]) == (0.25, 4.0, 1.5)
     assert row["link_alpha_s"] == LINK[0] and row["predicted_step_time_s"] > 0
+    assert row["cal_adamw_s_per_param"] == 3e-9 and row["cal_thread_speedup"] == 1.0
+
+
+def test_optimizer_is_the_measured_adamw_cost_per_parameter(monkeypatch):
+    """Dropping the AdamW calibration (the simulator's bandwidth price) fails this."""
+    monkeypatch.setattr(ranks, "calibrate", lambda cfg, threads: RUN_CAL)
+    monkeypatch.setattr(ranks, "rank_calibration", lambda cfg, threads: _local(threads, 1e-8))
+    params = sum(p.numel() for p in GPT(GPTConfig(**MODEL)).parameters())
+    for truth, share in ((_truth(2), 1.0), (_truth(2, zero_stage=1), 0.5)):
+        assert ranks.optimizer_params(truth) == pytest.approx(params * share)
+        row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
+        assert row["predicted_optimizer_s"] == pytest.approx(1e-8 * params * share)
+    # 8 ranks on 2 cores: each rank's optimizer runs on a quarter of a core
+    crowded = _truth(8, label="wall clock, 8 ranks on 2 cores (modelled core sharing)")
+    row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=crowded))
+    assert row["predicted_optimizer_s"] == pytest.approx(4 * 1e-8 * params)
+    # the simulator's memory-bandwidth price is far below it
+    hw = ranks.host_hardware(RUN_CAL, LINK)
+    assert ranks.predict(_truth(2), hw)["predicted_optimizer_s"] < 1e-8 * params / 10
+
+
+def test_threads_run_at_the_measured_speedup_bounded(monkeypatch):
+    monkeypatch.setattr(ranks, "calibrate", lambda cfg, threads: RUN_CAL)
+    monkeypatch.setattr(ranks, "rank_calibration", lambda cfg, threads: _local(threads))
+    row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=_truth(1)))
+    assert row["threads_per_rank"] == 2
+    assert row["compute_rate"] == pytest.approx(0.08 / 0.05) == row["cal_thread_speedup"]
+    assert ranks.thread_speedup(_local(2, one=0.08, at=0.5), "fp32") == 1.0  # disturbed
+    assert ranks.thread_speedup(_local(2, one=0.08, at=0.01), "bf16") == 2.0
+    assert ranks.thread_speedup(_local(1), "fp32") == 1.0
+
+
+def test_rank_calibration_times_adamw_and_both_thread_counts():
+    cfg = SimpleNamespace(repeats=1)
+    one = ranks.rank_calibration(cfg, 1)
+    assert 0 < one["adamw_s_per_param"] < 1e-6 and one["reference_fp32_at_threads_s"] is None
+    two = ranks.rank_calibration(cfg, 2)
+    assert two["reference_bf16_one_thread_s"] > 0 and two["reference_bf16_at_threads_s"] > 0
+    assert ranks.rank_calibration(cfg, 2) is two  # cached per thread count
 
 
 def test_spearman_and_prepare():

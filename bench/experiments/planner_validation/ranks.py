@@ -9,11 +9,26 @@ Calibration, measured here with torch on this CPU (`calibrate`):
   `Hardware.efficiency`). bf16 is timed at the largest n and shares fp32's table.
 - memory bandwidth: a `copy_mib` MiB tensor copied (read + write = 2 × its bytes moved).
 - per-op overhead: a chain of one-element autograd multiplications, forward and backward.
-- the reference fit (`fit_reference`): one forward + backward of a reference GPT (none of
-  the ground-truth shapes) on one process at micro-batch 1 and 16, per dtype; a factor
-  dividing every microbenchmark rate and a per-kernel overhead are solved so that the
-  simulator's single-process compute equals both (eager PyTorch on a CPU reaches neither
-  the GEMM peak nor the copy bandwidth in a model's small kernels).
+- the reference fit (`fit_reference`): one forward + loss + backward + zero_grad (the
+  gradients kept allocated, `set_to_none=False`, as the ground-truth runs do) of a
+  reference GPT (none of the ground-truth shapes) on one process at micro-batch 1 and 16,
+  per dtype; a factor dividing every microbenchmark rate and a per-kernel overhead are
+  solved so that the simulator's single-process compute equals both (eager PyTorch on a
+  CPU reaches neither the GEMM peak nor the copy bandwidth in a model's small kernels).
+
+At the rank's own thread count (`rank_calibration`, cached per thread count):
+
+- the optimizer: the fastest `torch.optim.AdamW` step (what the ground-truth runs use) over
+  the reference GPT's fp32 parameters, ÷ its parameter elements = seconds per parameter
+  element; a rank's optimizer is that × the parameter elements it updates (its stages',
+  ÷ dp under ZeRO; low precision updates fp32 master weights, so the same fp32 cost, the
+  master casts unpriced), ÷ the core share under modelled core sharing. It replaces the
+  simulator's memory-bandwidth price of Adam, which is several times below what torch's
+  AdamW costs on a CPU for these parameter counts.
+- thread scaling: with more than one thread per rank, the reference step at micro-batch 16
+  timed at those threads and on one thread, in alternating rounds; the rank's compute
+  rate is the measured speedup (bounded to [1, threads]), not the thread count: eager
+  PyTorch on a CPU does not scale linearly over cores.
 
 The link's α and β are not measured here: they come with the cell (`carry`), read from
 `parallelism_comparison`'s own probe of this host (`bench.kit.host.probe_pairs`: the
@@ -22,8 +37,10 @@ fastest exchange of 4 bytes and of 1 MiB between two ranks), the median over its
 Prediction (`predict`): the simulator (`impls.simulator.simulate`) on the calibrated
 `Hardware`, the plan laid out as this repo's implementations lay it out (blocks split
 evenly, the first stage holding the embedding and the last the LM head,
-`impls.models.stages.stage_layer_ranges`). A rank's rates are scaled by `rank_rates`
-(threads per rank, modelled core sharing when ranks outnumber cores on the wall clock).
+`impls.models.stages.stage_layer_ranges`), its optimizer time replaced by the measured
+AdamW cost. A rank's rates are scaled by `rank_rates` (threads per rank, modelled core
+sharing when ranks outnumber cores on the wall clock), a rank with several threads at the
+measured thread speedup.
 
 Memory is composed here, not by the simulator (whose model is GPU training with 2-byte
 activations, Korthikanti et al. 2022): the exact bytes autograd saves in this repo's GPT
@@ -43,12 +60,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["activation_stage_bytes", "calibrate", "host_hardware", "params_per_stage", "predict",
-           "run", "stage_layers"]  # fmt: skip
+__all__ = ["activation_stage_bytes", "calibrate", "host_hardware", "optimizer_params",
+           "params_per_stage", "predict", "rank_calibration", "run", "stage_layers",
+           "thread_speedup"]  # fmt: skip
 
 _STAT = 4  # LayerNorm / log-sum-exp statistics are fp32 (memory.activation_bytes)
 _INDEX = 8  # int64 positions
 _CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
+_RANK_CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
 ROWS = 8  # calibration GEMMs are (8n × n)·(n × n): tall, as tokens × width are
 REFERENCE = {"d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 64, "vocab_size": 256,
              "bias": False}  # fmt: skip
@@ -153,7 +172,8 @@ def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 
 
 
 def _reference_seconds(micro: int, dtype: str, repeats: int) -> float:
-    """Fastest forward + loss + backward of the reference GPT on one process."""
+    """Fastest forward + loss + backward + zero_grad of the reference GPT on one process
+    (the gradients kept allocated, as the ground-truth runs zero them)."""
     from bench.kit.workloads import seeded_gpt_and_batch
 
     net, inputs, targets = seeded_gpt_and_batch(REFERENCE, micro, seed=0)
@@ -161,10 +181,68 @@ def _reference_seconds(micro: int, dtype: str, repeats: int) -> float:
         net = net.to(torch.bfloat16)
 
     def step() -> None:
-        net.zero_grad(set_to_none=True)
         net.loss(net(inputs).float(), targets).backward()
+        net.zero_grad(set_to_none=False)
 
     return _fastest(step, repeats)
+
+
+def _adamw_seconds_per_param(repeats: int) -> float:
+    """Fastest `torch.optim.AdamW` step over the reference GPT's fp32 parameters (their
+    gradients filled by one backward), ÷ its parameter elements."""
+    from bench.kit.workloads import seeded_gpt_and_batch
+
+    net, inputs, targets = seeded_gpt_and_batch(REFERENCE, REFERENCE_MICRO[0], seed=0)
+    net.loss(net(inputs).float(), targets).backward()
+    params = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    optimizer.step()  # the state allocated before timing
+    return _fastest(optimizer.step, repeats) / sum(p.numel() for p in params)
+
+
+SPEEDUP_ROUNDS = 3  # alternating one-thread / rank-thread rounds of the speedup probe
+
+
+def rank_calibration(cfg: Any, threads: int) -> dict[str, Any]:
+    """At `threads` threads: AdamW's seconds per parameter element on the reference, and
+    (threads > 1) the reference step at micro-batch 16 per dtype, timed in
+    `SPEEDUP_ROUNDS` rounds alternating with the same step on one thread (the fastest of
+    each), so both see the same state of the host."""
+    key = (cfg.repeats, threads)
+    if key in _RANK_CALIBRATIONS:
+        return _RANK_CALIBRATIONS[key]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        result: dict[str, Any] = {"threads": threads,
+                                  "adamw_s_per_param": _adamw_seconds_per_param(cfg.repeats)}  # fmt: skip
+        micro, per_round = REFERENCE_MICRO[-1], max(1, cfg.repeats // SPEEDUP_ROUNDS)
+        for dtype in ("fp32", "bf16"):
+            one = at = None
+            if threads > 1:
+                one = at = float("inf")
+                for _ in range(SPEEDUP_ROUNDS):
+                    torch.set_num_threads(1)
+                    one = min(one, _reference_seconds(micro, dtype, per_round))
+                    torch.set_num_threads(threads)
+                    at = min(at, _reference_seconds(micro, dtype, per_round))
+            result[f"reference_{dtype}_one_thread_s"] = one
+            result[f"reference_{dtype}_at_threads_s"] = at
+    finally:
+        torch.set_num_threads(before)
+    _RANK_CALIBRATIONS[key] = result
+    return result
+
+
+def thread_speedup(local: dict[str, Any], dtype: str) -> float:
+    """The reference step's speedup at the rank's threads over one thread (1 at one
+    thread), bounded to [1, threads]: outside it the probe was disturbed (another process
+    on the cores), and the bound is the best that is still physical."""
+    at_threads = local[f"reference_{dtype}_at_threads_s"]
+    if at_threads is None:
+        return 1.0
+    speedup = local[f"reference_{dtype}_one_thread_s"] / at_threads
+    return min(max(speedup, 1.0), float(local["threads"]))
 
 
 def _reference_plan(micro: int) -> tuple[Any, Any]:
@@ -279,8 +357,19 @@ def _memory(truth: dict[str, Any]) -> dict[str, float]:
     return best
 
 
-def predict(truth: dict[str, Any], hw: Any) -> dict[str, Any]:
-    """The simulator's step for `truth`'s plan on `hw`, and the composed memory."""
+def optimizer_params(truth: dict[str, Any]) -> float:
+    """Parameter elements the busiest rank's optimizer updates: its stages' parameters
+    (virtual stages r, r + P, ...), ÷ dp under ZeRO (each rank steps its shard)."""
+    m, pp, v, tp = truth["model"], truth["pp"], truth["virtual_stages"], truth["tp"]
+    params = params_per_stage(m, pp * v, tp)
+    busiest = max(sum(params[s] for s in range(rank, pp * v, pp)) for rank in range(pp))
+    return busiest / truth["dp"] if truth["zero_stage"] >= 1 else busiest
+
+
+def predict(truth: dict[str, Any], hw: Any, adamw_s_per_param: float | None = None) -> dict:
+    """The simulator's step for `truth`'s plan on `hw`, and the composed memory; with
+    `adamw_s_per_param`, the optimizer priced at that × `optimizer_params` instead of the
+    simulator's memory-bandwidth model."""
     from impls.costmodel.compute import TransformerSpec
     from impls.simulator import ParallelPlan, simulate
 
@@ -295,7 +384,10 @@ def predict(truth: dict[str, Any], hw: Any) -> dict[str, Any]:
         stage_layers=stage_layers(m["n_layers"], stages),
     )  # fmt: skip
     p = simulate(spec, plan, hw, dtype=truth["precision"])
-    optimizer = p.optimizer_s if truth["optimizer"] else 0.0
+    optimizer = 0.0
+    if truth["optimizer"]:
+        optimizer = (p.optimizer_s if adamw_s_per_param is None
+                     else adamw_s_per_param * optimizer_params(truth))  # fmt: skip
     memory = _memory(truth)
     return {
         "predicted_step_time_s": p.step_time_s - p.optimizer_s + optimizer,
@@ -330,12 +422,21 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
     cal = calibrate(cfg, 1)
     threads, rate, stretch = rank_rates(truth["ranks"], truth["host_cores"],
                                         truth["ground_truth"] != "replayed")  # fmt: skip
+    local = rank_calibration(cfg, threads)
+    speedup = thread_speedup(local, truth["precision"])
+    if threads > 1:
+        rate = speedup  # measured on the reference, not the thread count
     fit = cal[f"fit_{truth['precision']}"]
     hw = host_hardware(cal, truth["link"], rate / fit["scale"],
                        overhead_s=fit["overhead_s"] * stretch)  # fmt: skip
-    row = predict(truth, hw)
+    adamw = local["adamw_s_per_param"] / min(rate, 1.0)  # a core share stretches it
+    row = predict(truth, hw, adamw)
     row.update({
         "threads_per_rank": threads, "compute_rate": rate, "overhead_stretch": stretch,
+        "cal_thread_speedup": speedup, "cal_adamw_s_per_param": local["adamw_s_per_param"],
+        "optimizer_params": optimizer_params(truth),
+        **{f"cal_reference_{d}_micro{REFERENCE_MICRO[-1]}_{k}_s": local[f"reference_{d}_{k}_s"]
+           for d in ("fp32", "bf16") for k in ("one_thread", "at_threads")},
         "cal_peak_fp32_flops": cal["peak_fp32_flops"], "cal_peak_bf16_flops":
         cal["peak_bf16_flops"], "cal_memory_bandwidth": cal["memory_bandwidth"],
         "cal_kernel_overhead_s": cal["kernel_overhead_s"],

@@ -41,6 +41,18 @@ CAL_COLUMNS = (
     ("reference_bf16_micro16_s", "reference step bf16, b = 16", format_seconds),
     ("cal_gemm_table", "GEMM table (FLOPs:fraction of peak)", str),
 )
+THREAD_COLUMNS = (
+    ("cal_adamw_s_per_param", "AdamW step per parameter element",
+     lambda v: f"{v * 1e9:.2f} ns"),
+    ("cal_reference_fp32_micro16_one_thread_s", "reference step fp32, b = 16, 1 thread",
+     format_seconds),
+    ("cal_reference_fp32_micro16_at_threads_s", "reference step fp32, b = 16, these threads",
+     format_seconds),
+    ("cal_reference_bf16_micro16_one_thread_s", "reference step bf16, b = 16, 1 thread",
+     format_seconds),
+    ("cal_reference_bf16_micro16_at_threads_s", "reference step bf16, b = 16, these threads",
+     format_seconds),
+)  # fmt: skip
 
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
@@ -158,9 +170,16 @@ def calibration(ctx: Context) -> str | None:
     4 heads, s = 64, V = 256; one forward + backward on one process at micro-batch 1 and
     16, none of the ground-truth shapes): a factor dividing every microbenchmark rate and a
     per-kernel overhead, solved so the simulator's single-process compute equals both
-    reference steps. The link's α and β are not measured here: they are the median of
-    `parallelism_comparison`'s own probe of this host (the fastest 4-byte and 1 MiB
-    exchanges between two ranks, `bench.kit.host.probe_pairs`)."""
+    reference steps (each step: forward + loss + backward + zero_grad keeping the gradients,
+    as the runs do). Per thread count a rank runs at (second table): the fastest
+    `torch.optim.AdamW` step over the reference's parameters ÷ its parameter elements
+    (a rank's optimizer time is that × the parameter elements it updates, ÷ its core share
+    under modelled core sharing; it replaces the simulator's memory-bandwidth price of
+    Adam), and with several threads the reference step at b = 16 on one thread and on
+    those threads in alternating rounds: their ratio, bounded to [1, threads], is the
+    rank's compute rate in place of the thread count. The link's α and β are not measured
+    here: they are the median of `parallelism_comparison`'s own probe of this host (the
+    fastest 4-byte and 1 MiB exchanges between two ranks, `bench.kit.host.probe_pairs`)."""
     ok = ctx.ok
     if ok.empty or "fit_scale" not in ok.columns:
         return None
@@ -179,10 +198,31 @@ def calibration(ctx: Context) -> str | None:
     beta = link["beta_s_per_byte"]
     bandwidth = f"{1 / beta / 1e9:.2f} GB/s" if beta > 0 else "—"
     return (
-        markdown_table(table, numparse=False) + f"\n\nLink: α = "
+        markdown_table(table, numparse=False) + _per_thread(ctx, ok) + "\n\nLink: α = "
         f"{format_seconds(link['alpha_s'])}, 1/β = {bandwidth} (read from "
         "parallelism_comparison's results, not measured in this run)."
     )
+
+
+def _per_thread(ctx: Context, ok: pd.DataFrame) -> str:
+    """The table of what is measured per thread count (AdamW, thread speedup)."""
+    if "cal_adamw_s_per_param" not in ok.columns:
+        return ""
+    rows, headline = [], {}
+    for threads, sub in ok.groupby("threads_per_rank"):
+        first = sub.iloc[0]
+        entry = {label: fmt(first[col]) if pd.notna(first[col]) else "—"
+                 for col, label, fmt in THREAD_COLUMNS if col in sub}  # fmt: skip
+        for dtype in ("fp32", "bf16"):
+            speed = sub.loc[sub["precision"] == dtype, "cal_thread_speedup"]
+            entry[f"compute rate {dtype} (thread speedup)"] = (
+                f"{float(speed.iloc[0]):.2f}×" if len(speed) else "—")  # fmt: skip
+        rows.append({"threads": f"{threads} thread(s) per rank", **entry})
+        headline[str(threads)] = {col: None if pd.isna(first[col]) else float(first[col])
+                                  for col, _, _ in THREAD_COLUMNS if col in sub}  # fmt: skip
+    ctx.headline["calibration_per_thread"] = headline
+    table = pd.DataFrame(rows).set_index("threads").T.rename_axis("measured").reset_index()
+    return "\n\n" + markdown_table(table, numparse=False)
 
 
 def every_row(ctx: Context) -> str | None:
