@@ -1,5 +1,6 @@
 """What the one rank of a `planner_validation` cell does: calibrate this host (once per
-process, on one thread), then predict one ground-truth configuration.
+process, on one thread; the optimizer and thread scaling once per thread count a rank runs
+at), then predict one ground-truth configuration.
 
 Calibration, measured here with torch on this CPU (`calibrate`):
 
