@@ -59,7 +59,12 @@ def calibration_is_positive_and_recorded(df: pd.DataFrame, headline: dict) -> No
     for _, row in ran(df).iterrows():
         _positive(row, "cal_peak_fp32_flops", "cal_memory_bandwidth", "cal_kernel_overhead_s",
                   "fit_scale", "fit_overhead_s", "link_alpha_s", "link_beta_s_per_byte",
-                  "compute_rate")  # fmt: skip
+                  "compute_rate", "cal_adamw_s_per_param")  # fmt: skip
+        # a rank's thread speedup is measured on the reference and bounded to [1, threads]
+        assert 1.0 <= row["cal_thread_speedup"] <= row["threads_per_rank"], row.to_dict()
+        if row["optimizer_params"] > 0 and row["predicted_optimizer_s"] > 0:  # AdamW priced
+            assert row["predicted_optimizer_s"] >= row["cal_adamw_s_per_param"] * row[
+                "optimizer_params"] * (1 - 1e-9), row.to_dict()  # fmt: skip
     link = headline["calibration"]["link"]
     assert link["alpha_s"] > 0 and link["beta_s_per_byte"] > 0, link
     assert headline["ground_truth_commits"], headline["ground_truth_commits"]
