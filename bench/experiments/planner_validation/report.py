@@ -161,8 +161,9 @@ def scatter(ctx: Context) -> str | None:
 def calibration(ctx: Context) -> str | None:
     """Calibration measured on this host in this run
 
-    All on one thread (a rank with t threads is priced at t × these rates, with more ranks
-    than cores at cores/N of them and every kernel's overhead × N/cores): the
+    All on one thread (a rank with t threads is priced at these rates × its measured
+    thread speedup, below; with more ranks than cores at cores/N of them and every
+    kernel's overhead × N/cores): the
     microbenchmarks (the fastest of the repeats of tall (8n × n)·(n × n) fp32 GEMMs → peak
     and efficiency table,
     a bf16 GEMM at the largest n, a tensor copy → bandwidth, a chain of one-element autograd
@@ -216,11 +217,14 @@ def _per_thread(ctx: Context, ok: pd.DataFrame) -> str:
         for dtype in ("fp32", "bf16"):
             speed = sub.loc[sub["precision"] == dtype, "cal_thread_speedup"]
             entry[f"compute rate {dtype} (thread speedup)"] = (
-                f"{float(speed.iloc[0]):.2f}×" if len(speed) else "—")  # fmt: skip
+                f"{float(speed.iloc[0]):.2f}×" if len(speed) and pd.notna(speed.iloc[0])
+                else "—")  # fmt: skip
         rows.append({"threads": f"{threads} thread(s) per rank", **entry})
         headline[str(threads)] = {col: None if pd.isna(first[col]) else float(first[col])
                                   for col, _, _ in THREAD_COLUMNS if col in sub}  # fmt: skip
     ctx.headline["calibration_per_thread"] = headline
+    if not rows:  # no row says how many threads it ran on
+        return ""
     table = pd.DataFrame(rows).set_index("threads").T.rename_axis("measured").reset_index()
     return "\n\n" + markdown_table(table, numparse=False)
 
