@@ -154,6 +154,7 @@ def zero_bubble_beats_1f1b(df: pd.DataFrame, headline: dict) -> None:
     assert ms and ms[0] == 4, "the grid has no ZB-H1 cell at P = 4, M = 4"
     for m in ms:
         zb = _cell(ours, "zero_bubble_h1", 4, m)
+        assert zb["twin_1f1b_replayed_s"] > 0, (m, "no 1F1B twin replayed in the cell")
         ratio = zb["replayed_makespan_s"] / zb["twin_1f1b_replayed_s"]
         assert 0 < ratio < (1.0 if m == 4 else 1.05), (m, ratio)
         costs = json.loads(zb["stage_costs"])
