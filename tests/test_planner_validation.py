@@ -116,6 +116,39 @@ def test_ground_truth_rows_labels_and_link(tmp_path):
     assert len(limited) == 3
 
 
+def test_wall_clock_rows_use_the_ring_fitted_at_their_rank_count(tmp_path):
+    """allreduce_scaling's ring times built from a known α (per round) and β (per byte)
+    give them back; a wall-clock row of N ranks is priced on the fit at N, a replayed row
+    (or an N the grid lacks) on the two-rank probe; ZeRO rows are split into their units."""
+    _sources(tmp_path)
+    alpha, beta = 2e-3, 5e-10
+    rows = [{"algorithm": algorithm, "world_size": str(n), "message_bytes": str(m),
+             "time_s": repr(2 * (n - 1) * alpha + 2 * (n - 1) / n * m * beta * scale),
+             "status": status}
+            for n in (2, 8) for m in (4096, 1 << 20, 64 << 20)
+            for algorithm, status, scale in (("ring", "ok", 1), ("tree", "ok", 9),
+                                             ("ring", "failed", 9))]  # fmt: skip
+    one_size = {"algorithm": "ring", "world_size": "4", "message_bytes": "4096",
+                "time_s": "0.01", "status": "ok"}  # fmt: skip
+    rows.append(one_size)  # one size: no fit at N = 4
+    _write(tmp_path, "allreduce_scaling", rows)
+    links = experiment.ring_links(tmp_path)
+    assert sorted(links) == [2, 8]
+    for n in (2, 8):
+        assert links[n] == pytest.approx((alpha, beta), rel=1e-9)
+    truths = experiment.ground_truth(PlannerValidationConfig(reports_root=str(tmp_path)))
+    by_config = {t["config"]: t for t in truths}
+    zero3 = by_config["zero3, N=8, fp32"]
+    assert zero3["link"] == pytest.approx((alpha, beta), rel=1e-9)
+    assert zero3["link_source"] == "allreduce_scaling ring, N=8"
+    assert zero3["dp_collectives"] == MODEL["n_layers"] + 1  # the blocks and the root unit
+    assert by_config["dp2, M=4"]["link_source"] == "allreduce_scaling ring, N=2"
+    for config in ("dp2×pp2, M=4", "interleaved_1f1b, P=4, M=8, V=2"):  # replayed
+        assert by_config[config]["link_source"] == "parallelism_comparison probe"
+        assert by_config[config]["link"] == pytest.approx((6e-5, 2.5e-10), rel=1e-12)
+    assert experiment.ring_links(tmp_path / "elsewhere") == {}
+
+
 def test_params_per_stage_match_the_model_and_the_tp_hand_count():
     cfg = GPTConfig(**MODEL)
     assert ranks.params_per_stage(MODEL, 1, 1) == [sum(p.numel() for p in GPT(cfg).parameters())]

@@ -78,6 +78,10 @@ class Hardware:
     """(FLOPs of one GEMM, achieved fraction of peak), FLOPs ascending."""
     elementwise_efficiency: float = 0.7
     kernel_overhead_s: float = 0.0
+    comm_overlap: bool = True
+    """Whether data-parallel collectives run beside compute (a GPU's communication
+    stream, NCCL) and hide under the backward; False: each collective blocks the thread
+    that computes (gloo's calls on one CPU thread, as this repo's ranks make them)."""
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -139,12 +139,17 @@ def simulate(
     optimizer: str = "adam",
     stage_costs: Sequence[tuple[float, float, float]] | None = None,
     workspace_bytes: float = WORKSPACE_BYTES,
+    dp_collectives: int = 1,
 ) -> Prediction:
     """Predict one step of `plan` (see the module docstring).
 
     `stage_costs` overrides the pricing for tests: (F, I, W) compute seconds per (virtual)
     stage, TP communication then zero; memory and DP still come from the model.
+    `dp_collectives`: the calls each ZeRO gather / reduce-scatter of a stage is split
+    into (its ZeRO / FSDP units, `zero_comm`); 1 prices each as one call.
     """
+    if type(dp_collectives) is not int or dp_collectives < 1:  # bool is refused too
+        raise ValueError(f"dp_collectives={dp_collectives!r}: must be an integer ≥ 1")
     validate_plan(spec, plan)
     hw.peak(dtype)
     if optimizer not in OPTIMIZERS:
@@ -161,7 +166,16 @@ def simulate(
     bpp = bytes_per_param(dtype)
     dp_costs = [
         per_action(
-            plan, hw, st.params, bpp.weights, bpp.gradients, st.forward, st.input, st.weight, split
+            plan,
+            hw,
+            st.params,
+            bpp.weights,
+            bpp.gradients,
+            st.forward,
+            st.input,
+            st.weight,
+            split,
+            dp_collectives,
         )  # fmt: skip
         for st in stages
     ]
@@ -176,11 +190,11 @@ def simulate(
     free = evaluate(schedule, table)
     real = evaluate(schedule, table, *_transfers(plan, spec, hw, dtype))
     return _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule.plan, free, real,
-                     workspace_bytes)  # fmt: skip
+                     workspace_bytes, dp_collectives)  # fmt: skip
 
 
 def _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule, free, real,
-              workspace_bytes) -> Prediction:  # fmt: skip
+              workspace_bytes, dp_collectives) -> Prediction:  # fmt: skip
     """Breakdown of the critical rank, end-of-step DP and optimizer, memory, rates."""
     m, bpp = plan.num_microbatches, bytes_per_param(dtype)
     per_rank = [[s for s in range(plan.stages) if s % plan.pp == r] for r in range(plan.pp)]
@@ -195,7 +209,7 @@ def _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule, free, real,
         after = real.ends[r] + end_of_step(
             plan, hw, params, bpp.weights, bpp.gradients,
             sum(stages[s].forward for s in own),
-            sum(stages[s].input + stages[s].weight for s in own),
+            sum(stages[s].input + stages[s].weight for s in own), dp_collectives,
         )  # fmt: skip
         dp_end = max(dp_end, after)
         step = max(step, after + _optimizer_seconds(params, plan, hw, dtype))

@@ -18,7 +18,13 @@ When each happens (assumptions, stated):
   distributed optimizer with `overlap_param_gather`), charged to this step.
 A collective of t seconds under a window of w seconds of compute exposes
 min(t, max(0, t − w) + t_bucket): the last bucket (25 MB, DDP's `bucket_cap_mb` default)
-cannot start before the compute that fills it ends.
+cannot start before the compute that fills it ends. On hardware whose collectives block
+the computing thread (`Hardware.comm_overlap` False) nothing hides: the whole t is exposed.
+
+`collectives` splits a stage's volume into that many calls of each kind (ZeRO / FSDP
+units, one gather or reduce-scatter each, as `impls.zero` issues them): every call pays
+its own rounds of α, the bytes are the same. The default, one, prices the volume as one
+call (its latency counted once: bandwidth-bound at scale).
 """
 
 from __future__ import annotations
@@ -41,13 +47,18 @@ def dp_group(plan: ParallelPlan) -> tuple[int, int]:
     return plan.dp, plan.tp
 
 
-def exposed(kind: str, nbytes: float, plan: ParallelPlan, hw: Hardware, window: float) -> float:
-    """Seconds of a bucketed collective left over after `window` seconds of compute."""
+def exposed(kind: str, nbytes: float, plan: ParallelPlan, hw: Hardware, window: float,
+            collectives: int = 1) -> float:  # fmt: skip
+    """Seconds of a bucketed collective left over after `window` seconds of compute, the
+    volume sent as `collectives` calls of equal size."""
     size, stride = dp_group(plan)
     if size == 1 or nbytes <= 0:
         return 0.0
-    total = collective_seconds(kind, nbytes, size, hw, stride=stride)
-    bucket = collective_seconds(kind, min(BUCKET_BYTES, nbytes), size, hw, stride=stride)
+    each = nbytes / collectives
+    total = collectives * collective_seconds(kind, each, size, hw, stride=stride)
+    if not hw.comm_overlap:
+        return total
+    bucket = collective_seconds(kind, min(BUCKET_BYTES, each), size, hw, stride=stride)
     return min(total, max(0.0, total - window) + bucket)
 
 
@@ -65,7 +76,7 @@ class StageDataParallel:
 
 def per_action(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: float,
                grad_bytes: float, forward_s: float, input_s: float,
-               weight_s: float, split: bool) -> StageDataParallel:  # fmt: skip
+               weight_s: float, split: bool, collectives: int = 1) -> StageDataParallel:  # fmt: skip
     """The ZeRO-2/3 communication of one stage of `params` parameters, per micro-batch.
 
     `forward_s`, `input_s`, `weight_s` are the stage's compute seconds; with `split` False
@@ -75,19 +86,20 @@ def per_action(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: fl
         return StageDataParallel()
     backward = input_s + weight_s
     reduce_window = weight_s if split else backward
-    scatter = exposed("reduce_scatter", params * grad_bytes, plan, hw, reduce_window)
+    scatter = exposed("reduce_scatter", params * grad_bytes, plan, hw, reduce_window, collectives)
     if plan.zero_stage == 2:
         return StageDataParallel(weight=scatter)
     gather = params * weight_bytes
     return StageDataParallel(
-        forward=exposed("all_gather", gather, plan, hw, forward_s),
-        input=exposed("all_gather", gather, plan, hw, input_s if split else backward),
+        forward=exposed("all_gather", gather, plan, hw, forward_s, collectives),
+        input=exposed("all_gather", gather, plan, hw, input_s if split else backward, collectives),
         weight=scatter,
     )
 
 
 def end_of_step(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: float,
-                grad_bytes: float, forward_s: float, backward_s: float) -> float:  # fmt: skip
+                grad_bytes: float, forward_s: float, backward_s: float,
+               collectives: int = 1) -> float:  # fmt: skip
     """Exposed seconds after a rank's last action: ZeRO-0/1's gradient reduction under the
     last micro-batch's backward (`backward_s`), ZeRO-1/2's weight all-gather under a
     forward (`forward_s`); ZeRO-3 has done all of its communication per micro-batch."""
@@ -95,7 +107,7 @@ def end_of_step(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: f
     if plan.zero_stage == 0:
         seconds += exposed("all_reduce", params * grad_bytes, plan, hw, backward_s)
     if plan.zero_stage == 1:
-        seconds += exposed("reduce_scatter", params * grad_bytes, plan, hw, backward_s)
+        seconds += exposed("reduce_scatter", params * grad_bytes, plan, hw, backward_s, collectives)
     if plan.zero_stage in (1, 2):
-        seconds += exposed("all_gather", params * weight_bytes, plan, hw, forward_s)
+        seconds += exposed("all_gather", params * weight_bytes, plan, hw, forward_s, collectives)
     return seconds

@@ -48,6 +48,22 @@ def ground_truth_is_labelled_by_the_rule(df: pd.DataFrame, headline: dict) -> No
         assert isinstance(row["source_git_sha"], str) and row["source_git_sha"], row
 
 
+def links_follow_the_rank_count(df: pd.DataFrame, headline: dict) -> None:
+    """A row priced on a ring fit is a wall-clock row of that fit's N; the CI grid's
+    allreduce_scaling runs N = 2, so the two-rank wall-clock rows use its ring."""
+    done = ran(df)
+    for _, row in done.iterrows():
+        source = str(row["link_source"])
+        if source.startswith("allreduce_scaling ring, N="):
+            assert int(source.rsplit("=", 1)[1]) == int(row["ranks"]), (row["config"], source)
+            assert row["ground_truth"] != "replayed", (row["config"], source)
+        else:
+            assert source == "parallelism_comparison probe", source
+    two = done[(done["ranks"] == 2) & (done["ground_truth"] == "wall clock")]
+    assert (two["link_source"] == "allreduce_scaling ring, N=2").all(), two["link_source"]
+    assert set(headline["links"]) == set(done["link_source"]), headline["links"]
+
+
 def composed_memory_within_five_percent(df: pd.DataFrame, headline: dict) -> None:
     for _, row in ran(df).iterrows():
         error = float(row["memory_error"])
@@ -84,6 +100,7 @@ def index_shows_errors_as_gaps(df: pd.DataFrame, headline: dict) -> None:
 CHECKS = (
     errors_are_the_ratios_of_each_row,
     ground_truth_is_labelled_by_the_rule,
+    links_follow_the_rank_count,
     composed_memory_within_five_percent,
     calibration_is_positive_and_recorded,
     index_shows_errors_as_gaps,

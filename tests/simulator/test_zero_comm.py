@@ -7,6 +7,8 @@ overlap can.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from impls.costmodel.comm import collective_seconds
@@ -66,3 +68,37 @@ def test_zero_2_and_3_communicate_every_microbatch():
     assert three.forward == pytest.approx(gather) and three.input == pytest.approx(gather)
     # 3Ψ: two weight all-gathers and one gradient reduce-scatter per micro-batch.
     assert three.weight == pytest.approx(two.weight)
+
+
+def test_units_pay_their_own_latency_and_blocking_links_hide_nothing():
+    """k calls of a unit each pay the rounds' α, the bytes stay the same (so the excess over
+    one call is exactly (k − 1) × the zero-byte call); where collectives block the
+    computing thread, no window hides any of it."""
+    plan, k = _plan(), 7
+    one, many = _t("all_gather", BIG, plan), k * _t("all_gather", BIG / k, plan)
+    latency = _t("all_gather", 1e-9, plan)  # the rounds' α, no bytes to speak of
+    assert exposed("all_gather", BIG, plan, HW, 0.0, k) == pytest.approx(many)
+    assert many - one == pytest.approx((k - 1) * latency, rel=1e-6)
+    assert exposed("all_gather", BIG, plan, HW, 1e9, k) < many  # overlapped: hidden
+    blocking = replace(HW, comm_overlap=False)
+    assert exposed("all_gather", BIG, plan, blocking, 1e9, k) == pytest.approx(many)
+    assert exposed("all_reduce", BIG, plan, blocking, 1e9) == pytest.approx(
+        _t("all_reduce", BIG, plan))  # fmt: skip
+    # end of step and per action pass the unit count through
+    z1 = _plan(zero_stage=1)
+    assert end_of_step(z1, blocking, BIG / 2, 2, 2, 1.0, 1.0, k) == pytest.approx(
+        k * (_t("reduce_scatter", BIG / k, z1) + _t("all_gather", BIG / k, z1)))  # fmt: skip
+    z3 = per_action(_plan(zero_stage=3), blocking, BIG / 2, 2, 2, 1.0, 1.0, 1.0, False, k)
+    assert z3.forward == pytest.approx(k * _t("all_gather", BIG / k, plan))
+
+
+def test_simulate_prices_units_and_refuses_a_bad_count():
+    from impls.simulator import simulate
+    from tests.simulator import TINY
+
+    plan = ParallelPlan(dp=4, tp=1, pp=1, zero_stage=3)
+    one = simulate(TINY, plan, HW).exposed_dp_s
+    assert simulate(TINY, plan, HW, dp_collectives=3).exposed_dp_s > one
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="dp_collectives"):
+            simulate(TINY, plan, HW, dp_collectives=bad)

@@ -12,6 +12,12 @@ Which measured time is the ground truth (`ground_truth`): the wall clock where t
 ran no more ranks than the host has cores; otherwise the source's replayed timeline (each
 rank's compute timed with the host to itself, transfers α–β) where it has one; otherwise
 the wall clock with modelled core sharing (each rank gets cores/N of the host).
+
+Which link a row is priced on (`link_source`): a wall-clock row of N ≥ 2 ranks uses the
+α–β fitted to `allreduce_scaling`'s ring all-reduce at the same N, run on this host (N
+ranks sharing its cores: a round waits for a descheduled rank, so α grows with N/cores,
+which a two-rank probe cannot see); a replayed row, or an N that run lacks, uses
+`parallelism_comparison`'s two-rank probe.
 """
 
 from __future__ import annotations
@@ -93,6 +99,9 @@ def _zero(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             schedule="1f1b", microbatches=1, virtual_stages=1, optimizer=True,
             microbatch_size=int(float(r["batch_size"])) // n,
             measured_peak_bytes=float(r["peak_bytes"]), memory_includes_states=True,
+            # impls.zero gathers / reduce-scatters unit by unit: the GPT's blocks and
+            # the root unit (embeddings, final norm, head), one call each
+            dp_collectives=int(float(r["n_layers"])) + 1,
         ))  # fmt: skip
     return out
 
@@ -139,6 +148,34 @@ def _link(root: Path) -> tuple[float, float]:
     return statistics.median(alphas), statistics.median(betas)
 
 
+def ring_links(root: Path) -> dict[int, tuple[float, float]]:
+    """{N: (α s per round, β s per byte)} fitted to `allreduce_scaling`'s ring rows at each
+    N ≥ 2 with ≥ 2 message sizes; {} when that experiment has not run.
+
+    A ring all-reduce of M bytes on N ranks is 2(N − 1) rounds carrying 2(N − 1)/N · M bytes
+    per rank (`impls.costmodel.comm`); the fit is least squares on relative error (each
+    row weighted by 1/t, so the small messages that set α count as much as the large
+    ones that set β), clamped to α, β > 0."""
+    import numpy as np
+
+    if not (root / "allreduce_scaling" / "results.csv").is_file():
+        return {}
+    by_n: dict[int, list[tuple[float, float]]] = {}
+    for r in _read(root, "allreduce_scaling"):
+        if r.get("algorithm") == "ring" and float(r.get("time_s") or "nan") > 0:
+            n = int(float(r["world_size"]))
+            by_n.setdefault(n, []).append((float(r["message_bytes"]), float(r["time_s"])))
+    links = {}
+    for n, points in sorted(by_n.items()):
+        if n < 2 or len({m for m, _ in points}) < 2:
+            continue
+        m, t = np.array(points).T
+        design = np.stack([np.full_like(m, 2.0 * (n - 1)), 2.0 * (n - 1) / n * m], axis=1)
+        (alpha, beta), *_ = np.linalg.lstsq(design / t[:, None], np.ones_like(t), rcond=None)
+        links[n] = (max(float(alpha), 1e-9), max(float(beta), 1e-15))
+    return links
+
+
 def _spread(items: list, k: int | None) -> list:
     if k is None or len(items) <= k:
         return items
@@ -148,11 +185,16 @@ def _spread(items: list, k: int | None) -> list:
 def ground_truth(cfg: PlannerValidationConfig) -> list[dict[str, Any]]:
     """Every ground-truth configuration of `cfg.sources`, with the link it is priced on."""
     root = cfg.root()
-    link = _link(root)
+    probe, rings = _link(root), ring_links(root)
     out = []
     for source in cfg.sources:
-        truths = _spread(_PARSERS[source](_read(root, source)), cfg.max_rows)
-        out += [{**t, "link": link} for t in truths]
+        for t in _spread(_PARSERS[source](_read(root, source)), cfg.max_rows):
+            n = t["ranks"]
+            if t["ground_truth"] != "replayed" and n in rings:
+                out.append({**t, "link": rings[n],
+                            "link_source": f"allreduce_scaling ring, N={n}"})  # fmt: skip
+            else:
+                out.append({**t, "link": probe, "link_source": "parallelism_comparison probe"})
     return out
 
 
@@ -180,6 +222,8 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
         "schedule": t["schedule"], "microbatches": t["microbatches"],
         "virtual_stages": t["virtual_stages"], "microbatch_size": t["microbatch_size"],
         "ground_truth": t["ground_truth"], "source_git_sha": t["source_git_sha"],
+        "link_source": t.get("link_source", "parallelism_comparison probe"),
+        "dp_collectives": t.get("dp_collectives", 1),
         "measured_step_time_s": measured_step,
         "predicted_step_time_s": p["predicted_step_time_s"],
         "step_error": _error(p["predicted_step_time_s"], measured_step),
@@ -222,5 +266,5 @@ EXPERIMENT = Experiment(
             log_y=True,
         ),
     ),
-    reads=("parallelism_comparison", "zero_memory", "pipeline_utilization"),
+    reads=("parallelism_comparison", "zero_memory", "pipeline_utilization", "allreduce_scaling"),
 )

@@ -153,6 +153,7 @@ def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 
 
     alpha, beta = link
     wire = Link(name="loopback (gloo)", alpha_s=alpha, bandwidth=1.0 / beta)
+    # this repo's collectives are blocking calls on the rank's one computing thread
     overhead = cal["kernel_overhead_s"] if overhead_s is None else overhead_s
     return Hardware(
         name=f"this host, rate {rate:.3g} of one thread",
@@ -168,6 +169,7 @@ def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 
         gemm_efficiency=tuple(sorted(cal["gemm_table"])),
         elementwise_efficiency=1.0,  # the copy's achieved bandwidth is already the rate
         kernel_overhead_s=overhead,
+        comm_overlap=False,
         sources={"all": "measured on this host in this run (planner_validation.ranks)"},
     )
 
@@ -384,7 +386,8 @@ def predict(truth: dict[str, Any], hw: Any, adamw_s_per_param: float | None = No
         schedule=truth["schedule"], virtual_stages=truth["virtual_stages"],
         stage_layers=stage_layers(m["n_layers"], stages),
     )  # fmt: skip
-    p = simulate(spec, plan, hw, dtype=truth["precision"])
+    p = simulate(spec, plan, hw, dtype=truth["precision"],
+                 dp_collectives=truth.get("dp_collectives", 1))  # fmt: skip
     optimizer = 0.0
     if truth["optimizer"]:
         optimizer = (p.optimizer_s if adamw_s_per_param is None

@@ -178,9 +178,19 @@ def calibration(ctx: Context) -> str | None:
     under modelled core sharing; it replaces the simulator's memory-bandwidth price of
     Adam), and with several threads the reference step at b = 16 on one thread and on
     those threads in alternating rounds: their ratio, bounded to [1, threads], is the
-    rank's compute rate in place of the thread count. The link's α and β are not measured
-    here: they are the median of `parallelism_comparison`'s own probe of this host (the
-    fastest 4-byte and 1 MiB exchanges between two ranks, `bench.kit.host.probe_pairs`)."""
+    rank's compute rate in place of the thread count.
+
+    Links are not measured in this run but read from two reports of this host (table
+    "Links"): a wall-clock row of N ≥ 2 ranks is priced on the α (per round) and β fitted
+    to `allreduce_scaling`'s ring all-reduce at the same N (2(N − 1) rounds carrying
+    2(N − 1)/N · M bytes, least squares on relative error over its message sizes): with
+    more ranks than cores a round waits for descheduled ranks, which a two-rank probe
+    does not see. Replayed rows, and any N that report lacks, use the median of
+    `parallelism_comparison`'s own probe (the fastest 4-byte and 1 MiB exchanges between
+    two ranks, `bench.kit.host.probe_pairs`). On this host a collective blocks the rank's
+    computing thread, so none of it hides under the backward (`Hardware.comm_overlap`
+    False), and ZeRO rows are priced as `impls.zero` issues them: one gather or
+    reduce-scatter per unit (the GPT's blocks and its root unit, `dp_collectives`)."""
     ok = ctx.ok
     if ok.empty or "fit_scale" not in ok.columns:
         return None
@@ -199,10 +209,25 @@ def calibration(ctx: Context) -> str | None:
     beta = link["beta_s_per_byte"]
     bandwidth = f"{1 / beta / 1e9:.2f} GB/s" if beta > 0 else "—"
     return (
-        markdown_table(table, numparse=False) + _per_thread(ctx, ok) + "\n\nLink: α = "
-        f"{format_seconds(link['alpha_s'])}, 1/β = {bandwidth} (read from "
-        "parallelism_comparison's results, not measured in this run)."
-    )
+        markdown_table(table, numparse=False) + _per_thread(ctx, ok) + _links(ctx, ok)
+        + f"\n\nTwo-rank probe: α = {format_seconds(link['alpha_s'])}, 1/β = {bandwidth}."
+    )  # fmt: skip
+
+
+def _links(ctx: Context, ok: pd.DataFrame) -> str:
+    """The table of the links rows were priced on, one line per source of α–β."""
+    if "link_source" not in ok.columns:
+        return ""
+    rows, headline = [], {}
+    for source, sub in ok.groupby("link_source", sort=False):
+        first = sub.iloc[0]
+        alpha, beta = float(first["link_alpha_s"]), float(first["link_beta_s_per_byte"])
+        rows.append({"link": source, "α (per round)": format_seconds(alpha),
+                     "1/β": f"{1 / beta / 1e9:.2f} GB/s" if beta > 0 else "—",
+                     "rows priced on it": len(sub)})  # fmt: skip
+        headline[str(source)] = {"alpha_s": alpha, "beta_s_per_byte": beta, "rows": len(sub)}
+    ctx.headline["links"] = headline
+    return "\n\nLinks:\n\n" + markdown_table(pd.DataFrame(rows), numparse=False)
 
 
 def _per_thread(ctx: Context, ok: pd.DataFrame) -> str:
@@ -245,6 +270,7 @@ def every_row(ctx: Context) -> str | None:
     table = pd.DataFrame({
         "source": ok["source"], "configuration": ok["config"], "ranks": ok["ranks"],
         "ground truth": ok["ground_truth"], "commit": ok["source_git_sha"],
+        "link": ok.get("link_source", "parallelism_comparison probe"),
         "measured": ok["measured_step_time_s"].map(format_seconds),
         "predicted": ok["predicted_step_time_s"].map(format_seconds),
         "step error": ok["step_error"].map(lambda v: f"{v:+.0%}"),
