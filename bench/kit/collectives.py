@@ -9,17 +9,21 @@ however many calls); then one more call on the known-answer pattern is checked (
 counts the elements that differ) and its traffic read from the counters.
 
 An all-reduce cell with `algorithm="auto"` first gives its communicator a tuner
-calibrated on this pool (`impls.collectives.AllReduceTuner.calibrate`, at the grid's
-smallest and largest message sizes, once per world size and dtype in each rank
-process), then is timed like any other; its row names the algorithm the tuner chose.
-When paired, every algorithm the tuner chooses from also takes its turn in the same
-alternating windows on the same buffer (`alt_<algorithm>_s`), so auto is judged against
-the best of them measured beside it, not against other cells run in other phases of
-the host.
+calibrated on this pool (`impls.collectives.AllReduceTuner.calibrate`, at every message
+size of the grid, once per world size and dtype in each rank process), then is timed
+like any other; its row names the algorithm the tuner chose. When paired, every
+algorithm the tuner chooses from also takes its turn in the same alternating windows on
+the same buffer (`alt_<algorithm>_s`), so auto is judged against the best of them
+measured beside it, not against other cells run in other phases of the host. Picking
+the best of six noisy sides needs more windows than a pairing with torch: the tuner's
+calibration and the auto cell run `auto_repeats` rounds of `auto_window_s` windows
+(configs without those keys: `repeats`, `window_s`), and the row keeps every round's
+time per side (`round_times_s`, JSON) so the report can pair them round by round.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -36,6 +40,7 @@ __all__ = [
     "DTYPE_BYTES",
     "CollectiveCall",
     "TimedGridConfig",
+    "auto_timing",
     "calibrated_tuner",
     "calibration_sizes",
     "collective_row",
@@ -46,7 +51,7 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}
 
 # Calibrated tuners of this rank process, by (world size, dtype, sizes): a rank pool runs
 # every cell of one world size, so the auto cells of a grid calibrate once.
-_TUNERS: dict[tuple[int, str, tuple[int, int]], AllReduceTuner] = {}
+_TUNERS: dict[tuple, AllReduceTuner] = {}
 
 
 @dataclass(frozen=True)
@@ -124,13 +129,21 @@ def measure_collective(cfg: TimedGridConfig, cell: Any) -> dict[str, Any]:
         if call.algorithm == "auto" and bufs.run_algorithm is not None:
             for name in comm.tuner.algorithms:  # what auto chooses from, side by side
                 sides[f"alt_{name}_s"] = lambda name=name: bufs.run_algorithm(name)
+    auto_sides = any(name.startswith("alt_") for name in sides)
+    window_s, repeats = auto_timing(cfg) if auto_sides else (cfg.window_s, cfg.repeats)
     bufs.fill(False)
     iters = {}
     for name, step in sides.items():
         for _ in range(cfg.warmup):
             step()
-        iters[name] = calibrate_iters(step, cfg.window_s, cfg.max_iters, comm.group)
-    timed = alternate(sides, warmup=0, repeats=cfg.repeats, group=comm.group, iters=iters)
+        iters[name] = calibrate_iters(step, window_s, cfg.max_iters, comm.group)
+    if auto_sides:
+        # Every side calls as often per window as auto: a window's fixed costs (ranks
+        # leaving the barrier apart, the first call's wake-up) then weigh alike on each,
+        # where one probe call per side would give noisy, unequal counts.
+        iters = dict.fromkeys(sides, iters["time_s"])
+    timed = alternate(sides, warmup=0, repeats=repeats, group=comm.group, iters=iters,
+                      rotate=auto_sides)  # fmt: skip
     bufs.fill(True)
     comm.reset_counters()
     own()
@@ -142,6 +155,8 @@ def measure_collective(cfg: TimedGridConfig, cell: Any) -> dict[str, Any]:
         choice = comm.tuner.last_choice
         auto = {"auto_choice": choice, "auto_predicted_s": comm.tuner.predict(
             choice, cell.key["message_bytes"], comm.world_size)}  # fmt: skip
+        if auto_sides:
+            auto["round_times_s"] = json.dumps({name: t.seconds for name, t in timed.items()})
     return {
         **{name: t.median for name, t in timed.items()},
         "iters": iters["time_s"],
@@ -151,22 +166,29 @@ def measure_collective(cfg: TimedGridConfig, cell: Any) -> dict[str, Any]:
     }
 
 
-def calibration_sizes(message_bytes: list[int]) -> tuple[int, int]:
-    """The grid's smallest and largest sizes (a one-size grid: that size and 16 times it),
-    so the tuner's two-point fit is exact at both ends of what it will be asked."""
-    low, high = min(message_bytes), max(message_bytes)
-    return (low, high) if high > low else (low, 16 * low)
+def calibration_sizes(message_bytes: list[int]) -> tuple[int, ...]:
+    """Every size of the grid, ascending (a one-size grid: that size and 16 times it), so
+    the tuner's table is measured at each size it will be asked about."""
+    sizes = tuple(sorted(set(message_bytes)))
+    return sizes if len(sizes) > 1 else (sizes[0], 16 * sizes[0])
+
+
+def auto_timing(cfg: TimedGridConfig) -> tuple[float, int]:
+    """(window seconds, rounds) of an auto cell and of its tuner's calibration."""
+    return (getattr(cfg, "auto_window_s", cfg.window_s),
+            getattr(cfg, "auto_repeats", cfg.repeats))  # fmt: skip
 
 
 def calibrated_tuner(cfg: TimedGridConfig, comm: Communicator) -> AllReduceTuner:
     """This process's tuner for `comm`'s world size, calibrated on first use (collective:
     every rank of the cell reaches it together)."""
     sizes = calibration_sizes(cfg.message_bytes)
-    key = (comm.world_size, cfg.dtype, sizes)
+    window_s, repeats = auto_timing(cfg)
+    key = (comm.world_size, cfg.dtype, sizes, window_s, repeats)
     if key not in _TUNERS:
         _TUNERS[key] = AllReduceTuner().calibrate(
             comm, sizes, dtype=getattr(torch, cfg.dtype), warmup=max(1, cfg.warmup),
-            repeats=max(5, cfg.repeats), window_s=cfg.window_s, max_iters=cfg.max_iters,
+            repeats=max(5, repeats), window_s=window_s, max_iters=cfg.max_iters,
         )  # fmt: skip
     return _TUNERS[key]
 
@@ -196,6 +218,8 @@ def collective_row(cell: Any, per_rank: list[dict], traffic: bool) -> dict[str, 
         row["auto_predicted_s"] = first["auto_predicted_s"]
         # each algorithm auto chooses from, timed in the same windows (paired cells)
         row |= {name: value for name, value in first.items() if name.startswith("alt_")}
+        if "round_times_s" in first:  # every side's time per round (JSON), for pairing
+            row["round_times_s"] = first["round_times_s"]
     counted = traffic and any(r["messages_sent"] or r["messages_recv"] for r in per_rank)
     no_traffic = cell.world_size == 1 or size == 0
     for column, value in {

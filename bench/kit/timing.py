@@ -69,13 +69,19 @@ def alternate(
     repeats: int,
     group: Any = None,
     iters: Mapping[str, int] | None = None,
+    rotate: bool = False,
 ) -> dict[str, Timed]:
     """Time every side over `repeats` rounds after `warmup` unrecorded ones; within a round
     the sides take turns. A side's step may be repeated `iters[side]` times back to back
-    (a window, for calls too short to time one by one); its time is then per call."""
+    (a window, for calls too short to time one by one); its time is then per call. With
+    `rotate`, round r starts at side r mod k (k sides), so every side runs in every
+    position, after every other side, equally often over k rounds: whatever one side
+    leaves behind (sockets, caches, a rank descheduled) falls on each side alike."""
     timed = {name: Timed() for name in sides}
+    order = list(sides.items())
     for round_ in range(warmup + repeats):
-        for name, step in sides.items():
+        start = round_ % len(order) if rotate else 0
+        for name, step in order[start:] + order[:start]:
             outcome, seconds, own = timed_step(step, group, (iters or {}).get(name, 1))
             if round_ >= warmup:
                 timed[name].outcomes.append(outcome)

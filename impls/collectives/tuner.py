@@ -14,12 +14,14 @@ and the table of α, β comes from one of two places:
 
 - `AllReduceTuner.from_link`: the α–β link model of `impls.costmodel.comm` (rounds on the
   busiest rank × the link's α, its bytes ÷ the bandwidth) — MPICH's model, no measurement;
-- `AllReduceTuner.calibrate`: measured on the communicator at two message sizes per
-  algorithm, a two-point fit. NCCL's constants are measured offline per platform; here
-  they are measured at run time because the link model can misrank the algorithms: on
-  this repo's 2-core host, where ranks share cores, the parameter server (two rounds of
-  N−1 messages posted at once) is fastest in most cells of `allreduce_scaling`, not the
-  ring the link model prefers for large messages.
+- `AllReduceTuner.calibrate`: measured on the communicator at two or more message sizes
+  per algorithm: linear between the measured sizes (α and β per size range, as NCCL's
+  tables are per protocol and MPICH's switch points per size range), the end ranges'
+  lines beyond them. NCCL's constants are measured offline per platform; here they are
+  measured at run time because the link model can misrank the algorithms: on this repo's
+  2-core host, where ranks share cores, the parameter server (two rounds of N−1 messages
+  posted at once) is fastest in most cells of `allreduce_scaling`, not the ring the link
+  model prefers for large messages.
 
 Every rank must choose the same algorithm for the same call, or the ranks post messages
 that do not match and deadlock. `calibrate` therefore replaces every time by the slowest
@@ -28,6 +30,7 @@ rank's (one MAX all-reduce of the whole table), so that every rank fits the same
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -47,6 +50,7 @@ __all__ = [
     "GLOO_LOOPBACK",
     "AlgorithmCost",
     "AllReduceTuner",
+    "MeasuredCost",
     "default_link",
     "fit_two_points",
 ]
@@ -80,6 +84,48 @@ def fit_two_points(sizes: Sequence[float], seconds: Sequence[float]) -> Algorith
     return AlgorithmCost(alpha_s=max(0.0, t0 - beta * m0), beta_s_per_byte=beta)
 
 
+@dataclass(frozen=True)
+class MeasuredCost:
+    """Times measured at sizes M₀ < … < M_k (k ≥ 1), linear between neighbours; below M₀
+    and above M_k the first and last range's slope (never negative: a time that falls
+    with size is noise), never below zero. Exact at every measured size."""
+
+    sizes: tuple[float, ...]
+    times: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) < 2 or len(self.sizes) != len(self.times):
+            raise ValueError(f"sizes={self.sizes}, times={self.times}: need ≥ 2 of each")
+        if any(b <= a for a, b in zip(self.sizes, self.sizes[1:], strict=False)):
+            raise ValueError(f"sizes={self.sizes}: must increase")
+
+    def _slope(self, i: int) -> float:
+        (m0, m1), (t0, t1) = self.sizes[i : i + 2], self.times[i : i + 2]
+        return (t1 - t0) / (m1 - m0)
+
+    def seconds(self, nbytes: float) -> float:
+        sizes, times = self.sizes, self.times
+        if nbytes <= sizes[0]:
+            return max(0.0, times[0] - max(0.0, self._slope(0)) * (sizes[0] - nbytes))
+        if nbytes >= sizes[-1]:
+            return times[-1] + max(0.0, self._slope(len(sizes) - 2)) * (nbytes - sizes[-1])
+        i = bisect.bisect_right(sizes, nbytes) - 1
+        return times[i] + self._slope(i) * (nbytes - sizes[i])
+
+    @property
+    def line(self) -> AlgorithmCost:
+        """The two-point line through the smallest and the largest size (a summary)."""
+        return fit_two_points((self.sizes[0], self.sizes[-1]), (self.times[0], self.times[-1]))
+
+    @property
+    def alpha_s(self) -> float:
+        return self.line.alpha_s
+
+    @property
+    def beta_s_per_byte(self) -> float:
+        return self.line.beta_s_per_byte
+
+
 def default_link(comm: Communicator) -> Link:
     """The link `all_reduce(..., algorithm="auto")` assumes when the communicator carries
     no tuner: NVLink3 of the A100 preset under NCCL, else this repo's gloo loopback fit."""
@@ -95,7 +141,7 @@ class AllReduceTuner:
 
     def __init__(
         self,
-        table: Mapping[tuple[str, int], AlgorithmCost] | None = None,
+        table: Mapping[tuple[str, int], AlgorithmCost | MeasuredCost] | None = None,
         *,
         link: Link | None = None,
         algorithms: Iterable[str] = tuple(ALGORITHMS),
@@ -105,18 +151,23 @@ class AllReduceTuner:
         if unknown or not self.algorithms:
             allowed = ", ".join(ALGORITHMS)
             raise ValueError(f"algorithms={list(self.algorithms)}: allowed values: {allowed}")
-        self.table: dict[tuple[str, int], AlgorithmCost] = dict(table or {})
+        self.table: dict[tuple[str, int], AlgorithmCost | MeasuredCost] = dict(table or {})
         self.link = link
         self._link_costs: dict[tuple[str, int], AlgorithmCost] = {}  # derived from `link` once
         self.last_choice: str | None = None
         """The algorithm `choose` returned last (what the last auto all-reduce ran)."""
+        # Choices made, by (bytes, n): an auto call then costs one dict lookup. On a host
+        # where a rank that waits sleeps, even the ~3 µs of pricing six algorithms in
+        # Python before each call measured 8% slower at 4 KiB (2 ranks): it moves the
+        # next receive from "already arrived" to "sleep, then wake". `calibrate` clears it.
+        self._choices: dict[tuple[float, int], str] = {}
 
     @classmethod
     def from_link(cls, link: Link, algorithms: Iterable[str] = tuple(ALGORITHMS)) -> AllReduceTuner:
         """Prices from the α–β model on `link` alone (`impls.costmodel.comm`)."""
         return cls(link=link, algorithms=algorithms)
 
-    def cost(self, algorithm: str, n: int) -> AlgorithmCost:
+    def cost(self, algorithm: str, n: int) -> AlgorithmCost | MeasuredCost:
         if (algorithm, n) in self.table:
             return self.table[(algorithm, n)]
         if self.link is None:
@@ -142,11 +193,19 @@ class AllReduceTuner:
         return self.cost(algorithm, n).seconds(nbytes)
 
     def choose(self, nbytes: float, n: int) -> str:
-        """The algorithm predicted fastest (the first listed among equals)."""
-        times = [self.predict(a, nbytes, n) for a in self.algorithms]
-        best = min(range(len(times)), key=lambda i: (times[i], i))
-        self.last_choice = self.algorithms[best]
-        return self.last_choice
+        """The algorithm predicted fastest (the first listed among equals); remembered per
+        (nbytes, n), so edit `table` before the first choice, or call `forget`."""
+        choice = self._choices.get((nbytes, n))
+        if choice is None:
+            times = [self.predict(a, nbytes, n) for a in self.algorithms]
+            best = min(range(len(times)), key=lambda i: (times[i], i))
+            choice = self._choices[(nbytes, n)] = self.algorithms[best]
+        self.last_choice = choice
+        return choice
+
+    def forget(self) -> None:
+        """Drop the remembered choices (after editing `table` by hand)."""
+        self._choices.clear()
 
     def calibrate(
         self,
@@ -160,7 +219,8 @@ class AllReduceTuner:
         max_iters: int = 32,
         clock: Callable[[], float] = time.perf_counter,
     ) -> AllReduceTuner:
-        """Time every algorithm on `comm` at the two `sizes` (bytes) and fit its α, β.
+        """Time every algorithm on `comm` at each of `sizes` (bytes, ≥ 2 of them): its table
+        entry is the `MeasuredCost` through those times.
 
         Collective: every rank of `comm` calls it with the same arguments. Per size, as
         the benchmark harness times a cell: `warmup` calls of each algorithm, calls per
@@ -169,23 +229,24 @@ class AllReduceTuner:
         (`bench.kit.timing.alternate`'s pattern: where ranks share cores, a host drifts
         between fast and slow phases lasting seconds, and taking turns lets a phase hit
         every algorithm alike). Each window's time becomes the slowest rank's, the median
-        window is kept, and the line through the two sizes is the table entry for
+        window is kept, and the times through the sizes are the table entry for
         (algorithm, comm.world_size). The calibration's own traffic, calls and simulated
         time are taken back out of `comm`'s counters.
         """
         itemsize = torch.empty(0, dtype=dtype).element_size()
-        small, large = (int(s) for s in sizes)
-        if not 0 < small < large or small % itemsize or large % itemsize:
+        points = sorted({int(s) for s in sizes})
+        if len(points) < 2 or points[0] <= 0 or any(s % itemsize for s in points):
             raise ValueError(
-                f"sizes={tuple(sizes)}: need two sizes 0 < small < large, multiples of "
+                f"sizes={tuple(sizes)}: need two or more distinct sizes > 0, multiples of "
                 f"{itemsize} bytes ({dtype})"
             )
         if repeats < 1 or warmup < 0 or max_iters < 1:
             raise ValueError(f"repeats={repeats}, warmup={warmup}, max_iters={max_iters}")
         counters, calls, simulated = comm.counters.copy(), comm.calls.copy(), comm.simulated_s
         try:
-            windows = torch.zeros(len(self.algorithms), 2, repeats, dtype=torch.float64)
-            for j, nbytes in enumerate((small, large)):
+            windows = torch.zeros(len(self.algorithms), len(points), repeats,
+                                  dtype=torch.float64)  # fmt: skip
+            for j, nbytes in enumerate(points):
                 buf = torch.zeros(nbytes // itemsize, dtype=dtype, device=comm.device)
                 timers = [_Timer(ALGORITHMS[a], comm, buf, clock) for a in self.algorithms]
                 iters = [t.calls_per_window(warmup, window_s, max_iters) for t in timers]
@@ -199,8 +260,9 @@ class AllReduceTuner:
             comm.calls.update(calls)
         seconds = windows.quantile(0.5, dim=-1).tolist()
         n = comm.world_size
-        for name, pair in zip(self.algorithms, seconds, strict=True):
-            self.table[(name, n)] = fit_two_points((small, large), pair)
+        for name, times in zip(self.algorithms, seconds, strict=True):
+            self.table[(name, n)] = MeasuredCost(tuple(map(float, points)), tuple(times))
+        self.forget()
         return self
 
 

@@ -17,7 +17,7 @@ from bench.experiments.allreduce_scaling import experiment as allreduce_experime
 from bench.experiments.allreduce_scaling.config import AllReduceScalingConfig
 from bench.kit.collectives import calibration_sizes
 from impls.collectives import ALGORITHMS, AllReduceTuner, all_reduce
-from impls.collectives.tuner import GLOO_LOOPBACK, fit_two_points
+from impls.collectives.tuner import GLOO_LOOPBACK, MeasuredCost, fit_two_points
 from impls.costmodel.comm import ALLREDUCE_ALGORITHMS, allreduce_seconds, best_allreduce
 from impls.costmodel.hardware import Link
 from impls.costmodel.presets import hardware
@@ -62,6 +62,33 @@ def test_two_point_fit_recovers_alpha_and_beta():
     assert steep.alpha_s == 0.0 and steep.beta_s_per_byte > 0
     with pytest.raises(ValueError, match="two sizes"):
         fit_two_points((4096, 4096), [1.0, 2.0])
+
+
+def test_measured_cost_is_exact_at_each_size_and_linear_between():
+    cost = MeasuredCost((4096, 65536, 1 << 20), (1e-3, 0.8e-3, 4e-3))
+    for m, t in zip(cost.sizes, cost.times, strict=True):
+        assert cost.seconds(m) == pytest.approx(t, rel=1e-12)
+    mid = (65536 + (1 << 20)) / 2
+    assert cost.seconds(mid) == pytest.approx((0.8e-3 + 4e-3) / 2, rel=1e-12)
+    assert cost.seconds(1024) == 1e-3  # below: the first range falls (noise), so flat
+    above = (4e-3 - 0.8e-3) / ((1 << 20) - 65536)
+    assert cost.seconds(2 << 20) == pytest.approx(4e-3 + above * (1 << 20), rel=1e-12)
+    rising = MeasuredCost((1000, 2000), (1e-6, 1e-3))  # its line would cross zero above M = 0
+    assert rising.seconds(0) == 0.0 and rising.seconds(1500) > 0
+    # the summary line is the two-point fit through the end sizes
+    assert cost.line == fit_two_points((4096, 1 << 20), (1e-3, 4e-3))
+    with pytest.raises(ValueError, match="increase"):
+        MeasuredCost((4096, 4096), (1.0, 2.0))
+    with pytest.raises(ValueError, match="need ≥ 2"):
+        MeasuredCost((4096,), (1.0,))
+
+
+def test_a_calibrated_table_picks_the_fastest_measured_at_each_size():
+    fast_small = MeasuredCost((4096, 1 << 20, 64 << 20), (1e-4, 1e-3, 0.2))
+    fast_large = MeasuredCost((4096, 1 << 20, 64 << 20), (1e-3, 2e-3, 0.05))
+    tuner = AllReduceTuner({("tree", 4): fast_small, ("ring", 4): fast_large},
+                           algorithms=["ring", "tree"])  # fmt: skip
+    assert [tuner.choose(m, 4) for m in (4096, 1 << 20, 64 << 20)] == ["tree", "tree", "ring"]
 
 
 def test_uncalibrated_tuner_without_a_link_names_what_is_missing():
@@ -164,6 +191,18 @@ def test_allreduce_scaling_accepts_auto_and_times_it_as_distbench():
         AllReduceScalingConfig(algorithms=["automatic"])
 
 
-def test_calibration_sizes_span_the_grid():
-    assert calibration_sizes([262144, 4096, 4194304]) == (4096, 4194304)
+def test_calibration_sizes_are_every_size_of_the_grid():
+    assert calibration_sizes([262144, 4096, 4194304, 4096]) == (4096, 262144, 4194304)
     assert calibration_sizes([4096]) == (4096, 65536)
+
+
+def test_choices_are_remembered_until_forgotten():
+    cost = MeasuredCost((4096, 1 << 20), (1e-4, 1e-3))
+    tuner = AllReduceTuner({("tree", 4): cost, ("ring", 4): MeasuredCost((4096, 1 << 20),
+                                                                         (2e-4, 5e-4))},
+                           algorithms=["ring", "tree"])  # fmt: skip
+    assert tuner.choose(4096, 4) == "tree" and tuner.choose(1 << 20, 4) == "ring"
+    tuner.table[("tree", 4)] = MeasuredCost((4096, 1 << 20), (1e-3, 1e-2))
+    assert tuner.choose(4096, 4) == "tree"  # remembered
+    tuner.forget()
+    assert tuner.choose(4096, 4) == "ring" and tuner.last_choice == "ring"

@@ -86,3 +86,39 @@ def test_alternatives_timed_beside_auto_decide_its_best() -> None:
     assert auto["auto_chose_best"] == 0.0
     others = got[(got["algorithm"] == "auto") & ~picks]
     assert set(others["best_basis"]) == {"separate cells"}
+
+
+def test_rounds_pair_auto_with_each_alternative_and_bound_the_ratio() -> None:
+    """With every round's times, each alternative is compared with auto round by round:
+    here the host halves its speed every other round (a ratio of medians would see noise),
+    yet ring is exactly 0.8 of auto's time in every round, so auto ÷ best is 0.8 with an
+    interval of zero width; tree, slower every round, is never the best."""
+    import json
+
+    from bench.experiments.allreduce_scaling.auto import prepare
+
+    frame = auto_frame()
+    picks = (frame["algorithm"] == "auto") & (frame["world_size"] == 4) & (
+        frame["message_bytes"] == 4096)  # fmt: skip
+    auto = [1e-3 * (1 + r % 2) for r in range(9)]
+    rounds = {"time_s": auto, "torch_time_s": [2 * t for t in auto],
+              "alt_parameter_server_s": auto, "alt_ring_s": [0.8 * t for t in auto],
+              "alt_tree_s": [1.5 * t for t in auto]}  # fmt: skip
+    frame["round_times_s"] = None
+    frame.loc[picks, "round_times_s"] = json.dumps(rounds)
+    got = prepare(frame)
+    row = got[picks].iloc[0]
+    assert row["best_basis"] == "same cell, paired by round" and row["best_algorithm"] == "ring"
+    assert row["auto_vs_best"] == pytest.approx(0.8)
+    assert (row["auto_vs_best_lo"], row["auto_vs_best_hi"]) == pytest.approx((0.8, 0.8))
+    assert row["choice_vs_best"] == pytest.approx(0.8)  # parameter_server's side: auto's times
+    assert row["auto_chose_best"] == 0.0
+    # a noisy alternative: the interval widens and contains the point estimate
+    rounds["alt_ring_s"] = [t * (0.7 if r % 3 else 1.3) for r, t in enumerate(auto)]
+    frame.loc[picks, "round_times_s"] = json.dumps(rounds)
+    row = prepare(frame)[picks].iloc[0]
+    assert row["auto_vs_best_lo"] <= row["auto_vs_best"] <= row["auto_vs_best_hi"]
+    assert row["auto_vs_best_lo"] < row["auto_vs_best_hi"]
+    others = got[(got["algorithm"] == "auto") & ~picks]
+    assert set(others["best_basis"]) == {"separate cells"}  # no rounds, no alternatives
+    assert others["auto_vs_best_lo"].isna().all()

@@ -8,7 +8,13 @@ best's (`auto_vs_best`, the issue's ≥ 0.9× target: with the same bytes moved,
 ratios are inverse time ratios, and torch's side cancels), the same for the algorithm
 auto chose, read from its own alternating side (`choice_vs_best`: the choice's quality
 apart from the auto side's noise), and whether it chose the best (`auto_chose_best`);
-`best_basis` says "same cell". An auto row without alternatives (not paired, or an
+`best_basis` says "same cell". With every round's times (`round_times_s`) the comparison is
+paired round by round (basis "same cell, paired by round"): each alternative's speed
+relative to auto is the median over rounds of t_auto ÷ t_alternative in the same round,
+which cancels the host's drift between rounds that a ratio of two medians keeps; and
+`auto_vs_best_lo` / `_hi` bound auto ÷ best with a 90% bootstrap over the rounds (the
+best re-chosen in every resample, so picking the best of six noisy sides is inside the
+interval). An auto row without alternatives (not paired, or an
 older results.csv) is judged as before, against the other algorithms' own cells by their
 `busbw_vs_torch` ("separate cells"), which on a 2-core host run in other phases of it.
 The share of cells where auto chose the best (≥ 80%) is one number over the grid, not a
@@ -17,8 +23,10 @@ per-cell bound, so it is a headline figure and a finding, not a `Target`.
 
 from __future__ import annotations
 
+import json
 import math
 
+import numpy as np
 import pandas as pd
 
 from bench.report import (
@@ -56,7 +64,9 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """Add `best_algorithm`, `auto_vs_best`, `choice_vs_best`, `auto_chose_best` and
     `best_basis` to auto rows (by position: a merged frame may repeat index labels)."""
     n = len(df)
-    out = {c: [math.nan] * n for c in ("auto_vs_best", "choice_vs_best", "auto_chose_best")}
+    numbers = ("auto_vs_best", "choice_vs_best", "auto_chose_best", "auto_vs_best_lo",
+               "auto_vs_best_hi")  # fmt: skip
+    out = {c: [math.nan] * n for c in numbers}
     out |= {"best_algorithm": [None] * n, "best_basis": ["—"] * n}
     if "algorithm" in df.columns and "busbw_vs_torch" in df.columns:
         records = df.to_dict("records")
@@ -65,8 +75,11 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
         for i, row in enumerate(records):
             if not ok[i] or row["algorithm"] != "auto":
                 continue
-            judged = _same_cell(row) or _separate(row, by_cell.get(
+            judged = _paired(row) or _same_cell(row) or _separate(row, by_cell.get(
                 (row["world_size"], row["message_bytes"])))  # fmt: skip
+            interval = _interval(row)
+            if interval is not None:
+                out["auto_vs_best_lo"][i], out["auto_vs_best_hi"][i] = interval
             if judged is None:
                 continue
             speeds, own, basis = judged  # speeds: algorithm -> busbw-like (higher is better)
@@ -81,9 +94,57 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _format_interval(low: float, high: float) -> str:
+    return "—" if pd.isna(low) or pd.isna(high) else f"{low:.2f}–{high:.2f}×"
+
+
 def _number(value) -> float:
     number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]
     return float(number) if pd.notna(number) else math.nan
+
+
+def _rounds(row: dict) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+    """auto's time per round and each alternative's, from `round_times_s`; None without."""
+    text = row.get("round_times_s")
+    if not isinstance(text, str) or not text.strip():
+        return None
+    rounds = {k: np.asarray(v, dtype=float) for k, v in json.loads(text).items()}
+    own = rounds.get("time_s")
+    if own is None or not len(own):
+        return None
+    alts = {k[len("alt_"):-len("_s")]: v for k, v in rounds.items()
+            if k.startswith("alt_") and k.endswith("_s") and len(v) == len(own)}  # fmt: skip
+    if not alts:
+        return None
+    if not all(np.all(v > 0) for v in (own, *alts.values())):
+        return None
+    return own, alts
+
+
+def _paired(row: dict) -> tuple[dict[str, float], float, str] | None:
+    """Each alternative's speed relative to auto (auto = 1): the median over rounds of
+    t_auto ÷ t_alternative, timed in the same round."""
+    parsed = _rounds(row)
+    if parsed is None:
+        return None
+    own, alts = parsed
+    speeds = {name: float(np.median(own / t)) for name, t in alts.items()}
+    return speeds, 1.0, "same cell, paired by round"
+
+
+def _interval(row: dict, resamples: int = 1000, level: float = 0.9) -> tuple[float, float] | None:
+    """A bootstrap interval of auto ÷ best over the rounds (seeded: the same rows give the
+    same interval), the best re-chosen in every resample."""
+    parsed = _rounds(row)
+    if parsed is None:
+        return None
+    own, alts = parsed
+    ratios = np.stack([t / own for t in alts.values()])  # alternative ÷ auto time, per round
+    picks = np.random.default_rng(0).integers(0, len(own), size=(resamples, len(own)))
+    stats = np.median(ratios[:, picks], axis=2).min(axis=0)  # auto ÷ best per resample
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(stats, [tail, 100 - tail])
+    return float(low), float(high)
 
 
 def _same_cell(row: dict) -> tuple[dict[str, float], float, str] | None:
@@ -114,17 +175,20 @@ def _separate(row: dict, ratios: pd.Series | None) -> tuple[dict[str, float], fl
 def auto_choices(ctx: Context) -> str | None:
     """auto's choice per (N, M) against the measured best
 
-    `auto` runs the algorithm an `AllReduceTuner` predicts fastest, t = α + β·M per
-    algorithm and N, fitted on this rank pool before the first auto cell: each algorithm
-    timed at the grid's smallest and largest M, in turns, the slowest rank's time (NCCL's
-    latency + size/bandwidth model, calibrated here as NCCL's constants are per platform;
-    MPICH's selection, Thakur et al. 2005). The auto cell is then timed like every other
-    cell, with every algorithm it chooses from taking its turn in the same windows on the
-    same buffer. *Measured best*: the fastest of those, beside auto (*basis* "same cell";
-    "separate cells": the highest busbw ÷ torch over the algorithms' own cells, for a row
-    without them); *auto ÷ best*: auto against it (the ≥ 0.9× target); *choice ÷ best*:
-    the chosen algorithm's own side against it, i.e. what the choice cost apart from the
-    auto side's timing noise. *predicted*: the tuner's time for its choice."""
+    `auto` runs the algorithm an `AllReduceTuner` predicts fastest, per algorithm and N a
+    time measured on this rank pool before the first auto cell at every M of the grid
+    (linear between them: α and β per size range), each algorithm timed in turns, the
+    slowest rank's time (NCCL's latency + size/bandwidth model, calibrated here as NCCL's
+    constants are per platform; MPICH's selection, Thakur et al. 2005). The auto cell is
+    then timed with auto, torch and every algorithm it chooses from taking turns in the
+    same rounds on the same buffer. *Measured best*: the fastest of those beside auto,
+    paired round by round (*basis* "same cell, paired by round"; "same cell": medians of
+    each side; "separate cells": the highest busbw ÷ torch over the algorithms' own cells,
+    for rows without them); *auto ÷ best*: auto against it (the ≥ 0.9× target) with its
+    *90% interval* over the rounds (bootstrap, the best re-chosen in every resample: how
+    finely this host resolves the ratio); *choice ÷ best*: the chosen algorithm's own side
+    against it, i.e. what the choice cost apart from the auto side's timing noise.
+    *predicted*: the tuner's time for its choice."""
     rows = ctx.ok[(ctx.ok["algorithm"] == "auto")] if "algorithm" in ctx.ok else ctx.ok
     if rows.empty or "auto_chose_best" not in rows.columns:
         return None
@@ -140,6 +204,8 @@ def auto_choices(ctx: Context) -> str | None:
         "measured best": judged["best_algorithm"],
         "basis": judged["best_basis"],
         "auto ÷ best": judged["auto_vs_best"].map(format_ratio),
+        "90% interval": [_format_interval(lo, hi) for lo, hi in zip(
+            judged["auto_vs_best_lo"], judged["auto_vs_best_hi"], strict=True)],  # fmt: skip
         "choice ÷ best": judged["choice_vs_best"].map(format_ratio),
         "auto time": judged["time_s"].map(format_seconds),
         "predicted": judged["auto_predicted_s"].map(format_seconds),
@@ -161,6 +227,16 @@ def auto_choices(ctx: Context) -> str | None:
         f"target ≥ {format_percent(BEST_SHARE_BOUND, 0)}: {'met' if met else 'not met'})**; "
         f"its choice's own cell was within 0.9× of the best in {format_percent(near, 0)}."
     )
+    short = judged[judged["auto_vs_best"] < AUTO_VS_BEST.bound]
+    unresolved = short[short["auto_vs_best_hi"] >= AUTO_VS_BEST.bound]
+    if len(short):
+        summary += (
+            f" Of the {len(short)} cells below {AUTO_VS_BEST.bound:g}×, {len(unresolved)} have "
+            f"a 90% interval reaching {AUTO_VS_BEST.bound:g}×: there this host's rounds do not "
+            "resolve the ratio against the bound."
+        )
+    ctx.headline.update(auto_cells_below_bound=len(short),
+                        auto_cells_below_bound_unresolved=len(unresolved))  # fmt: skip
     if ctx.cores == ctx.cores and (rows["world_size"] > ctx.cores).any():
         summary += (
             f" Cells with more ranks than the host's {int(ctx.cores)} cores are judged "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.config import check_choices
+from bench.config import check_choices, check_number, check_positive
 from bench.kit.collectives import TimedGridConfig
 from impls.collectives import ALGORITHMS
 
@@ -24,7 +24,16 @@ class AllReduceScalingConfig(TimedGridConfig):
     torch.distributed.all_reduce."""
     message_bytes: list[int] = field(default_factory=lambda: [4 << 10 << 2 * i for i in range(8)])
     """Buffer sizes S in bytes (multiples of the dtype's size): 4 KiB … 64 MiB."""
+    auto_repeats: int = 25
+    """Rounds of an auto cell, in which auto, torch and each algorithm auto chooses from
+    take one window in turn, and rounds per size of the tuner's calibration: judging auto
+    against the best of six noisy sides needs more windows than a pairing with torch."""
+    auto_window_s: float = 0.02
+    """Target length of one window in those rounds (shorter than `window_s`: on a host
+    whose speed drifts, many short rounds pair the sides more closely than a few long)."""
 
     def __post_init__(self) -> None:
         check_choices("algorithms", self.algorithms, ALLOWED)
+        check_positive("auto_repeats", [self.auto_repeats])
+        check_number("auto_window_s", self.auto_window_s)
         super().__post_init__()
