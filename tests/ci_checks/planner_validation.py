@@ -53,9 +53,10 @@ def links_follow_the_rank_count(df: pd.DataFrame, headline: dict) -> None:
     allreduce_scaling runs N = 2, so the two-rank wall-clock rows use its ring."""
     done = ran(df)
     for _, row in done.iterrows():
-        source = str(row["link_source"])
+        source, ranks = str(row["link_source"]), float(row["ranks"])
+        assert math.isfinite(ranks) and ranks >= 1, (row["config"], ranks)
         if source.startswith("allreduce_scaling ring, N="):
-            assert int(source.rsplit("=", 1)[1]) == int(row["ranks"]), (row["config"], source)
+            assert int(source.rsplit("=", 1)[1]) == ranks, (row["config"], source)
             assert row["ground_truth"] != "replayed", (row["config"], source)
         else:
             assert source == "parallelism_comparison probe", source
