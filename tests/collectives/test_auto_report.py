@@ -54,9 +54,34 @@ def test_auto_is_judged_against_each_cells_best(tmp_path: Path) -> None:
     assert "traffic_vs_n" in report and "| auto " not in report.split("reproduced")[1][:4000]
 
 
+def with_rounds(frame: pd.DataFrame, repeats: int = 3) -> pd.DataFrame:
+    """`frame` as a paired run writes it: each auto row with every round's time of auto and
+    of each algorithm (here each round repeats the algorithm's own cell's time), the
+    `alt_<algorithm>_s` medians beside them."""
+    import json
+
+    frame = frame.copy()
+    frame["round_times_s"] = None
+    ours = frame[~frame["algorithm"].isin(["auto", "torch"])]
+    for i in frame.index[frame["algorithm"] == "auto"]:
+        row = frame.loc[i]
+        cell = ours[(ours["world_size"] == row["world_size"])
+                    & (ours["message_bytes"] == row["message_bytes"])]  # fmt: skip
+        rounds = {"time_s": [float(row["time_s"])] * repeats}
+        for algorithm, time in zip(cell["algorithm"], cell["time_s"], strict=True):
+            rounds[f"alt_{algorithm}_s"] = [float(time)] * repeats
+            frame.loc[i, f"alt_{algorithm}_s"] = float(time)
+        frame.loc[i, "round_times_s"] = json.dumps(rounds)
+    return frame
+
+
 def test_ci_check_passes_on_it_and_fails_without_auto(tmp_path: Path) -> None:
-    frame = auto_frame()
+    frame = with_rounds(auto_frame())
     ci.auto_judged_against_the_best_in_every_cell(frame, write_allreduce(frame, tmp_path))
+    unpaired = auto_frame()  # no rounds kept: the check wants them
+    with pytest.raises((AssertionError, KeyError)):
+        ci.auto_judged_against_the_best_in_every_cell(unpaired,
+                                                      write_allreduce(unpaired, tmp_path))  # fmt: skip
     no_auto = frame[frame["algorithm"] != "auto"]
     with pytest.raises((AssertionError, KeyError, ValueError)):
         ci.auto_judged_against_the_best_in_every_cell(no_auto, write_allreduce(no_auto, tmp_path))
