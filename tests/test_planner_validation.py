@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from bench.experiments.planner_validation import experiment, ranks
-from bench.experiments.planner_validation.config import PlannerValidationConfig
+from bench.experiments.planner_validation import calibration, experiment, ranks
+from bench.experiments.planner_validation.config import PROBE_LINK, PlannerValidationConfig
 from bench.experiments.planner_validation.report import prepare, spearman
 from impls.costmodel.memory import activation_bytes
 from impls.models import GPT, GPTConfig
@@ -144,7 +144,7 @@ def test_wall_clock_rows_use_the_ring_fitted_at_their_rank_count(tmp_path):
     assert zero3["dp_collectives"] == MODEL["n_layers"] + 1  # the blocks and the root unit
     assert by_config["dp2, M=4"]["link_source"] == "allreduce_scaling ring, N=2"
     for config in ("dp2×pp2, M=4", "interleaved_1f1b, P=4, M=8, V=2"):  # replayed
-        assert by_config[config]["link_source"] == "parallelism_comparison probe"
+        assert by_config[config]["link_source"] == PROBE_LINK
         assert by_config[config]["link"] == pytest.approx((6e-5, 2.5e-10), rel=1e-12)
     assert experiment.ring_links(tmp_path / "elsewhere") == {}
 
@@ -187,13 +187,33 @@ def test_reference_fit_recovers_known_scale_and_overhead():
 
     truth = {1: None, 16: None}
     for micro in truth:  # what a host 2× slower with 10 µs per kernel would measure
-        spec, plan = ranks._reference_plan(micro)
-        hw = ranks.host_hardware(CAL, LINK, 0.5, overhead_s=1e-5)
+        spec, plan = calibration.reference_plan(micro)
+        hw = calibration.host_hardware(CAL, LINK, 0.5, overhead_s=1e-5)
         truth[micro] = simulate(spec, plan, hw, dtype="fp32").compute_s
-    fit = ranks.fit_reference(CAL, "fp32", truth)
+    fit = calibration.fit_reference(CAL, "fp32", truth)
     assert fit["two_point"]
     assert fit["scale"] == pytest.approx(2.0, rel=1e-9)
     assert fit["overhead_s"] == pytest.approx(1e-5, rel=1e-9)
+
+
+def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatch):
+    """The ground-truth rows are medians of timed steps; fitting the fastest repeat priced
+    every row short. Each reference timing here is a known spread around its median."""
+    median = {("fp32", 1): 8e-3, ("fp32", 16): 8e-2, ("bf16", 1): 9e-3, ("bf16", 16): 7e-2}
+
+    def timings(micro, dtype, repeats):
+        m = median[(dtype, micro)]
+        return [1.3 * m, 0.7 * m, m]  # fastest 0.7 m, median m
+
+    monkeypatch.setattr(calibration, "_reference_timings", timings)
+    monkeypatch.setattr(calibration, "_CALIBRATIONS", {})
+    cfg = SimpleNamespace(gemm_sizes=[8, 16], copy_mib=1, repeats=1)
+    cal = calibration.calibrate(cfg, 1)
+    for dtype in ("fp32", "bf16"):
+        want = {b: median[(dtype, b)] for b in (1, 16)}
+        assert cal[f"reference_{dtype}_s"] == want
+        assert cal[f"reference_{dtype}_fastest_s"] == {b: 0.7 * v for b, v in want.items()}
+        assert cal[f"fit_{dtype}"] == calibration.fit_reference(cal, dtype, want)
 
 
 def test_single_rank_prediction_is_the_sum_of_the_calibrated_layer_costs():
@@ -203,7 +223,7 @@ def test_single_rank_prediction_is_the_sum_of_the_calibrated_layer_costs():
     truth = {"model": MODEL, "dp": 1, "tp": 1, "pp": 1, "zero_stage": 0, "precision": "fp32",
              "schedule": "1f1b", "microbatches": 1, "virtual_stages": 1, "microbatch_size": 4,
              "optimizer": False, "memory_includes_states": True}  # fmt: skip
-    hw = ranks.host_hardware(CAL, LINK)
+    hw = calibration.host_hardware(CAL, LINK)
     got = ranks.predict(truth, hw)
     spec = TransformerSpec(n_layers=8, d_model=128, n_heads=8, vocab_size=256, seq_len=64)
     plan = ParallelPlan(dp=1, tp=1, pp=1, microbatch_size=4, stage_layers=(10,))
@@ -219,6 +239,8 @@ def test_single_rank_prediction_is_the_sum_of_the_calibrated_layer_costs():
 
 RUN_CAL = {**CAL, "reference_fp32_s": {1: 1e-3, 16: 1e-2},
            "reference_bf16_s": {1: 1e-3, 16: 1e-2},
+           "reference_fp32_fastest_s": {1: 9e-4, 16: 9e-3},
+           "reference_bf16_fastest_s": {1: 9e-4, 16: 9e-3},
            "fit_fp32": {"scale": 1.5, "overhead_s": 4e-6, "kernels": 1.0, "two_point": True},
            "fit_bf16": {"scale": 1.0, "overhead_s": 1e-6, "kernels": 1.0, "two_point": True}}  # fmt: skip
 
@@ -238,8 +260,8 @@ def _truth(ranks_: int, zero_stage: int = 0, label: str = "wall clock") -> dict:
 
 
 def test_run_records_the_calibration_it_used(monkeypatch):
-    monkeypatch.setattr(ranks, "calibrate", lambda cfg, threads: RUN_CAL)
-    monkeypatch.setattr(ranks, "rank_calibration", lambda cfg, threads: _local(threads))
+    monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: RUN_CAL)
+    monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
     truth = _truth(8, label="wall clock, 8 ranks on 2 cores (modelled core sharing)")
     row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
     assert (row["compute_rate"], row["overhead_stretch"], row["fit_scale"]) == (0.25, 4.0, 1.5)
@@ -249,8 +271,8 @@ def test_run_records_the_calibration_it_used(monkeypatch):
 
 def test_optimizer_is_the_measured_adamw_cost_per_parameter(monkeypatch):
     """Dropping the AdamW calibration (the simulator's bandwidth price) fails this."""
-    monkeypatch.setattr(ranks, "calibrate", lambda cfg, threads: RUN_CAL)
-    monkeypatch.setattr(ranks, "rank_calibration", lambda cfg, threads: _local(threads, 1e-8))
+    monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: RUN_CAL)
+    monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads, 1e-8))
     params = sum(p.numel() for p in GPT(GPTConfig(**MODEL)).parameters())
     for truth, share in ((_truth(2), 1.0), (_truth(2, zero_stage=1), 0.5)):
         assert ranks.optimizer_params(truth) == pytest.approx(params * share)
@@ -261,28 +283,28 @@ def test_optimizer_is_the_measured_adamw_cost_per_parameter(monkeypatch):
     row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=crowded))
     assert row["predicted_optimizer_s"] == pytest.approx(4 * 1e-8 * params)
     # the simulator's memory-bandwidth price is far below it
-    hw = ranks.host_hardware(RUN_CAL, LINK)
+    hw = calibration.host_hardware(RUN_CAL, LINK)
     assert ranks.predict(_truth(2), hw)["predicted_optimizer_s"] < 1e-8 * params / 10
 
 
 def test_threads_run_at_the_measured_speedup_bounded(monkeypatch):
-    monkeypatch.setattr(ranks, "calibrate", lambda cfg, threads: RUN_CAL)
-    monkeypatch.setattr(ranks, "rank_calibration", lambda cfg, threads: _local(threads))
+    monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: RUN_CAL)
+    monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
     row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=_truth(1)))
     assert row["threads_per_rank"] == 2
     assert row["compute_rate"] == pytest.approx(0.08 / 0.05) == row["cal_thread_speedup"]
-    assert ranks.thread_speedup(_local(2, one=0.08, at=0.5), "fp32") == 1.0  # disturbed
-    assert ranks.thread_speedup(_local(2, one=0.08, at=0.01), "bf16") == 2.0
-    assert ranks.thread_speedup(_local(1), "fp32") == 1.0
+    assert calibration.thread_speedup(_local(2, one=0.08, at=0.5), "fp32") == 1.0  # disturbed
+    assert calibration.thread_speedup(_local(2, one=0.08, at=0.01), "bf16") == 2.0
+    assert calibration.thread_speedup(_local(1), "fp32") == 1.0
 
 
 def test_rank_calibration_times_adamw_and_both_thread_counts():
     cfg = SimpleNamespace(repeats=1)
-    one = ranks.rank_calibration(cfg, 1)
+    one = calibration.rank_calibration(cfg, 1)
     assert 0 < one["adamw_s_per_param"] < 1e-6 and one["reference_fp32_at_threads_s"] is None
-    two = ranks.rank_calibration(cfg, 2)
+    two = calibration.rank_calibration(cfg, 2)
     assert two["reference_bf16_one_thread_s"] > 0 and two["reference_bf16_at_threads_s"] > 0
-    assert ranks.rank_calibration(cfg, 2) is two  # cached per thread count
+    assert calibration.rank_calibration(cfg, 2) is two  # cached per thread count
 
 
 def test_spearman_and_prepare():

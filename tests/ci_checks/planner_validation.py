@@ -11,6 +11,7 @@ import math
 
 import pandas as pd
 
+from bench.experiments.planner_validation.config import PROBE_LINK
 from tests.ci_checks import ran
 
 ARTEFACTS = ("step_time_scatter", "memory_scatter")
@@ -59,7 +60,7 @@ def links_follow_the_rank_count(df: pd.DataFrame, headline: dict) -> None:
             assert int(source.rsplit("=", 1)[1]) == ranks, (row["config"], source)
             assert row["ground_truth"] != "replayed", (row["config"], source)
         else:
-            assert source == "parallelism_comparison probe", source
+            assert source == PROBE_LINK, source
     two = done[(done["ranks"] == 2) & (done["ground_truth"] == "wall clock")]
     assert (two["link_source"] == "allreduce_scaling ring, N=2").all(), two["link_source"]
     assert set(headline["links"]) == set(done["link_source"]), headline["links"]
@@ -82,8 +83,14 @@ def calibration_is_positive_and_recorded(df: pd.DataFrame, headline: dict) -> No
         if row["optimizer_params"] > 0 and row["predicted_optimizer_s"] > 0:  # AdamW priced
             assert row["predicted_optimizer_s"] >= row["cal_adamw_s_per_param"] * row[
                 "optimizer_params"] * (1 - 1e-9), row.to_dict()  # fmt: skip
+        for dtype in ("fp32", "bf16"):  # the fit reads the median, the fastest beside it
+            for micro in (1, 16):
+                fitted, fastest = (row[f"reference_{dtype}_micro{micro}{k}_s"]
+                                   for k in ("", "_fastest"))  # fmt: skip
+                assert 0 < fastest <= fitted < math.inf, (dtype, micro, fastest, fitted)
     link = headline["calibration"]["link"]
-    assert link["alpha_s"] > 0 and link["beta_s_per_byte"] > 0, link
+    if (ran(df)["link_source"] == PROBE_LINK).any():
+        assert link["alpha_s"] > 0 and link["beta_s_per_byte"] > 0, link
     assert headline["ground_truth_commits"], headline["ground_truth_commits"]
 
 

@@ -10,11 +10,13 @@ from pathlib import Path
 
 from bench.config import check_choices, check_number, check_positive, check_unique
 
-__all__ = ["SOURCES", "PlannerValidationConfig", "repository_reports"]
+__all__ = ["PROBE_LINK", "SOURCES", "PlannerValidationConfig", "repository_reports"]
 
 SOURCES = ("parallelism_comparison", "zero_memory", "pipeline_utilization")
 """The experiments whose measured rows are the ground truth (DP/TP/PP/hybrids, ZeRO,
 pipeline schedules)."""
+PROBE_LINK = "parallelism_comparison probe"
+"""The `link_source` of rows priced on `parallelism_comparison`'s two-rank probe."""
 
 
 def repository_reports() -> Path:

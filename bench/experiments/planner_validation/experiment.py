@@ -31,7 +31,7 @@ from typing import Any
 from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.planner_validation import ranks, report
-from bench.experiments.planner_validation.config import PlannerValidationConfig
+from bench.experiments.planner_validation.config import PROBE_LINK, PlannerValidationConfig
 
 __all__ = ["EXPERIMENT", "PlannerValidationConfig", "cells", "ground_truth", "to_row"]
 
@@ -194,7 +194,7 @@ def ground_truth(cfg: PlannerValidationConfig) -> list[dict[str, Any]]:
                 out.append({**t, "link": rings[n],
                             "link_source": f"allreduce_scaling ring, N={n}"})  # fmt: skip
             else:
-                out.append({**t, "link": probe, "link_source": "parallelism_comparison probe"})
+                out.append({**t, "link": probe, "link_source": PROBE_LINK})
     return out
 
 
@@ -222,7 +222,7 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
         "schedule": t["schedule"], "microbatches": t["microbatches"],
         "virtual_stages": t["virtual_stages"], "microbatch_size": t["microbatch_size"],
         "ground_truth": t["ground_truth"], "source_git_sha": t["source_git_sha"],
-        "link_source": t.get("link_source", "parallelism_comparison probe"),
+        "link_source": t.get("link_source", PROBE_LINK),
         "dp_collectives": t.get("dp_collectives", 1),
         "measured_step_time_s": measured_step,
         "predicted_step_time_s": p["predicted_step_time_s"],

@@ -1,0 +1,278 @@
+"""This host measured for the simulator: what `planner_validation`'s rank calibrates before it
+predicts (once per process, on one thread; the optimizer and thread scaling once per thread
+count a rank runs at).
+
+`calibrate`, on one thread:
+
+- GEMM: the fastest of `repeats` tall (8n × n)·(n × n) fp32 matmuls per n of `gemm_sizes`;
+  the fastest rate is the peak, each size's rate ÷ peak a point of the GEMM-efficiency
+  table (the simulator interpolates it log-linearly over a GEMM's FLOPs,
+  `Hardware.efficiency`). bf16 is timed at the largest n and shares fp32's table.
+- memory bandwidth: a `copy_mib` MiB tensor copied (read + write = 2 × its bytes moved).
+- per-op overhead: a chain of one-element autograd multiplications, forward and backward.
+- the reference fit (`fit_reference`): one forward + loss + backward + zero_grad (the
+  gradients kept allocated, `set_to_none=False`, as the ground-truth runs do) of a
+  reference GPT (none of the ground-truth shapes) on one process at micro-batch 1 and 16,
+  per dtype; a factor dividing every microbenchmark rate and a per-kernel overhead are
+  solved so that the simulator's single-process compute equals both (eager PyTorch on a
+  CPU reaches neither the GEMM peak nor the copy bandwidth in a model's small kernels).
+
+The microbenchmarks give the table its shape and keep their fastest repeat (the least
+disturbed); the reference fit sets its level. The level is fitted to the **median** of
+the reference's timed steps, the statistic every ground-truth row reports (a wall-clock
+step is the median of its timed steps, a replayed action the median over its ranks,
+micro-batches and profiled steps): on this host a step's median sits well above its
+fastest repeat (the report's calibration table shows both), and a fit to the fastest
+prices every row short by that gap.
+
+`rank_calibration`, at the rank's own thread count (medians, for the same reason):
+
+- the optimizer: the median `torch.optim.AdamW` step (what the ground-truth runs use) over
+  the reference GPT's fp32 parameters, ÷ its parameter elements = seconds per parameter
+  element; a rank's optimizer is that × the parameter elements it updates.
+- thread scaling: with more than one thread per rank, the reference step at micro-batch 16
+  timed at those threads and on one thread, in alternating rounds; the rank's compute
+  rate is the ratio of their medians (bounded to [1, threads], `thread_speedup`), not the
+  thread count: eager PyTorch on a CPU does not scale linearly over cores.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["REFERENCE", "REFERENCE_MICRO", "calibrate", "fit_reference", "host_hardware",
+           "rank_calibration", "reference_plan", "thread_speedup"]  # fmt: skip
+
+_CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
+_RANK_CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
+ROWS = 8  # calibration GEMMs are (8n × n)·(n × n): tall, as tokens × width are
+REFERENCE = {"d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 64, "vocab_size": 256,
+             "bias": False}  # fmt: skip
+"""The reference GPT timed on one process (none of the ground-truth shapes)."""
+REFERENCE_MICRO = (1, 16)
+CHAIN = 50  # tiny ops in the per-kernel overhead probe (each runs forward and backward)
+SPEEDUP_ROUNDS = 3  # alternating one-thread / rank-thread rounds of the speedup probe
+
+
+def _flops(n: int) -> int:
+    return 2 * ROWS * n**3
+
+
+def _tiny_autograd_chain() -> None:
+    """`CHAIN` one-element multiplications through autograd, forward then backward."""
+    x = torch.ones(1, requires_grad=True)
+    y = x
+    for _ in range(CHAIN):
+        y = y * 1.0
+    y.backward()
+
+
+def _timings(fn: Callable[[], Any], repeats: int, inner: int = 1) -> list[float]:
+    """Seconds per call of `repeats` timed batches of `inner` calls, after one warm-up."""
+    fn()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        out.append((time.perf_counter() - start) / inner)
+    return out
+
+
+def _fastest(fn: Callable[[], Any], repeats: int, inner: int = 1) -> float:
+    return min(_timings(fn, repeats, inner))
+
+
+def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
+    """This host's GEMM table, peaks, bandwidth and per-kernel overhead at `threads`, and
+    the reference fit per dtype (see the module docstring)."""
+    key = (tuple(cfg.gemm_sizes), cfg.copy_mib, cfg.repeats, threads)
+    if key in _CALIBRATIONS:
+        return _CALIBRATIONS[key]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rates = []
+        for n in cfg.gemm_sizes:
+            a, b = torch.randn(ROWS * n, n), torch.randn(n, n)
+            inner = max(1, int(2e7 // _flops(n)))
+            rates.append(_flops(n) / _fastest(lambda a=a, b=b: a @ b, cfg.repeats, inner))
+        n = cfg.gemm_sizes[-1]
+        a16 = torch.randn(ROWS * n, n, dtype=torch.bfloat16)
+        b16 = torch.randn(n, n, dtype=torch.bfloat16)
+        bf16 = _flops(n) / _fastest(lambda: a16 @ b16, cfg.repeats)
+        source = torch.empty(cfg.copy_mib * 2**18)
+        target = torch.empty_like(source)
+        copy_s = _fastest(lambda: target.copy_(source), cfg.repeats)
+        overhead = _fastest(_tiny_autograd_chain, cfg.repeats) / (2 * CHAIN)
+        reference = {(dtype, micro): _reference_timings(micro, dtype, cfg.repeats)
+                     for dtype in ("fp32", "bf16") for micro in REFERENCE_MICRO}  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    peak = max(rates)
+    result = {
+        "threads": threads,
+        "peak_fp32_flops": peak,
+        "peak_bf16_flops": bf16 * peak / rates[-1],  # bf16 on fp32's table, scaled at n max
+        "gemm_table": tuple(
+            (float(_flops(n)), r / peak) for n, r in zip(cfg.gemm_sizes, rates, strict=True)
+        ),
+        "memory_bandwidth": 2 * source.numel() * 4 / copy_s,
+        "kernel_overhead_s": overhead,
+    }
+    for dtype in ("fp32", "bf16"):
+        times = {micro: reference[(dtype, micro)] for micro in REFERENCE_MICRO}
+        measured = {micro: statistics.median(t) for micro, t in times.items()}
+        result[f"reference_{dtype}_s"] = measured
+        result[f"reference_{dtype}_fastest_s"] = {micro: min(t) for micro, t in times.items()}
+        result[f"fit_{dtype}"] = fit_reference(result, dtype, measured)
+    _CALIBRATIONS[key] = result
+    return result
+
+
+def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 1.0, *,
+                  overhead_s: float | None = None) -> Any:  # fmt: skip
+    """The calibrated host as the simulator's `Hardware`: the microbenchmarks' FLOP/s and
+    bandwidth × `rate`, `overhead_s` per kernel (None: the microbenchmark's)."""
+    from impls.costmodel.hardware import Hardware, Link
+
+    alpha, beta = link
+    wire = Link(name="loopback (gloo)", alpha_s=alpha, bandwidth=1.0 / beta)
+    # this repo's collectives are blocking calls on the rank's one computing thread
+    overhead = cal["kernel_overhead_s"] if overhead_s is None else overhead_s
+    return Hardware(
+        name=f"this host, rate {rate:.3g} of one thread",
+        devices_per_node=1 << 20,  # every rank on this one host: the intra link throughout
+        peak_flops={
+            "fp32": cal["peak_fp32_flops"] * rate,
+            "bf16": cal["peak_bf16_flops"] * rate,
+        },  # fmt: skip
+        memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+        memory_bandwidth=cal["memory_bandwidth"] * rate,
+        intra=wire,
+        inter=wire,
+        gemm_efficiency=tuple(sorted(cal["gemm_table"])),
+        elementwise_efficiency=1.0,  # the copy's achieved bandwidth is already the rate
+        kernel_overhead_s=overhead,
+        comm_overlap=False,
+        sources={"all": "measured on this host in this run (planner_validation.calibration)"},
+    )
+
+
+def _reference_timings(micro: int, dtype: str, repeats: int) -> list[float]:
+    """`repeats` timed forward + loss + backward + zero_grad of the reference GPT on one
+    process (the gradients kept allocated, as the ground-truth runs zero them)."""
+    from bench.kit.workloads import seeded_gpt_and_batch
+
+    net, inputs, targets = seeded_gpt_and_batch(REFERENCE, micro, seed=0)
+    if dtype == "bf16":
+        net = net.to(torch.bfloat16)
+
+    def step() -> None:
+        net.loss(net(inputs).float(), targets).backward()
+        net.zero_grad(set_to_none=False)
+
+    return _timings(step, repeats)
+
+
+def _adamw_seconds_per_param(repeats: int) -> float:
+    """Median `torch.optim.AdamW` step over the reference GPT's fp32 parameters (their
+    gradients filled by one backward), ÷ its parameter elements."""
+    from bench.kit.workloads import seeded_gpt_and_batch
+
+    net, inputs, targets = seeded_gpt_and_batch(REFERENCE, REFERENCE_MICRO[0], seed=0)
+    net.loss(net(inputs).float(), targets).backward()
+    params = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    optimizer.step()  # the state allocated before timing
+    seconds = statistics.median(_timings(optimizer.step, repeats))
+    return seconds / sum(p.numel() for p in params)
+
+
+def rank_calibration(cfg: Any, threads: int) -> dict[str, Any]:
+    """At `threads` threads: AdamW's seconds per parameter element on the reference, and
+    (threads > 1) the median reference step at micro-batch 16 per dtype, timed in
+    `SPEEDUP_ROUNDS` rounds alternating with the same step on one thread, so both see the
+    same states of the host."""
+    key = (cfg.repeats, threads)
+    if key in _RANK_CALIBRATIONS:
+        return _RANK_CALIBRATIONS[key]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        result: dict[str, Any] = {"threads": threads,
+                                  "adamw_s_per_param": _adamw_seconds_per_param(cfg.repeats)}  # fmt: skip
+        micro, per_round = REFERENCE_MICRO[-1], max(1, cfg.repeats // SPEEDUP_ROUNDS)
+        for dtype in ("fp32", "bf16"):
+            one = at = None
+            if threads > 1:
+                ones, ats = [], []
+                for _ in range(SPEEDUP_ROUNDS):
+                    torch.set_num_threads(1)
+                    ones += _reference_timings(micro, dtype, per_round)
+                    torch.set_num_threads(threads)
+                    ats += _reference_timings(micro, dtype, per_round)
+                one, at = statistics.median(ones), statistics.median(ats)
+            result[f"reference_{dtype}_one_thread_s"] = one
+            result[f"reference_{dtype}_at_threads_s"] = at
+    finally:
+        torch.set_num_threads(before)
+    _RANK_CALIBRATIONS[key] = result
+    return result
+
+
+def thread_speedup(local: dict[str, Any], dtype: str) -> float:
+    """The reference step's speedup at the rank's threads over one thread (1 at one
+    thread), bounded to [1, threads]: outside it the probe was disturbed (another process
+    on the cores), and the bound is the best that is still physical."""
+    at_threads = local[f"reference_{dtype}_at_threads_s"]
+    if at_threads is None:
+        return 1.0
+    speedup = local[f"reference_{dtype}_one_thread_s"] / at_threads
+    return min(max(speedup, 1.0), float(local["threads"]))
+
+
+def reference_plan(micro: int) -> tuple[Any, Any]:
+    """The reference GPT and its one-process plan at micro-batch `micro`, as the simulator
+    takes them."""
+    from impls.costmodel.compute import TransformerSpec
+    from impls.simulator import ParallelPlan
+
+    spec = TransformerSpec(n_layers=REFERENCE["n_layers"], d_model=REFERENCE["d_model"],
+                           n_heads=REFERENCE["n_heads"], vocab_size=REFERENCE["vocab_size"],
+                           seq_len=REFERENCE["seq_len"])  # fmt: skip
+    plan = ParallelPlan(dp=1, tp=1, pp=1, microbatch_size=micro,
+                        stage_layers=(REFERENCE["n_layers"] + 2,))  # fmt: skip
+    return spec, plan
+
+
+def fit_reference(cal: dict[str, Any], dtype: str, measured: dict[int, float]) -> dict:
+    """(scale, overhead) making the simulator's single-process compute equal the
+    reference steps measured at two micro-batch sizes: compute = scale·A(b) + overhead·K(b),
+    A the microbenchmarks' time without overhead, K the kernels the simulator counts.
+    Falls back to the microbenchmark's overhead when the two-point solution is not
+    positive."""
+    from impls.simulator import simulate
+
+    link = (1e-6, 1e-9)
+    terms = []
+    for micro in sorted(measured):
+        spec, plan = reference_plan(micro)
+        a = simulate(spec, plan, host_hardware(cal, link, overhead_s=0.0), dtype=dtype)
+        k = simulate(spec, plan, host_hardware(cal, link, overhead_s=1e-3), dtype=dtype)
+        terms.append((a.compute_s, (k.compute_s - a.compute_s) / 1e-3, measured[micro]))
+    (a1, k1, t1), (a2, k2, t2) = terms[0], terms[-1]
+    det = a1 * k2 - a2 * k1
+    scale = (t1 * k2 - t2 * k1) / det if det else 0.0
+    overhead = (a1 * t2 - a2 * t1) / det if det else 0.0
+    fitted = scale > 0 and overhead > 0
+    if not fitted:
+        overhead = cal["kernel_overhead_s"]
+        scale = max((t2 - overhead * k2) / a2, 1e-3)
+    return {"scale": scale, "overhead_s": overhead, "kernels": k2, "two_point": fitted}
