@@ -108,6 +108,10 @@ def test_ground_truth_rows_labels_and_link(tmp_path):
     assert zero3["ground_truth"] == "wall clock, 8 ranks on 2 cores (modelled core sharing)"
     assert (zero3["zero_stage"], zero3["dp"], zero3["microbatch_size"]) == (3, 8, 4)
     assert by_config["interleaved_1f1b, P=4, M=8, V=2"]["optimizer"] is False
+    # pipeline_utilization's replay prices actions at their fastest; the rest are medians
+    assert {c: t["statistic"] for c, t in by_config.items()} == {
+        "dp2, M=4": "median", "dp2×pp2, M=4": "median",
+        "interleaved_1f1b, P=4, M=8, V=2": "fastest", "zero3, N=8, fp32": "median"}  # fmt: skip
     for t in truths:  # medians of the two probes
         assert t["link"] == pytest.approx((6e-5, 2.5e-10), rel=1e-12)
     assert all(t["source_git_sha"] == "abc1234" for t in truths)
@@ -214,6 +218,10 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
         assert cal[f"reference_{dtype}_s"] == want
         assert cal[f"reference_{dtype}_fastest_s"] == {b: 0.7 * v for b, v in want.items()}
         assert cal[f"fit_{dtype}"] == calibration.fit_reference(cal, dtype, want)
+        assert calibration.fit_for(cal, dtype, "median") is cal[f"fit_{dtype}"]
+        fastest = {b: 0.7 * v for b, v in want.items()}
+        assert calibration.fit_for(cal, dtype, "fastest") == calibration.fit_reference(
+            cal, dtype, fastest)  # fmt: skip
 
 
 def test_single_rank_prediction_is_the_sum_of_the_calibrated_layer_costs():
@@ -242,7 +250,11 @@ RUN_CAL = {**CAL, "reference_fp32_s": {1: 1e-3, 16: 1e-2},
            "reference_fp32_fastest_s": {1: 9e-4, 16: 9e-3},
            "reference_bf16_fastest_s": {1: 9e-4, 16: 9e-3},
            "fit_fp32": {"scale": 1.5, "overhead_s": 4e-6, "kernels": 1.0, "two_point": True},
-           "fit_bf16": {"scale": 1.0, "overhead_s": 1e-6, "kernels": 1.0, "two_point": True}}  # fmt: skip
+           "fit_bf16": {"scale": 1.0, "overhead_s": 1e-6, "kernels": 1.0, "two_point": True},
+           "fit_fp32_fastest": {"scale": 1.2, "overhead_s": 3e-6, "kernels": 1.0,
+                                "two_point": True},
+           "fit_bf16_fastest": {"scale": 0.8, "overhead_s": 1e-6, "kernels": 1.0,
+                                "two_point": True}}  # fmt: skip
 
 
 def _local(threads: int, adamw: float = 3e-9, one: float = 0.08, at: float = 0.05) -> dict:
@@ -267,6 +279,19 @@ def test_run_records_the_calibration_it_used(monkeypatch):
     assert (row["compute_rate"], row["overhead_stretch"], row["fit_scale"]) == (0.25, 4.0, 1.5)
     assert row["link_alpha_s"] == LINK[0] and row["predicted_step_time_s"] > 0
     assert row["cal_adamw_s_per_param"] == 3e-9 and row["cal_thread_speedup"] == 1.0
+
+
+def test_each_row_is_predicted_on_the_fit_to_its_own_statistic(monkeypatch):
+    """A replay priced at each action's fastest (pipeline_utilization) is predicted on the
+    fit to the reference's fastest step; every other row on the fit to its median."""
+    monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: RUN_CAL)
+    monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
+    rows = {stat: ranks.run(SimpleNamespace(), SimpleNamespace(
+        carry={**_truth(2), "statistic": stat})) for stat in ("median", "fastest")}  # fmt: skip
+    assert (rows["median"]["fit_scale"], rows["fastest"]["fit_scale"]) == (1.5, 1.2)
+    assert rows["fastest"]["fit_median_scale"] == 1.5 and rows["median"]["fit_fastest_scale"] == 1.2
+    # the faster fit predicts a shorter step
+    assert rows["fastest"]["predicted_compute_s"] < rows["median"]["predicted_compute_s"]
 
 
 def test_optimizer_is_the_measured_adamw_cost_per_parameter(monkeypatch):

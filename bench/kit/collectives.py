@@ -49,8 +49,8 @@ __all__ = [
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}
 
-# Calibrated tuners of this rank process, by (world size, dtype, sizes): a rank pool runs
-# every cell of one world size, so the auto cells of a grid calibrate once.
+# Calibrated tuners of this rank process, by (world size, dtype, sizes, window, rounds): a
+# rank pool runs every cell of one world size, so the auto cells of a grid calibrate once.
 _TUNERS: dict[tuple, AllReduceTuner] = {}
 
 

@@ -6,11 +6,13 @@ plus the size over a bandwidth, with constants tabulated per platform (`src/grap
 `ncclTopoTuneModel` and `ncclTopoGetAlgoTime`); MPICH switches between algorithms at
 message-size and process-count thresholds derived from the α–β model (Thakur, Rabenseifner
 & Gropp 2005, "Optimization of Collective Communication Operations in MPICH", IJHPCA 19(1),
-§4). Here the prediction for algorithm a on n ranks is, as in NCCL,
+§4). Here the prediction for algorithm a on n ranks is, as in NCCL, a latency plus the
+size over a bandwidth,
 
     t_a(n, M) = α_a(n) + β_a(n) · M     (α: seconds of a zero-byte call, β: seconds per byte)
 
-and the table of α, β comes from one of two places:
+one line per algorithm from the link model, or one line per range between measured sizes
+when calibrated. The table comes from one of two places:
 
 - `AllReduceTuner.from_link`: the α–β link model of `impls.costmodel.comm` (rounds on the
   busiest rank × the link's α, its bytes ÷ the bandwidth) — MPICH's model, no measurement;

@@ -83,11 +83,18 @@ def calibration_is_positive_and_recorded(df: pd.DataFrame, headline: dict) -> No
         if row["optimizer_params"] > 0 and row["predicted_optimizer_s"] > 0:  # AdamW priced
             assert row["predicted_optimizer_s"] >= row["cal_adamw_s_per_param"] * row[
                 "optimizer_params"] * (1 - 1e-9), row.to_dict()  # fmt: skip
-        for dtype in ("fp32", "bf16"):  # the fit reads the median, the fastest beside it
+        # a row is predicted on the fit to its own statistic: the fastest only for
+        # pipeline_utilization's replay (its actions priced at their fastest)
+        fastest = row["source"] == "pipeline_utilization" and row["ground_truth"] == "replayed"
+        statistic = "fastest" if fastest else "median"
+        assert row["statistic"] == statistic, (row["config"], row["statistic"])
+        assert row["fit_scale"] == row[f"fit_{statistic}_scale"], row["config"]
+        assert row["fit_overhead_s"] == row[f"fit_{statistic}_overhead_s"], row["config"]
+        for dtype in ("fp32", "bf16"):  # each statistic of the reference, as measured
             for micro in (1, 16):
-                fitted, fastest = (row[f"reference_{dtype}_micro{micro}{k}_s"]
-                                   for k in ("", "_fastest"))  # fmt: skip
-                assert 0 < fastest <= fitted < math.inf, (dtype, micro, fastest, fitted)
+                median_s, fastest_s = (row[f"reference_{dtype}_micro{micro}{k}_s"]
+                                       for k in ("", "_fastest"))  # fmt: skip
+                assert 0 < fastest_s <= median_s < math.inf, (dtype, micro, fastest_s, median_s)
     link = headline["calibration"]["link"]
     if (ran(df)["link_source"] == PROBE_LINK).any():
         assert link["alpha_s"] > 0 and link["beta_s_per_byte"] > 0, link

@@ -75,11 +75,11 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
         for i, row in enumerate(records):
             if not ok[i] or row["algorithm"] != "auto":
                 continue
-            judged = _paired(row) or _same_cell(row) or _separate(row, by_cell.get(
+            rounds = _rounds(row)
+            judged = _paired(rounds) or _same_cell(row) or _separate(row, by_cell.get(
                 (row["world_size"], row["message_bytes"])))  # fmt: skip
-            interval = _interval(row)
-            if interval is not None:
-                out["auto_vs_best_lo"][i], out["auto_vs_best_hi"][i] = interval
+            if rounds is not None:
+                out["auto_vs_best_lo"][i], out["auto_vs_best_hi"][i] = _interval(rounds)
             if judged is None:
                 continue
             speeds, own, basis = judged  # speeds: algorithm -> busbw-like (higher is better)
@@ -103,7 +103,11 @@ def _number(value) -> float:
     return float(number) if pd.notna(number) else math.nan
 
 
-def _rounds(row: dict) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+Rounds = tuple[np.ndarray, dict[str, np.ndarray]]
+"""auto's time per round and each alternative's (`_rounds`)."""
+
+
+def _rounds(row: dict) -> Rounds | None:
     """auto's time per round and each alternative's, from `round_times_s`; None without."""
     text = row.get("round_times_s")
     if not isinstance(text, str) or not text.strip():
@@ -121,24 +125,20 @@ def _rounds(row: dict) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
     return own, alts
 
 
-def _paired(row: dict) -> tuple[dict[str, float], float, str] | None:
+def _paired(rounds: Rounds | None) -> tuple[dict[str, float], float, str] | None:
     """Each alternative's speed relative to auto (auto = 1): the median over rounds of
-    t_auto ÷ t_alternative, timed in the same round."""
-    parsed = _rounds(row)
-    if parsed is None:
+    t_auto ÷ t_alternative, timed in the same round; None without rounds."""
+    if rounds is None:
         return None
-    own, alts = parsed
+    own, alts = rounds
     speeds = {name: float(np.median(own / t)) for name, t in alts.items()}
     return speeds, 1.0, "same cell, paired by round"
 
 
-def _interval(row: dict, resamples: int = 1000, level: float = 0.9) -> tuple[float, float] | None:
+def _interval(rounds: Rounds, resamples: int = 1000, level: float = 0.9) -> tuple[float, float]:
     """A bootstrap interval of auto ÷ best over the rounds (seeded: the same rows give the
     same interval), the best re-chosen in every resample."""
-    parsed = _rounds(row)
-    if parsed is None:
-        return None
-    own, alts = parsed
+    own, alts = rounds
     ratios = np.stack([t / own for t in alts.values()])  # alternative ÷ auto time, per round
     picks = np.random.default_rng(0).integers(0, len(own), size=(resamples, len(own)))
     stats = np.median(ratios[:, picks], axis=2).min(axis=0)  # auto ÷ best per resample

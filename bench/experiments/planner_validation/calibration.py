@@ -18,12 +18,13 @@ count a rank runs at).
   CPU reaches neither the GEMM peak nor the copy bandwidth in a model's small kernels).
 
 The microbenchmarks give the table its shape and keep their fastest repeat (the least
-disturbed); the reference fit sets its level. The level is fitted to the **median** of
-the reference's timed steps, the statistic every ground-truth row reports (a wall-clock
-step is the median of its timed steps, a replayed action the median over its ranks,
-micro-batches and profiled steps): on this host a step's median sits well above its
-fastest repeat (the report's calibration table shows both), and a fit to the fastest
-prices every row short by that gap.
+disturbed); the reference fit sets its level, and it is fitted twice, once per statistic
+a ground-truth row reports (`STATISTICS`): the **median** of the reference's timed steps
+for a wall-clock row (the median of its timed steps) and for `parallelism_comparison`'s
+replay (each action the median over its ranks, micro-batches and profiled steps); the
+**fastest** for `pipeline_utilization`'s replay (each action the fastest of its stage's).
+On this host a step's median sits well above its fastest repeat (the report's calibration
+table shows both), and a fit to the other statistic misprices a row by that gap.
 
 `rank_calibration`, at the rank's own thread count (medians, for the same reason):
 
@@ -46,8 +47,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["REFERENCE", "REFERENCE_MICRO", "calibrate", "fit_reference", "host_hardware",
-           "rank_calibration", "reference_plan", "thread_speedup"]  # fmt: skip
+__all__ = ["REFERENCE", "REFERENCE_MICRO", "STATISTICS", "calibrate", "fit_for",
+           "fit_reference", "host_hardware", "rank_calibration", "reference_plan",
+           "thread_speedup"]  # fmt: skip
 
 _CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
 _RANK_CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
@@ -58,6 +60,15 @@ REFERENCE = {"d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 64, "vocab_
 REFERENCE_MICRO = (1, 16)
 CHAIN = 50  # tiny ops in the per-kernel overhead probe (each runs forward and backward)
 SPEEDUP_ROUNDS = 3  # alternating one-thread / rank-thread rounds of the speedup probe
+STATISTICS: dict[str, Callable[[list[float]], float]] = {"median": statistics.median,
+                                                         "fastest": min}  # fmt: skip
+"""The statistics of a ground-truth row's time, each with a reference fit of its own."""
+_SUFFIX = {"median": "", "fastest": "_fastest"}  # keys: reference_fp32_s, ..._fastest_s
+
+
+def fit_for(cal: dict[str, Any], dtype: str, statistic: str) -> dict[str, Any]:
+    """The reference fit of `dtype` to the reference's `statistic` step (`STATISTICS`)."""
+    return cal[f"fit_{dtype}{_SUFFIX[statistic]}"]
 
 
 def _flops(n: int) -> int:
@@ -128,10 +139,10 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
     }
     for dtype in ("fp32", "bf16"):
         times = {micro: reference[(dtype, micro)] for micro in REFERENCE_MICRO}
-        measured = {micro: statistics.median(t) for micro, t in times.items()}
-        result[f"reference_{dtype}_s"] = measured
-        result[f"reference_{dtype}_fastest_s"] = {micro: min(t) for micro, t in times.items()}
-        result[f"fit_{dtype}"] = fit_reference(result, dtype, measured)
+        for statistic, pick in STATISTICS.items():
+            measured = {micro: pick(t) for micro, t in times.items()}
+            result[f"reference_{dtype}{_SUFFIX[statistic]}_s"] = measured
+            result[f"fit_{dtype}{_SUFFIX[statistic]}"] = fit_reference(result, dtype, measured)
     _CALIBRATIONS[key] = result
     return result
 

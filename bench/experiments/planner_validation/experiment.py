@@ -11,7 +11,10 @@ that measured the ground truth.
 Which measured time is the ground truth (`ground_truth`): the wall clock where the source
 ran no more ranks than the host has cores; otherwise the source's replayed timeline (each
 rank's compute timed with the host to itself, transfers α–β) where it has one; otherwise
-the wall clock with modelled core sharing (each rank gets cores/N of the host).
+the wall clock with modelled core sharing (each rank gets cores/N of the host). Which
+statistic of its samples that time is (`statistic`) picks the reference fit it is
+predicted on (`calibration`): the median, but the fastest for `pipeline_utilization`'s
+replay, which prices each action at the fastest of its stage's.
 
 Which link a row is priced on (`link_source`): a wall-clock row of N ≥ 2 ranks uses the
 α–β fitted to `allreduce_scaling`'s ring all-reduce at the same N, run on this host (N
@@ -62,13 +65,18 @@ def _label(ranks_: int, cores: int, replayed: bool) -> str:
     return f"wall clock, {ranks_} ranks on {cores} cores (modelled core sharing)"
 
 
-def _truth(source: str, row: dict[str, str], config: str, **plan: Any) -> dict[str, Any]:
+def _truth(source: str, row: dict[str, str], config: str, *, replay_statistic: str = "median",
+           **plan: Any) -> dict[str, Any]:  # fmt: skip
+    """One ground-truth configuration; `statistic` is what its measured time is of the
+    samples (`calibration.STATISTICS`): the median of timed steps on the wall clock, the
+    source's `replay_statistic` of each action's samples when replayed."""
     n, cores = int(float(row["world_size"])), int(float(row["host_cores"]))
     replayed = plan.pop("replayed", None)
     label = _label(n, cores, replayed is not None)
     measured = float(row["step_time_s"]) if label != "replayed" else replayed
+    statistic = replay_statistic if label == "replayed" else "median"
     return {"source": source, "config": config, "ranks": n, "host_cores": cores,
-            "ground_truth": label, "measured_step_time_s": measured,
+            "ground_truth": label, "measured_step_time_s": measured, "statistic": statistic,
             "source_git_sha": row.get("git_sha", ""), "model": _model(row), **plan}  # fmt: skip
 
 
@@ -129,6 +137,7 @@ def _pipeline(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             microbatch_size=int(float(r["microbatch_size"])),
             measured_peak_bytes=float(r["peak_activation_bytes"]),
             memory_includes_states=False, replayed=float(r["replayed_makespan_s"]),
+            replay_statistic="fastest",  # its replay prices each action at its fastest
         ))  # fmt: skip
     return out
 
@@ -221,7 +230,8 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
         "zero_stage": t["zero_stage"], "precision": t["precision"],
         "schedule": t["schedule"], "microbatches": t["microbatches"],
         "virtual_stages": t["virtual_stages"], "microbatch_size": t["microbatch_size"],
-        "ground_truth": t["ground_truth"], "source_git_sha": t["source_git_sha"],
+        "ground_truth": t["ground_truth"], "statistic": t.get("statistic", "median"),
+        "source_git_sha": t["source_git_sha"],
         "link_source": t.get("link_source", PROBE_LINK),
         "dp_collectives": t.get("dp_collectives", 1),
         "measured_step_time_s": measured_step,

@@ -181,7 +181,7 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
     speedup = calibration.thread_speedup(local, truth["precision"])
     if threads > 1:
         rate = speedup  # measured on the reference, not the thread count
-    fit = cal[f"fit_{truth['precision']}"]
+    fit = calibration.fit_for(cal, truth["precision"], truth.get("statistic", "median"))
     hw = calibration.host_hardware(cal, truth["link"], rate / fit["scale"],
                                    overhead_s=fit["overhead_s"] * stretch)  # fmt: skip
     adamw = local["adamw_s_per_param"] / min(rate, 1.0)  # a core share stretches it
@@ -198,6 +198,8 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
         "cal_gemm_table": ";".join(f"{f:.3g}:{e:.3f}" for f, e in cal["gemm_table"]),
         "fit_scale": fit["scale"], "fit_overhead_s": fit["overhead_s"],
         "fit_two_point": fit["two_point"],
+        **{f"fit_{stat}_{k}": calibration.fit_for(cal, truth["precision"], stat)[k]
+           for stat in calibration.STATISTICS for k in ("scale", "overhead_s")},
         **{f"reference_{d}_micro{b}{k}_s": cal[f"reference_{d}{k}_s"][b]
            for d in ("fp32", "bf16") for b in micro for k in ("", "_fastest")},
         "link_alpha_s": truth["link"][0], "link_beta_s_per_byte": truth["link"][1],

@@ -33,15 +33,17 @@ CAL_COLUMNS = (
     ("cal_peak_bf16_flops", "peak bf16 GEMM (FLOP/s)", lambda v: f"{v / 1e9:.1f} G"),
     ("cal_memory_bandwidth", "copy bandwidth (B/s)", lambda v: f"{v / 1e9:.1f} G"),
     ("cal_kernel_overhead_s", "tiny autograd op", format_seconds),
-    ("fit_scale", "reference fit: compute factor", lambda v: f"{v:.2f}×"),
-    ("fit_overhead_s", "reference fit: per-kernel overhead", format_seconds),
-    ("reference_fp32_micro1_s", "reference step fp32, b = 1, median (fitted)", format_seconds),
+    ("fit_median_scale", "reference fit to the median: compute factor", lambda v: f"{v:.2f}×"),
+    ("fit_median_overhead_s", "reference fit to the median: per-kernel overhead", format_seconds),
+    ("fit_fastest_scale", "reference fit to the fastest: compute factor", lambda v: f"{v:.2f}×"),
+    ("fit_fastest_overhead_s", "reference fit to the fastest: per-kernel overhead", format_seconds),
+    ("reference_fp32_micro1_s", "reference step fp32, b = 1, median", format_seconds),
     ("reference_fp32_micro1_fastest_s", "reference step fp32, b = 1, fastest", format_seconds),
-    ("reference_fp32_micro16_s", "reference step fp32, b = 16, median (fitted)", format_seconds),
+    ("reference_fp32_micro16_s", "reference step fp32, b = 16, median", format_seconds),
     ("reference_fp32_micro16_fastest_s", "reference step fp32, b = 16, fastest", format_seconds),
-    ("reference_bf16_micro1_s", "reference step bf16, b = 1, median (fitted)", format_seconds),
+    ("reference_bf16_micro1_s", "reference step bf16, b = 1, median", format_seconds),
     ("reference_bf16_micro1_fastest_s", "reference step bf16, b = 1, fastest", format_seconds),
-    ("reference_bf16_micro16_s", "reference step bf16, b = 16, median (fitted)", format_seconds),
+    ("reference_bf16_micro16_s", "reference step bf16, b = 16, median", format_seconds),
     ("reference_bf16_micro16_fastest_s", "reference step bf16, b = 16, fastest", format_seconds),
     ("cal_gemm_table", "GEMM table (FLOPs:fraction of peak)", str),
 )
@@ -174,10 +176,12 @@ def calibration(ctx: Context) -> str | None:
     one forward + backward on one process at micro-batch 1 and 16, none of the
     ground-truth shapes): a factor dividing every microbenchmark rate and a per-kernel
     overhead, solved so the simulator's single-process compute equals the reference's
-    **median** step at both sizes (each step: forward + loss + backward + zero_grad keeping
-    the gradients, as the runs do). The median because every ground-truth row is one: a
-    wall-clock step the median of its timed steps, a replayed action the median over its
-    ranks, micro-batches and profiled steps; the fastest repeat is shown beside it. Per
+    step at both sizes (each step: forward + loss + backward + zero_grad keeping the
+    gradients, as the runs do), once per statistic a ground-truth row is of its samples
+    (column `statistic` below): the **median** for a wall-clock step (the median of its
+    timed steps) and for `parallelism_comparison`'s replay (each action the median over
+    its ranks, micro-batches and profiled steps), the **fastest** for
+    `pipeline_utilization`'s replay (each action the fastest of its stage's). Per
     thread count a rank runs at (second table): the median `torch.optim.AdamW` step over
     the reference's parameters ÷ its parameter elements (a rank's optimizer time is that ×
     the parameter elements it updates, ÷ its core share under modelled core sharing; it
@@ -266,14 +270,16 @@ def every_row(ctx: Context) -> str | None:
     itself), or the wall clock with modelled core sharing (more ranks than cores, no
     replay: each rank predicted on cores/N of the host). `memory` is what the source
     measured per rank: model states + saved activations (+ ZeRO-3's gathered parameters),
-    or the saved activations alone (pipeline_utilization). `commit` is the commit that
-    measured the ground truth."""
+    or the saved activations alone (pipeline_utilization). `statistic` is what the
+    measured time is of its samples, and which reference fit predicts it (Calibration).
+    `commit` is the commit that measured the ground truth."""
     ok = ctx.ok
     if ok.empty:
         return None
     table = pd.DataFrame({
         "source": ok["source"], "configuration": ok["config"], "ranks": ok["ranks"],
-        "ground truth": ok["ground_truth"], "commit": ok["source_git_sha"],
+        "ground truth": ok["ground_truth"],
+        "statistic": ok.get("statistic", "median"), "commit": ok["source_git_sha"],
         "link": ok.get("link_source", PROBE_LINK),
         "measured": ok["measured_step_time_s"].map(format_seconds),
         "predicted": ok["predicted_step_time_s"].map(format_seconds),
