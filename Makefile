@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: venv
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q
 
 reports: venv

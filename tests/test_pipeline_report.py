@@ -394,3 +394,23 @@ def test_zero_bubble_ratio_prefers_the_cells_own_paired_twin():
     without = prepare(df.drop(columns=["twin_1f1b_replayed_s", "twin_1f1b_stage_costs"]))
     assert without.iloc[1]["vs_1f1b_basis"] == "separate cells"
     assert without.iloc[1]["replayed_vs_1f1b"] == pytest.approx(1.2)
+
+
+def test_zb_h2_is_judged_against_zb_h1_only_where_its_bound_holds():
+    """ZB-H2's bound assumes M ≥ 2P − 1: a cell below it (util_theory NaN) is left out of
+    the claim that it finishes sooner than ZB-H1, and said to be; one inside it counts."""
+    from types import SimpleNamespace
+
+    from bench.experiments.pipeline_utilization.schedules_report import _beats_h1
+
+    findings = []
+    ctx = SimpleNamespace(finding=lambda claim, holds, detail="": findings.append((holds, detail)))
+    h1 = pd.DataFrame({"stages": [4, 4], "microbatches": [4, 8],
+                       "replayed_makespan_s_zb": [1.0, 2.0]})  # fmt: skip
+    h2 = pd.DataFrame({"stages": [4, 4], "microbatches": [4, 8],
+                       "replayed_makespan_s": [1.2, 1.9], "util_theory": [np.nan, 0.9]})  # fmt: skip
+    _beats_h1(ctx, h1, h2, "ZB-H2")
+    assert findings[-1][0] is True and "1 cells outside" in findings[-1][1]
+    h2.loc[1, "replayed_makespan_s"] = 2.1  # slower inside its bound: the claim fails
+    _beats_h1(ctx, h1, h2, "ZB-H2")
+    assert findings[-1][0] is False and "P=4, M=8" in findings[-1][1]

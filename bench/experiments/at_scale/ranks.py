@@ -14,8 +14,11 @@ from typing import Any
 __all__ = ["run"]
 
 HOUR, YEAR = 3600.0, 365.25 * 24 * 3600.0
-GPT3 = {"params": 175e9, "tokens": 300e9,
-        "source": "Brown et al. 2020 (GPT-3), Table 2.1 / §2.2: 175B parameters, 300B tokens"}
+GPT3 = {
+    "params": 175e9,
+    "tokens": 300e9,
+    "source": "Brown et al. 2020 (GPT-3), Table 2.1 / §2.2: 175B parameters, 300B tokens",
+}
 LAMBDA = {"hours": 3.1e6, "years": 355, "flops": 28e12,
           "source": "lecture 003 (numbers from lambdalabs.com/blog/demystifying-gpt-3: "
                     "C = 3.14e23 FLOPs on a V100 at 28 TFLOP/s)"}  # fmt: skip

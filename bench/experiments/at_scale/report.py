@@ -85,9 +85,13 @@ def lecture(ctx: Context) -> str | None:
                                                  else "—"),
     })  # fmt: skip
     for _, row in rows.iterrows():
-        ctx.figure(f"{row['name']}: {row['metric']}", theory=_fmt(row["published"]),
-                   source=str(row["source"]), model=_fmt(row["predicted"]),
-                   gap=_fmt(row["ratio"]) + "×" if math.isfinite(row["ratio"]) else "—")
+        ctx.figure(
+            f"{row['name']}: {row['metric']}",
+            theory=_fmt(row["published"]),
+            source=str(row["source"]),
+            model=_fmt(row["predicted"]),
+            gap=_fmt(row["ratio"]) + "×" if math.isfinite(row["ratio"]) else "—",
+        )
     out = [markdown_table(table, numparse=False)]
     summit = rows[rows["name"].astype(str).str.startswith("summit")]
     if not summit.empty and "predicted_scaling_efficiency" in summit.columns:
@@ -149,8 +153,12 @@ def published(ctx: Context) -> str | None:
         "assumed": rows["assumed"], "source": rows["source"],
     })  # fmt: skip
     median = float(rows["abs_error"].median())
-    ctx.figure(f"published runs: median |simulator ÷ published − 1| over {len(rows)} rows",
-               theory="≤ 15%", source=f"{ISSUE}", model=format_percent(median))
+    ctx.figure(
+        f"published runs: median |simulator ÷ published − 1| over {len(rows)} rows",
+        theory="≤ 15%",
+        source=f"{ISSUE}",
+        model=format_percent(median),
+    )
     ctx.headline["published_median_error"] = median
     ctx.headline["published_rows"] = len(rows)
     fig, axes = new_figure(6.0, 5.0)

@@ -99,8 +99,9 @@ def to_row(cfg: OverlapConfig, cell: Cell, per_rank: list[dict]) -> dict:
         "simulated_s": median["simulated_s"],
         "loss": statistics.fmean(r["losses"][-1] for r in per_rank),
         # per step (the mean over ranks) and rank 0's step times: wandb draws them as curves
-        "losses": json.dumps([statistics.fmean(step) for step in
-                              zip(*(r["losses"] for r in per_rank), strict=True)]),
+        "losses": json.dumps(
+            [statistics.fmean(step) for step in zip(*(r["losses"] for r in per_rank), strict=True)]
+        ),
         "step_times_s": json.dumps(first["step_times_s"]),
         "param_digest": first["param_digest"],
         "update_error": first.get("update_error", math.nan),

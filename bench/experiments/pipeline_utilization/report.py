@@ -374,14 +374,18 @@ REPORT = Report(
         Target(
             figure="ZB-H1 replayed step ÷ 1F1B's, P = 4, every M ≥ 4 (same P and M, each "
             "action its measured cost; 1F1B is the cell's twin, profiled in alternating steps)",
-            column="replayed_vs_1f1b", op="<", bound=1.0,
+            column="replayed_vs_1f1b",
+            op="<",
+            bound=1.0,
             source="issue #15; Qi et al. 2024 (ZB-H1 faster than 1F1B at its memory)",
             where={"schedule": "zero_bubble_h1", "stages": 4, "m_at_least_p": True},
         ),
         Target(
             figure="Split backward (I + W) ÷ fused backward B, worst stage, every P and M "
             "ZB-H1 ran",
-            column="split_backward_ratio", op="<=", bound=1.10,
+            column="split_backward_ratio",
+            op="<=",
+            bound=1.10,
             source="issue #15: B + W within 10% of the fused backward per stage",
             where={"schedule": "zero_bubble_h1"},
         ),
