@@ -296,6 +296,7 @@ BUILD_CASES = {
         (["copy_mib=0"], ["copy_mib=[0]"]), (["max_rows=0"], ["max_rows=[0]"]),
         (["reports_root=/nonexistent/reports"], ["reports_root", "results.csv does not exist"]),
         (["timeout_s=nan"], ["timeout_s=nan"]),
+        (["reference_window_s=-1"], ["reference_window_s=-1"]),
     ],
     "parallelism_comparison": [
         (["world_sizes=[4]", "layouts=[{dp:4},{dp:4}]"], ["layouts", "repeats"]),

@@ -33,7 +33,8 @@ LINK = (5e-5, 3e-10)
      ({"sources": []}, "sources"), ({"reports_root": " "}, "reports_root"),
      ({"max_rows": 0}, "max_rows"), ({"gemm_sizes": [0, 8]}, "gemm_sizes"),
      ({"gemm_sizes": [64]}, "gemm_sizes"), ({"copy_mib": 0}, "copy_mib"),
-     ({"repeats": -1}, "repeats"), ({"timeout_s": math.nan}, "timeout_s")],
+     ({"repeats": -1}, "repeats"), ({"timeout_s": math.nan}, "timeout_s"),
+     ({"reference_window_s": -0.1}, "reference_window_s")],
 )  # fmt: skip
 def test_config_refuses_naming_the_key(values, key):
     with pytest.raises(ValueError, match=key):
@@ -205,11 +206,10 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
     every row short. Each reference timing here is a known spread around its median."""
     median = {("fp32", 1): 8e-3, ("fp32", 16): 8e-2, ("bf16", 1): 9e-3, ("bf16", 16): 7e-2}
 
-    def timings(micro, dtype, repeats):
-        m = median[(dtype, micro)]
-        return [1.3 * m, 0.7 * m, m]  # fastest 0.7 m, median m
+    def rounds(count, window_s):
+        return {key: [1.3 * m, 0.7 * m, m] for key, m in median.items()}  # fastest 0.7 m
 
-    monkeypatch.setattr(calibration, "_reference_timings", timings)
+    monkeypatch.setattr(calibration, "_reference_rounds", rounds)
     monkeypatch.setattr(calibration, "_CALIBRATIONS", {})
     cfg = SimpleNamespace(gemm_sizes=[8, 16], copy_mib=1, repeats=1)
     cal = calibration.calibrate(cfg, 1)
@@ -222,6 +222,26 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
         fastest = {b: 0.7 * v for b, v in want.items()}
         assert calibration.fit_for(cal, dtype, "fastest") == calibration.fit_reference(
             cal, dtype, fastest)  # fmt: skip
+
+
+def test_reference_rounds_take_turns_and_fill_their_windows(monkeypatch):
+    """Each configuration steps in every round, for its window (at least once), the
+    order rotating by round so no configuration always goes first."""
+    order = []
+
+    def step_of(micro, dtype):
+        def step():
+            order.append((dtype, micro))
+
+        return step
+
+    monkeypatch.setattr(calibration, "_reference_step", step_of)
+    samples = calibration._reference_rounds(3, 0.0)
+    assert {k: len(v) for k, v in samples.items()} == dict.fromkeys(samples, 3)
+    firsts = [order[4 + 4 * r] for r in range(3)]  # after the four warm-ups
+    assert len(set(firsts)) == 3
+    windowed = calibration._reference_rounds(1, 0.01)
+    assert all(len(v) > 1 for v in windowed.values())  # 10 ms windows of µs steps
 
 
 def test_single_rank_prediction_is_the_sum_of_the_calibrated_layer_costs():
@@ -279,6 +299,22 @@ def test_run_records_the_calibration_it_used(monkeypatch):
     assert (row["compute_rate"], row["overhead_stretch"], row["fit_scale"]) == (0.25, 4.0, 1.5)
     assert row["link_alpha_s"] == LINK[0] and row["predicted_step_time_s"] > 0
     assert row["cal_adamw_s_per_param"] == 3e-9 and row["cal_thread_speedup"] == 1.0
+    assert row["p2p_blocking"] is True  # the wall clock: the executor waits out its rounds
+
+
+def test_pipeline_sends_block_on_the_wall_clock_and_not_in_a_replay(monkeypatch):
+    """A wall-clock pipeline row is priced with each send holding its rank; the same plan
+    held to a replay keeps sends as latencies (the replay's convention), so it is sooner."""
+    monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: RUN_CAL)
+    monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
+    pipe = {**_truth(2), "dp": 1, "pp": 2, "microbatches": 8, "optimizer": False,
+            "link": (1e-3, 1e-9)}  # fmt: skip
+    wall = ranks.run(SimpleNamespace(), SimpleNamespace(carry=pipe))
+    replayed = ranks.run(SimpleNamespace(), SimpleNamespace(
+        carry={**pipe, "ground_truth": "replayed"}))  # fmt: skip
+    assert (wall["p2p_blocking"], replayed["p2p_blocking"]) == (True, False)
+    assert wall["predicted_compute_s"] == replayed["predicted_compute_s"]
+    assert wall["predicted_pp_s"] > replayed["predicted_pp_s"] > 0
 
 
 def test_each_row_is_predicted_on_the_fit_to_its_own_statistic(monkeypatch):

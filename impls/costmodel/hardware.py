@@ -82,6 +82,11 @@ class Hardware:
     """Whether data-parallel collectives run beside compute (a GPU's communication
     stream, NCCL) and hide under the backward; False: each collective blocks the thread
     that computes (gloo's calls on one CPU thread, as this repo's ranks make them)."""
+    p2p_blocking: bool = False
+    """Whether a pipeline send occupies the sending rank until it is delivered (a round
+    that blocks the rank's one computing thread, as `impls.pipeline`'s executor waits out
+    its rounds on a CPU); False: a send is a latency between the two ranks' actions (a
+    GPU's copy engine beside compute)."""
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

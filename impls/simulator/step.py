@@ -7,7 +7,9 @@
    once with each activation / gradient send priced as a point-to-point transfer of
    T·h·B bytes (÷ t when the sequence is sharded) over the link between the two pipeline
    ranks: inter-node when, in the tp-innermost, then dp, then pp layout (`plan`), the two
-   ranks' devices sit on different nodes. ZeRO-2/3 communication that happens per
+   ranks' devices sit on different nodes. A send is a latency between the two ranks'
+   actions, or, on `Hardware.p2p_blocking` hardware, time the sending action holds its
+   rank for. ZeRO-2/3 communication that happens per
    micro-batch is added to the actions it overlaps (`zero_comm`). pp == 1 is M micro-batches
    of gradient accumulation on one rank, no bubble.
 3. After its last action each pipeline rank finishes its data-parallel reduction (the part
@@ -188,7 +190,13 @@ def simulate(
     schedule = compile_schedule(plan.schedule, plan.pp, plan.num_microbatches,
                                 plan.virtual_stages)  # fmt: skip
     free = evaluate(schedule, table)
-    real = evaluate(schedule, table, *_transfers(plan, spec, hw, dtype))
+    send_f, send_b = _transfers(plan, spec, hw, dtype)
+    if hw.p2p_blocking:  # the sender waits out its send; the receiver has it at that end
+        table = [(f + sf, i + sb, w, b + sb)  # F sends forward, I (or B) sends backward
+                 for (f, i, w, b), sf, sb in zip(table, send_f, send_b, strict=True)]  # fmt: skip
+        real = evaluate(schedule, table)
+    else:
+        real = evaluate(schedule, table, send_f, send_b)
     return _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule.plan, free, real,
                      workspace_bytes, dp_collectives)  # fmt: skip
 
@@ -220,7 +228,7 @@ def _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule, free, real,
     return Prediction(
         step_time_s=step,
         compute_s=compute,
-        bubble_s=free.makespan - real.busy[critical],
+        bubble_s=free.makespan - free.busy[critical],
         exposed_tp_s=tp_time,
         exposed_pp_s=real.makespan - free.makespan,
         exposed_dp_s=dp_inside + dp_end - real.makespan,

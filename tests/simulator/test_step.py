@@ -97,3 +97,39 @@ def test_gpt3_175b_smoke():
     assert _parts(pred) == pytest.approx(pred.step_time_s, rel=1e-12)
     assert pred.tflops_per_gpu == pytest.approx(pred.mfu * 312)
     assert len(pred.stage_times) == 16
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble_h1"])
+def test_blocking_sends_hold_the_sender_as_the_reference_replay_places_them(schedule):
+    """On `p2p_blocking` hardware a send is time its sending action holds the rank for (F
+    sends forward, I or B backward), and the receiver has it when that action ends: the
+    step is `impls.pipeline.replay` with those longer actions and free transfers, the
+    breakdown still adds up, and blocking is never sooner than latency-only sends."""
+    from dataclasses import replace
+
+    from impls.costmodel.comm import p2p_seconds
+    from impls.pipeline import replay
+    from impls.pipeline.schedules import build_plan
+
+    spec = TransformerSpec(n_layers=8, d_model=256, n_heads=8, vocab_size=512, seq_len=128)
+    v = 2 if schedule == "interleaved_1f1b" else 1
+    plan = ParallelPlan(dp=1, tp=1, pp=2, num_microbatches=4, schedule=schedule,
+                        virtual_stages=v, microbatch_size=2)  # fmt: skip
+    costs = [(1e-3 * (s + 1), 2e-3, 1e-3) for s in range(2 * v)]  # (F, I, W) per stage
+    hw = flat_hardware(alpha_s=4e-4, bandwidth=1e9)
+    latency = simulate(spec, plan, hw, stage_costs=costs)
+    blocking = simulate(spec, plan, replace(hw, p2p_blocking=True), stage_costs=costs)
+    send = p2p_seconds(2 * 128 * 256 * 2, hw.inter)  # micro-batch × s × h × bf16 bytes
+
+    def held(action) -> float:
+        f, i, w = costs[action.stage]
+        first, last = action.stage == 0, action.stage == 2 * v - 1
+        return {"F": f + (0 if last else send), "I": i + (0 if first else send), "W": w,
+                "B": i + w + (0 if first else send)}[action.kind]  # fmt: skip
+
+    reference = replay(build_plan(schedule, 2, 4, v), held, 0.0, 2 * v)
+    pipeline_end = blocking.step_time_s - blocking.optimizer_s - blocking.exposed_dp_s
+    assert pipeline_end == pytest.approx(reference.makespan, rel=1e-12)
+    assert _parts(blocking) == pytest.approx(blocking.step_time_s, rel=1e-12)
+    assert blocking.step_time_s >= latency.step_time_s
+    assert blocking.compute_s == latency.compute_s and blocking.bubble_s == latency.bubble_s

@@ -13,7 +13,8 @@ count a rank runs at).
 - the reference fit (`fit_reference`): one forward + loss + backward + zero_grad (the
   gradients kept allocated, `set_to_none=False`, as the ground-truth runs do) of a
   reference GPT (none of the ground-truth shapes) on one process at micro-batch 1 and 16,
-  per dtype; a factor dividing every microbenchmark rate and a per-kernel overhead are
+  per dtype, timed in `repeats` rounds of `reference_window_s` per configuration
+  (`_reference_rounds`); a factor dividing every microbenchmark rate and a per-kernel overhead are
   solved so that the simulator's single-process compute equals both (eager PyTorch on a
   CPU reaches neither the GEMM peak nor the copy bandwidth in a model's small kernels).
 
@@ -103,7 +104,8 @@ def _fastest(fn: Callable[[], Any], repeats: int, inner: int = 1) -> float:
 def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
     """This host's GEMM table, peaks, bandwidth and per-kernel overhead at `threads`, and
     the reference fit per dtype (see the module docstring)."""
-    key = (tuple(cfg.gemm_sizes), cfg.copy_mib, cfg.repeats, threads)
+    key = (tuple(cfg.gemm_sizes), cfg.copy_mib, cfg.repeats,
+           getattr(cfg, "reference_window_s", 0.0), threads)  # fmt: skip
     if key in _CALIBRATIONS:
         return _CALIBRATIONS[key]
     before = torch.get_num_threads()
@@ -122,8 +124,7 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
         target = torch.empty_like(source)
         copy_s = _fastest(lambda: target.copy_(source), cfg.repeats)
         overhead = _fastest(_tiny_autograd_chain, cfg.repeats) / (2 * CHAIN)
-        reference = {(dtype, micro): _reference_timings(micro, dtype, cfg.repeats)
-                     for dtype in ("fp32", "bf16") for micro in REFERENCE_MICRO}  # fmt: skip
+        reference = _reference_rounds(cfg.repeats, getattr(cfg, "reference_window_s", 0.0))
     finally:
         torch.set_num_threads(before)
     peak = max(rates)
@@ -148,9 +149,11 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
 
 
 def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 1.0, *,
-                  overhead_s: float | None = None) -> Any:  # fmt: skip
+                  overhead_s: float | None = None, p2p_blocking: bool = False) -> Any:  # fmt: skip
     """The calibrated host as the simulator's `Hardware`: the microbenchmarks' FLOP/s and
-    bandwidth × `rate`, `overhead_s` per kernel (None: the microbenchmark's)."""
+    bandwidth × `rate`, `overhead_s` per kernel (None: the microbenchmark's); with
+    `p2p_blocking`, a pipeline send holds its rank (the wall clock: the executor waits out
+    each round on the rank's one thread), else it is a latency (a replay's convention)."""
     from impls.costmodel.hardware import Hardware, Link
 
     alpha, beta = link
@@ -172,13 +175,14 @@ def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 
         elementwise_efficiency=1.0,  # the copy's achieved bandwidth is already the rate
         kernel_overhead_s=overhead,
         comm_overlap=False,
+        p2p_blocking=p2p_blocking,
         sources={"all": "measured on this host in this run (planner_validation.calibration)"},
     )
 
 
-def _reference_timings(micro: int, dtype: str, repeats: int) -> list[float]:
-    """`repeats` timed forward + loss + backward + zero_grad of the reference GPT on one
-    process (the gradients kept allocated, as the ground-truth runs zero them)."""
+def _reference_step(micro: int, dtype: str) -> Callable[[], None]:
+    """One forward + loss + backward + zero_grad of the reference GPT on one process (the
+    gradients kept allocated, as the ground-truth runs zero them)."""
     from bench.kit.workloads import seeded_gpt_and_batch
 
     net, inputs, targets = seeded_gpt_and_batch(REFERENCE, micro, seed=0)
@@ -189,7 +193,35 @@ def _reference_timings(micro: int, dtype: str, repeats: int) -> list[float]:
         net.loss(net(inputs).float(), targets).backward()
         net.zero_grad(set_to_none=False)
 
-    return _timings(step, repeats)
+    return step
+
+
+def _reference_timings(micro: int, dtype: str, repeats: int) -> list[float]:
+    """`repeats` timed reference steps (`_reference_step`), after one warm-up."""
+    return _timings(_reference_step(micro, dtype), repeats)
+
+
+def _reference_rounds(rounds: int, window_s: float) -> dict[tuple[str, int], list[float]]:
+    """Every step time of the reference per (dtype, micro-batch), timed in `rounds` rounds:
+    in each, every configuration steps for `window_s` seconds (at least once), the order
+    rotating by round. This host drifts between fast and slow phases lasting seconds;
+    spread over rounds, each configuration's samples see the same phases, and a phase
+    that lands on one of them cannot tilt the two-point fit alone."""
+    configs = [(dtype, micro) for dtype in ("fp32", "bf16") for micro in REFERENCE_MICRO]
+    steps = {config: _reference_step(config[1], config[0]) for config in configs}
+    for step in steps.values():
+        step()  # warm-up
+    samples: dict[tuple[str, int], list[float]] = {config: [] for config in configs}
+    for r in range(rounds):
+        for config in configs[r % len(configs) :] + configs[: r % len(configs)]:
+            end = time.perf_counter() + window_s
+            while True:
+                start = time.perf_counter()
+                steps[config]()
+                samples[config].append(time.perf_counter() - start)
+                if start >= end or time.perf_counter() >= end:
+                    break
+    return samples
 
 
 def _adamw_seconds_per_param(repeats: int) -> float:

@@ -38,7 +38,12 @@ class PlannerValidationConfig:
     copy_mib: int = 64
     """Size of the tensor copied to measure memory bandwidth (MiB)."""
     repeats: int = 20
-    """Timed repeats of each calibration kernel (the fastest counts)."""
+    """Timed repeats of each calibration kernel (the fastest counts), and rounds of the
+    reference steps (their median and fastest count, see `reference_window_s`)."""
+    reference_window_s: float = 0.25
+    """Seconds each reference configuration (fp32 / bf16 × micro-batch 1 / 16) steps per
+    round, the configurations taking turns for `repeats` rounds (≈ 4 × repeats × this
+    seconds in all); 0: one step each per round."""
     timeout_s: float = 300.0
     """A cell not finished by then is recorded as failed."""
 
@@ -57,6 +62,7 @@ class PlannerValidationConfig:
         self.gemm_sizes = sorted(self.gemm_sizes)
         check_positive("copy_mib", [self.copy_mib])
         check_positive("repeats", [self.repeats])
+        check_number("reference_window_s", self.reference_window_s, inclusive=True)
         check_number("timeout_s", self.timeout_s)
         for name in dict.fromkeys(("parallelism_comparison", *self.sources)):  # link + truth
             if not (self.root() / name / "results.csv").is_file():

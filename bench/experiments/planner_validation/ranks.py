@@ -175,19 +175,21 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
     """Calibrate (cached) and predict `cell.carry`, the ground-truth row."""
     truth = cell.carry
     cal = calibration.calibrate(cfg, 1)
-    threads, rate, stretch = rank_rates(truth["ranks"], truth["host_cores"],
-                                        truth["ground_truth"] != "replayed")  # fmt: skip
+    wall_clock = truth["ground_truth"] != "replayed"
+    threads, rate, stretch = rank_rates(truth["ranks"], truth["host_cores"], wall_clock)
     local = calibration.rank_calibration(cfg, threads)
     speedup = calibration.thread_speedup(local, truth["precision"])
     if threads > 1:
         rate = speedup  # measured on the reference, not the thread count
     fit = calibration.fit_for(cal, truth["precision"], truth.get("statistic", "median"))
     hw = calibration.host_hardware(cal, truth["link"], rate / fit["scale"],
-                                   overhead_s=fit["overhead_s"] * stretch)  # fmt: skip
+                                   overhead_s=fit["overhead_s"] * stretch,
+                                   p2p_blocking=wall_clock)  # fmt: skip
     adamw = local["adamw_s_per_param"] / min(rate, 1.0)  # a core share stretches it
     row, micro = predict(truth, hw, adamw), calibration.REFERENCE_MICRO
     row.update({
         "threads_per_rank": threads, "compute_rate": rate, "overhead_stretch": stretch,
+        "p2p_blocking": wall_clock,
         "cal_thread_speedup": speedup, "cal_adamw_s_per_param": local["adamw_s_per_param"],
         "optimizer_params": optimizer_params(truth),
         **{f"cal_reference_{d}_micro{micro[-1]}_{k}_s": local[f"reference_{d}_{k}_s"]

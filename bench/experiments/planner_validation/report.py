@@ -200,7 +200,10 @@ def calibration(ctx: Context) -> str | None:
     two ranks, `bench.kit.host.probe_pairs`). On this host a collective blocks the rank's
     computing thread, so none of it hides under the backward (`Hardware.comm_overlap`
     False), and ZeRO rows are priced as `impls.zero` issues them: one gather or
-    reduce-scatter per unit (the GPT's blocks and its root unit, `dp_collectives`)."""
+    reduce-scatter per unit (the GPT's blocks and its root unit, `dp_collectives`). A
+    pipeline send, likewise, holds the sending rank on the wall clock (the executor waits
+    out each round, `Hardware.p2p_blocking`); a replayed row keeps its replay's
+    convention, a send as a latency between the two ranks' actions."""
     ok = ctx.ok
     if ok.empty or "fit_scale" not in ok.columns:
         return None
