@@ -53,12 +53,18 @@ def _stage_ranks(key: dict[str, Any]) -> tuple[int, ...] | None:
     return stage_ranks(key["schedule"], key["stages"], key["virtual_stages"])
 
 
-def replayed(plan: Plan, key: dict[str, Any], per_rank: list[dict]) -> Timeline:
-    """The plan replayed with the profiling steps' action costs and the probed transfer."""
+def _transfer(per_rank: list[dict]) -> float:
+    """The median of the ranks' probed transfer seconds (0 without a probe)."""
     probes = [r["transfer_s"] for r in per_rank if r.get("transfer_s") is not None]
-    transfer = statistics.median(probes) if probes else 0.0
-    costs = action_costs(_steps(per_rank, "isolated_records"))
-    return replay(plan, costs, transfer, _stage_count(key), _stage_ranks(key))
+    return statistics.median(probes) if probes else 0.0
+
+
+def replayed(plan: Plan, key: dict[str, Any], per_rank: list[dict],
+             field: str = "isolated_records") -> Timeline:  # fmt: skip
+    """The plan replayed with the action costs of the profiling steps in `field` and the
+    probed transfer."""
+    costs = action_costs(_steps(per_rank, field))
+    return replay(plan, costs, _transfer(per_rank), _stage_count(key), _stage_ranks(key))
 
 
 def _theory(key: dict[str, Any]) -> float:
@@ -78,7 +84,6 @@ def columns(plan: Plan, key: dict[str, Any], per_rank: list[dict],
     timeline = replayed(plan, key, per_rank)
     in_step = [replay_measured(plan, records, _stage_count(key), stage_ranks=_stage_ranks(key))
                for records in steps]  # fmt: skip
-    probes = [r["transfer_s"] for r in per_rank if r.get("transfer_s") is not None]
     return {
         "util_wall": statistics.median(utilization_wall(records) for records in steps),
         "util_replayed": timeline.utilization,
@@ -87,7 +92,7 @@ def columns(plan: Plan, key: dict[str, Any], per_rank: list[dict],
         "peak_activation_bytes": max(r["peak_activation_bytes"] for r in per_rank),
         "max_inflight_microbatches": max(r["max_inflight"] for r in per_rank),
         "max_inflight_plan": max(max_inflight_microbatches(plan).values()),
-        "transfer_s": statistics.median(probes) if probes else 0.0,
+        "transfer_s": _transfer(per_rank),
         "util_replayed_raw": statistics.median(t.utilization for t in in_step),
         "replayed_makespan_s": timeline.makespan,
         "stage_costs": json.dumps(stage_costs(_steps(per_rank, "isolated_records"))),
@@ -100,10 +105,9 @@ def _twin_columns(plan: Plan | None, key: dict[str, Any], per_rank: list[dict]) 
     is (its own fastest action costs, the same probed transfer); NaN / "" without a twin."""
     if plan is None or not per_rank[0].get("twin_isolated_records"):
         return {"twin_1f1b_replayed_s": math.nan, "twin_1f1b_stage_costs": ""}
-    probes = [r["transfer_s"] for r in per_rank if r.get("transfer_s") is not None]
+    twin_key = {**key, "schedule": "1f1b", "virtual_stages": 1}
+    twin = replayed(plan, twin_key, per_rank, field="twin_isolated_records")
     steps = _steps(per_rank, "twin_isolated_records")
-    twin = replay(plan, action_costs(steps), statistics.median(probes) if probes else 0.0,
-                  key["stages"], stage_ranks("1f1b", key["stages"], 1))  # fmt: skip
     return {"twin_1f1b_replayed_s": twin.makespan,
             "twin_1f1b_stage_costs": json.dumps(stage_costs(steps))}  # fmt: skip
 
