@@ -254,6 +254,7 @@ def _run_local(experiment, cfg, todo, total, writer, grid, cluster) -> None:
             meta = {**run_metadata(backend=backend, device=device, world_size=world_size),
                     "settings_hash": grid.settings_hash, "run_id": grid.run_id}  # fmt: skip
             with RankPool(world_size, backend=backend, timeout_s=cfg.timeout_s) as pool:
+                before = _probe(experiment)
                 for cell in group:
                     bar.set_postfix_str(" ".join(f"{v}" for v in cell.key.values()))
                     per_rank, error = None, None
@@ -264,10 +265,24 @@ def _run_local(experiment, cfg, todo, total, writer, grid, cluster) -> None:
                         error = str(failure).splitlines()[0][:500]
                     except Exception as exc:  # a cell that cannot even be shipped
                         error = f"{type(exc).__name__}: {exc}"[:500]
+                    after = _probe(experiment)
                     row = _row(experiment, cfg, cell, per_rank, error, meta,
                                writer.store.report_dir)  # fmt: skip
+                    if before is not None:
+                        row.update(host_probe_s=(before + after) / 2,
+                                   host_probe_before_s=before, host_probe_after_s=after)  # fmt: skip
+                    before = after
                     writer.write(row)
                     bar.update()
+
+
+def _probe(experiment: Experiment) -> float | None:
+    """The host probe's step seconds now, for an experiment that records it (else None)."""
+    if not experiment.host_probe:
+        return None
+    from bench.kit.host import host_probe
+
+    return host_probe()
 
 
 def _run_as_rank(experiment, cfg, cells, todo, writer, grid, cluster) -> None:

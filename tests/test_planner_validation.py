@@ -67,7 +67,7 @@ def _sources(root: Path) -> None:
         {**common, "world_size": "4", "dp": "2", "tp": "1", "pp": "2", "layout": "dp2×pp2",
          "schedule": "1f1b", "batch_size": "32", "microbatches": "4", "step_time_s": "0.2",
          "replayed_step_time_s": "0.1", "memory_per_rank_bytes": "3e7",
-         "link_alpha_s": "5e-5", "link_beta_s_per_byte": "3e-10"},
+         "link_alpha_s": "5e-5", "link_beta_s_per_byte": "3e-10", "host_probe_s": "0.025"},
         {**common, "world_size": "2", "dp": "2", "tp": "1", "pp": "1", "layout": "dp2",
          "schedule": "1f1b", "batch_size": "32", "microbatches": "4", "step_time_s": "0.2",
          "replayed_step_time_s": "0.1", "memory_per_rank_bytes": "3e7",
@@ -148,6 +148,8 @@ def test_wall_clock_rows_use_the_ring_fitted_at_their_rank_count(tmp_path):
     assert zero3["link_source"] == "allreduce_scaling ring, N=8"
     assert zero3["dp_collectives"] == MODEL["n_layers"] + 1  # the blocks and the root unit
     assert by_config["dp2, M=4"]["link_source"] == "allreduce_scaling ring, N=2"
+    assert by_config["dp2×pp2, M=4"]["host_probe_s"] == 0.025  # the runner's probe, carried
+    assert math.isnan(zero3["host_probe_s"])  # a source row without one: not scaled
     for config in ("dp2×pp2, M=4", "interleaved_1f1b, P=4, M=8, V=2"):  # replayed
         assert by_config[config]["link_source"] == PROBE_LINK
         assert by_config[config]["link"] == pytest.approx((6e-5, 2.5e-10), rel=1e-12)
@@ -211,7 +213,7 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
 
     monkeypatch.setattr(calibration, "_reference_rounds", rounds)
     monkeypatch.setattr(calibration, "_CALIBRATIONS", {})
-    cfg = SimpleNamespace(gemm_sizes=[8, 16], copy_mib=1, repeats=1)
+    cfg = SimpleNamespace(gemm_sizes=[8, 16], copy_mib=1, repeats=1, reference_window_s=0.0)
     cal = calibration.calibrate(cfg, 1)
     for dtype in ("fp32", "bf16"):
         want = {b: median[(dtype, b)] for b in (1, 16)}
@@ -377,3 +379,51 @@ def test_spearman_and_prepare():
     df = prepare(pd.DataFrame({"step_error": [-0.2, 0.1], "memory_error": [0.01, -0.03]}))
     assert df["abs_step_error"].tolist() == [0.2, 0.1]
     assert df["abs_memory_error"].tolist() == [0.01, 0.03]
+
+
+def test_a_replayed_tp_row_pays_its_measured_call_work_per_all_reduce(monkeypatch):
+    """parallelism_comparison's replay charges each TP all-reduce its measured own work
+    (`tp_call_cpu_s`) plus α per round: spread over the ring's 2(t − 1) rounds, the same
+    work joins α, so one priced all-reduce costs what the replay charges. A wall-clock row
+    (its ring fit already holds that work) and a row without TP keep the link's α."""
+    from impls.costmodel.comm import collective_seconds
+
+    monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: RUN_CAL)
+    monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
+    call, tp = 4e-4, 4
+    truth = {**_truth(4, label="replayed"), "dp": 1, "tp": tp, "tp_call_cpu_s": call}
+    alpha, carried = ranks.round_alpha(truth)
+    assert carried == call and alpha == pytest.approx(LINK[0] + call / (2 * (tp - 1)))
+    hw = calibration.host_hardware(RUN_CAL, (alpha, LINK[1]))
+    nbytes = 1 << 16
+    replay_price = call + 2 * (tp - 1) * LINK[0] + 2 * (tp - 1) / tp * nbytes * LINK[1]
+    assert collective_seconds("all_reduce", nbytes, tp, hw) == pytest.approx(replay_price)
+    with_work = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
+    without = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**truth, "tp_call_cpu_s": 0}))
+    assert (with_work["tp_call_cpu_s"], with_work["round_alpha_s"]) == (call, alpha)
+    assert with_work["predicted_tp_s"] > without["predicted_tp_s"] > 0
+    assert without["round_alpha_s"] == LINK[0] and without["tp_call_cpu_s"] == 0
+    for other in ({**truth, "ground_truth": "wall clock"}, {**truth, "tp": 1}):
+        assert ranks.round_alpha(other) == (LINK[0], 0.0)
+
+
+def test_a_row_is_predicted_at_the_host_speed_its_probes_measured(monkeypatch):
+    """The source's runner timed the host probe around the row; the calibration timed it
+    too. A host 1.5× slower around the row gets 1.5× the compute and optimizer time
+    (links kept); without a probe on either side nothing is scaled."""
+    monkeypatch.setattr(calibration, "calibrate",
+                        lambda cfg, threads: {**RUN_CAL, "host_probe_s": 0.02})  # fmt: skip
+    monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
+    truth = {**_truth(2), "zero_stage": 3}
+    slow = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**truth, "host_probe_s": 0.03}))
+    plain = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))  # no source probe
+    assert slow["host_slowdown"] == pytest.approx(1.5) and plain["host_slowdown"] == 1.0
+    assert (slow["host_probe_s"], slow["cal_host_probe_s"]) == (0.03, 0.02)
+    for part in ("predicted_compute_s", "predicted_optimizer_s"):
+        assert slow[part] == pytest.approx(1.5 * plain[part]), part
+    assert slow["predicted_dp_s"] == pytest.approx(plain["predicted_dp_s"])  # the link's
+    assert slow["predicted_unnormalised_step_time_s"] == pytest.approx(
+        plain["predicted_step_time_s"])  # fmt: skip
+    assert plain["predicted_unnormalised_step_time_s"] == plain["predicted_step_time_s"]
+    for source, cal in ((math.nan, 0.02), (0.03, math.nan), (0.0, 0.02)):
+        assert ranks.host_slowdown(source, cal) == 1.0

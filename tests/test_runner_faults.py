@@ -215,3 +215,29 @@ def test_jobs_of_one_sweep_share_report_dir_and_rows(tmp_path):
     run_grid(report_dir, tmp_path / "m1", ["a:ok"], sweep="sweep-1")
     run_grid(report_dir, tmp_path / "m2", ["b:ok"], sweep="sweep-1")
     assert list(ResultStore(report_dir, ["cell"]).read()["cell"]) == ["a", "b"]
+
+
+def test_host_probe_brackets_each_cell_when_the_experiment_asks(tmp_path, monkeypatch):
+    """An experiment with `host_probe` gets, per row, the probes timed just before and just
+    after its cell (the after-probe of one cell is the before-probe of the next) and their
+    mean; an experiment without it records none and times no probe."""
+    import dataclasses
+
+    import bench.kit.host
+
+    ticks = iter(range(1, 100))
+    monkeypatch.setattr(bench.kit.host, "host_probe", lambda: float(next(ticks)))
+    cfg = FakeConfig(cells=["a:ok", "b:ok", "c:raise"], marker_dir=str(tmp_path / "m"),
+                     timeout_s=TIMEOUT_S)  # fmt: skip
+    (tmp_path / "m").mkdir()
+    probed = dataclasses.replace(fake_experiment(), host_probe=True)
+    df = run_experiment(probed, cfg, report_dir=tmp_path / "probed", cluster=LOCAL,
+                        resume=False, wandb_cfg={"mode": "disabled"}).set_index("cell")  # fmt: skip
+    assert list(df["host_probe_before_s"]) == [1.0, 2.0, 3.0]
+    assert list(df["host_probe_after_s"]) == [2.0, 3.0, 4.0]
+    assert list(df["host_probe_s"]) == [1.5, 2.5, 3.5]
+    assert df.loc["c", "status"] == "failed"  # a failed cell is bracketed all the same
+    plain = run_experiment(fake_experiment(), cfg, report_dir=tmp_path / "plain", cluster=LOCAL,
+                           resume=False, wandb_cfg={"mode": "disabled"})  # fmt: skip
+    assert "host_probe_s" not in plain.columns
+    assert next(ticks) == 5  # the plain grid timed no probe

@@ -59,6 +59,12 @@ class Experiment:
     artefacts: Callable[[Any, Cell, list[dict], Path], dict] | None = None
     """(cfg, cell, every rank's result, report_dir) -> columns naming the files it wrote
     there for the cell (traces); kept apart from `to_row`, which only builds the row."""
+    host_probe: bool = False
+    """Time `bench.kit.host.host_probe` in the parent between this experiment's cells (its
+    ranks idle) and record, per row, how fast the host ran around the cell: `host_probe_s`,
+    the mean of the probes just before and just after it (`host_probe_before_s`,
+    `host_probe_after_s`). For rows that predictions calibrated at another time are held
+    to (`planner_validation`). Local runs only: a torchrun / SLURM rank records none."""
     charts: tuple[Chart, ...] = ()
     """The headline figures as data (`bench.charts.Chart`): wandb draws each from the
     results table, and the saved dashboard gives each a panel."""

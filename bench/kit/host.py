@@ -10,11 +10,18 @@
   keeps its *fastest* trial: on shared cores a slower one is one where a peer was
   descheduled, the interference such a replay sets out to remove (the median moved
   0.1–2 ms between runs on 2 busy cores; the fastest stayed within 0.1–0.3 ms).
+- `host_probe`: how fast this host runs right now. A shared host drifts between fast and
+  slow phases lasting seconds to minutes (a reference step's median moved by 5–15%
+  between runs an hour apart here); a prediction calibrated at one time and compared
+  with a measurement taken at another reads that drift as its own error. The runner
+  times the probe between cells of an experiment that asks for it
+  (`Experiment.host_probe`), and `planner_validation` times it again where it calibrates.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import statistics
 import tempfile
@@ -28,7 +35,13 @@ import torch.distributed as dist
 from bench.launch import RUN_DIR_ENV
 from impls.comm import Communicator
 
-__all__ = ["HostComputeLock", "probe_pairs"]
+__all__ = ["PROBE_MICRO", "PROBE_WINDOW_S", "HostComputeLock", "host_probe", "probe_pairs"]
+
+PROBE_MICRO = 4
+"""Micro-batch of the host probe's step: between the overhead-bound b = 1 and the
+GEMM-bound b = 16 of the calibration's reference."""
+PROBE_WINDOW_S = 0.3
+"""Seconds the host probe steps for (about a dozen steps)."""
 
 
 class HostComputeLock:
@@ -111,3 +124,34 @@ def probe_pairs(
         fastest.append(min(trips))
     dist.barrier()
     return statistics.median(fastest) if fastest else None
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_step():
+    from bench.kit.workloads import REFERENCE_GPT, seeded_gpt_and_batch
+
+    net, inputs, targets = seeded_gpt_and_batch(REFERENCE_GPT, PROBE_MICRO, seed=0)
+
+    def step() -> None:
+        net.loss(net(inputs), targets).backward()
+        net.zero_grad(set_to_none=False)
+
+    return step
+
+
+def host_probe(window_s: float = PROBE_WINDOW_S) -> float:
+    """Median seconds of one fp32 training step (forward, loss, backward, zero_grad) of
+    `REFERENCE_GPT` at micro-batch `PROBE_MICRO` on one thread, stepping for `window_s`
+    seconds after one warm-up step (at least one timed step)."""
+    step, before = _probe_step(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        step()
+        times, end = [], time.perf_counter() + window_s
+        while not times or time.perf_counter() < end:
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
+    return statistics.median(times)

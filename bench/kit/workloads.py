@@ -17,9 +17,15 @@ import torch.distributed as dist
 from impls.data_parallel import shard_batch
 from impls.models import GPT, GPTConfig
 
-__all__ = ["gpt", "lm_loss", "rank_shard", "seeded_batch", "seeded_gpt_and_batch"]
+__all__ = ["REFERENCE_GPT", "gpt", "lm_loss", "rank_shard", "seeded_batch",
+           "seeded_gpt_and_batch"]  # fmt: skip
 
 lm_loss = GPT.loss
+
+REFERENCE_GPT = {"d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 64, "vocab_size": 256,
+                 "bias": False}  # fmt: skip
+"""A small GPT timed on one process to measure this host itself (no experiment trains
+it): `planner_validation`'s calibration and the host probe (`bench.kit.host.host_probe`)."""
 
 
 def gpt(model: Mapping[str, Any], seed: int) -> GPT:

@@ -2,8 +2,8 @@
 a quick calibration): every row has a positive prediction and its errors are the ratios of
 its own columns, each row's ground truth is labelled by the rule (wall clock only where
 ranks ≤ cores), the composed memory is within the issue's 5% of what the sources measured,
-the calibration is positive, and the index carries the medians and ρ as gaps, never as
-measurements."""
+the calibration is positive, every row is priced at the host speed its probes measured,
+and the index carries the medians and ρ as gaps, never as measurements."""
 
 from __future__ import annotations
 
@@ -112,6 +112,32 @@ def index_shows_errors_as_gaps(df: pd.DataFrame, headline: dict) -> None:
     assert 0 < overall["median_abs_step_error"] < math.inf, overall
 
 
+def rows_are_priced_at_their_host_speed(df: pd.DataFrame, headline: dict) -> None:
+    """The sources ran under the runner's host probe (their CI grids too): every row
+    carries it, its slowdown is the ratio of the two probes, and a row's unscaled error is
+    the ratio of its own columns. A replayed TP row's α per round carries its measured
+    call work over the ring's 2(t − 1) rounds; every other row is priced at its link's α."""
+    done = ran(df)
+    for _, row in done.iterrows():
+        _positive(row, "host_probe_s", "cal_host_probe_s", "host_slowdown",
+                  "predicted_unnormalised_step_time_s")  # fmt: skip
+        ratio = row["host_probe_s"] / row["cal_host_probe_s"]
+        assert math.isclose(row["host_slowdown"], ratio, rel_tol=1e-9), row["config"]
+        plain = row["predicted_unnormalised_step_time_s"] / row["measured_step_time_s"] - 1
+        assert math.isclose(plain, row["step_error_unnormalised"], rel_tol=1e-9), row["config"]
+        tp, call = int(row["tp"]), float(row["tp_call_cpu_s"])
+        alpha = row["link_alpha_s"]
+        if row["ground_truth"] == "replayed" and tp > 1:
+            assert call > 0, row["config"]
+            alpha += call / (2 * (tp - 1))
+        else:
+            assert call == 0, row["config"]
+        assert math.isclose(row["round_alpha_s"], alpha, rel_tol=1e-9), row["config"]
+    speed = headline["accuracy"] and headline["host_speed"]
+    assert speed["rows_probed"] == len(done), speed
+    assert 0 < speed["median_abs_step_error_unnormalised"] < math.inf, speed
+
+
 CHECKS = (
     errors_are_the_ratios_of_each_row,
     ground_truth_is_labelled_by_the_rule,
@@ -119,4 +145,5 @@ CHECKS = (
     composed_memory_within_five_percent,
     calibration_is_positive_and_recorded,
     index_shows_errors_as_gaps,
+    rows_are_priced_at_their_host_speed,
 )

@@ -126,4 +126,5 @@ EXPERIMENT = Experiment(
         ),
         Chart(title="Replayed utilization by layout", x="layout", y="util_replayed", kind="bar"),
     ),
+    host_probe=True,  # planner_validation holds its predictions to these rows
 )

@@ -208,4 +208,5 @@ EXPERIMENT = Experiment(
     ),
     artefacts=artefacts,
     unmeasured=("trace_dir",),
+    host_probe=True,  # planner_validation holds its predictions to these rows
 )

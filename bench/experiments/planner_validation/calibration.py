@@ -18,6 +18,13 @@ count a rank runs at).
   solved so that the simulator's single-process compute equals both (eager PyTorch on a
   CPU reaches neither the GEMM peak nor the copy bandwidth in a model's small kernels).
 
+- the host probe (`bench.kit.host.host_probe`, a small GPT step timed for a fraction of
+  a second), just before and just after the reference rounds; their mean is where this
+  run's host stood when it calibrated. The sources' runner timed the same probe around
+  each ground-truth row, and a row is predicted on rates scaled by the ratio
+  (`ranks.host_slowdown`): a shared host drifts between fast and slow phases, and the
+  calibration and the ground truth are measured minutes to hours apart.
+
 The microbenchmarks give the table its shape and keep their fastest repeat (the least
 disturbed); the reference fit sets its level, and it is fitted twice, once per statistic
 a ground-truth row reports (`STATISTICS`): the **median** of the reference's timed steps
@@ -31,7 +38,10 @@ table shows both), and a fit to the other statistic misprices a row by that gap.
 
 - the optimizer: the median `torch.optim.AdamW` step (what the ground-truth runs use) over
   the reference GPT's fp32 parameters, ÷ its parameter elements = seconds per parameter
-  element; a rank's optimizer is that × the parameter elements it updates.
+  element; a rank's optimizer is that × the parameter elements it updates (its stages'
+  parameters, ÷ dp under ZeRO ≥ 1, where each rank steps its shard; in bf16 the update
+  runs on the fp32 master copy of the same elements), ÷ its core share when ranks
+  outnumber cores on the wall clock.
 - thread scaling: with more than one thread per rank, the reference step at micro-batch 16
   timed at those threads and on one thread, in alternating rounds; the rank's compute
   rate is the ratio of their medians (bounded to [1, threads], `thread_speedup`), not the
@@ -48,6 +58,9 @@ from typing import Any
 
 import torch
 
+from bench.kit.host import host_probe
+from bench.kit.workloads import REFERENCE_GPT
+
 __all__ = ["REFERENCE", "REFERENCE_MICRO", "STATISTICS", "calibrate", "fit_for",
            "fit_reference", "host_hardware", "rank_calibration", "reference_plan",
            "thread_speedup"]  # fmt: skip
@@ -55,8 +68,7 @@ __all__ = ["REFERENCE", "REFERENCE_MICRO", "STATISTICS", "calibrate", "fit_for",
 _CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
 _RANK_CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
 ROWS = 8  # calibration GEMMs are (8n × n)·(n × n): tall, as tokens × width are
-REFERENCE = {"d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 64, "vocab_size": 256,
-             "bias": False}  # fmt: skip
+REFERENCE = REFERENCE_GPT
 """The reference GPT timed on one process (none of the ground-truth shapes)."""
 REFERENCE_MICRO = (1, 16)
 CHAIN = 50  # tiny ops in the per-kernel overhead probe (each runs forward and backward)
@@ -104,8 +116,8 @@ def _fastest(fn: Callable[[], Any], repeats: int, inner: int = 1) -> float:
 def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
     """This host's GEMM table, peaks, bandwidth and per-kernel overhead at `threads`, and
     the reference fit per dtype (see the module docstring)."""
-    key = (tuple(cfg.gemm_sizes), cfg.copy_mib, cfg.repeats,
-           getattr(cfg, "reference_window_s", 0.0), threads)  # fmt: skip
+    window = cfg.reference_window_s
+    key = (tuple(cfg.gemm_sizes), cfg.copy_mib, cfg.repeats, window, threads)
     if key in _CALIBRATIONS:
         return _CALIBRATIONS[key]
     before = torch.get_num_threads()
@@ -124,7 +136,9 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
         target = torch.empty_like(source)
         copy_s = _fastest(lambda: target.copy_(source), cfg.repeats)
         overhead = _fastest(_tiny_autograd_chain, cfg.repeats) / (2 * CHAIN)
-        reference = _reference_rounds(cfg.repeats, getattr(cfg, "reference_window_s", 0.0))
+        first = host_probe()  # the same probe the sources' runner timed around each row
+        reference = _reference_rounds(cfg.repeats, window)
+        probe = (first + host_probe()) / 2
     finally:
         torch.set_num_threads(before)
     peak = max(rates)
@@ -137,6 +151,7 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
         ),
         "memory_bandwidth": 2 * source.numel() * 4 / copy_s,
         "kernel_overhead_s": overhead,
+        "host_probe_s": probe,
     }
     for dtype in ("fp32", "bf16"):
         times = {micro: reference[(dtype, micro)] for micro in REFERENCE_MICRO}

@@ -75,9 +75,11 @@ def _truth(source: str, row: dict[str, str], config: str, *, replay_statistic: s
     label = _label(n, cores, replayed is not None)
     measured = float(row["step_time_s"]) if label != "replayed" else replayed
     statistic = replay_statistic if label == "replayed" else "median"
+    probe = float(row.get("host_probe_s") or "nan")  # absent: a source run without probes
     return {"source": source, "config": config, "ranks": n, "host_cores": cores,
             "ground_truth": label, "measured_step_time_s": measured, "statistic": statistic,
-            "source_git_sha": row.get("git_sha", ""), "model": _model(row), **plan}  # fmt: skip
+            "source_git_sha": row.get("git_sha", ""), "model": _model(row),
+            "host_probe_s": probe, **plan}  # fmt: skip
 
 
 def _parallelism(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
@@ -91,6 +93,7 @@ def _parallelism(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             microbatch_size=int(float(r["batch_size"])) // (dp * m),
             measured_peak_bytes=float(r["memory_per_rank_bytes"]),
             memory_includes_states=True, replayed=float(r["replayed_step_time_s"]),
+            tp_call_cpu_s=float(r.get("tp_call_cpu_s") or 0.0),  # its replay's price
         ))  # fmt: skip
     return out
 
@@ -237,6 +240,8 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
         "measured_step_time_s": measured_step,
         "predicted_step_time_s": p["predicted_step_time_s"],
         "step_error": _error(p["predicted_step_time_s"], measured_step),
+        "step_error_unnormalised": _error(p["predicted_unnormalised_step_time_s"],
+                                          measured_step),
         "memory_measure": "model states + activations" if t["memory_includes_states"]
         else "activations",
         "measured_peak_bytes": measured_peak,

@@ -4,7 +4,8 @@ configuration.
 
 The link's α and β are not measured here: they come with the cell (`carry`), read from
 `allreduce_scaling`'s ring at the row's rank count or from `parallelism_comparison`'s own
-probe of this host (`experiment.py` says which row takes which).
+probe of this host (`experiment.py` says which row takes which); a replayed TP row adds
+its collectives' measured own work per round to α (`round_alpha`).
 
 Prediction (`predict`): the simulator (`impls.simulator.simulate`) on the calibrated
 `Hardware`, the plan laid out as this repo's implementations lay it out (blocks split
@@ -26,12 +27,13 @@ ZeRO-3, the parameters gathered at once (one block and the non-block parameters,
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from bench.experiments.planner_validation import calibration
 
 __all__ = ["activation_stage_bytes", "optimizer_params", "params_per_stage", "predict",
-           "rank_rates", "run", "stage_layers"]  # fmt: skip
+           "host_slowdown", "rank_rates", "round_alpha", "run", "stage_layers"]  # fmt: skip
 
 _STAT = 4  # LayerNorm / log-sum-exp statistics are fp32 (memory.activation_bytes)
 _INDEX = 8  # int64 positions
@@ -159,6 +161,37 @@ def predict(truth: dict[str, Any], hw: Any, adamw_s_per_param: float | None = No
     }
 
 
+def host_slowdown(source_probe: float, calibration_probe: float) -> float:
+    """How much slower the host ran around the ground-truth row than where this run
+    calibrated: the host probe's step (`bench.kit.host.host_probe`) timed by the source's
+    runner around the row's cell ÷ the same probe timed around the calibration's reference.
+    Every compute rate of the row's hardware is divided by it, its per-kernel overhead
+    and AdamW cost multiplied (links are read from other reports and kept as they are).
+    1 where either probe is missing (a source run without probes)."""
+    if not (math.isfinite(source_probe) and math.isfinite(calibration_probe)):
+        return 1.0
+    if source_probe <= 0 or calibration_probe <= 0:
+        return 1.0
+    return source_probe / calibration_probe
+
+
+def round_alpha(truth: dict[str, Any]) -> tuple[float, float]:
+    """(α per round the row is priced at, the TP call CPU it carries).
+
+    A replayed TP row's timeline (`parallelism_comparison`'s replay) prices each TP
+    all-reduce as its measured own work between rounds (`tp_call_cpu_s`: the slicing,
+    reductions and bookkeeping of this repo's ring, one call timed on the rank's group)
+    plus α per round and β per byte. The simulator's link has one α, so that work, spread
+    over the ring's 2(t − 1) rounds, joins it: the row's TP all-reduces then cost what its
+    replay charges (its few DP rounds and pipeline sends carry the share too). A wall-clock
+    row's ring fit already contains that work in its α."""
+    alpha = truth["link"][0]
+    call = truth.get("tp_call_cpu_s", 0.0)
+    if truth["ground_truth"] != "replayed" or truth["tp"] < 2 or not call > 0:
+        return alpha, 0.0
+    return alpha + call / (2 * (truth["tp"] - 1)), call
+
+
 def rank_rates(ranks_: int, cores: int, wall_clock: bool) -> tuple[int, float, float]:
     """(threads, compute rate, overhead factor) of one rank against the 1-thread
     calibration: max(1, cores // N) threads (`bench.launch`'s rule) at that many times the
@@ -182,12 +215,22 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
     if threads > 1:
         rate = speedup  # measured on the reference, not the thread count
     fit = calibration.fit_for(cal, truth["precision"], truth.get("statistic", "median"))
-    hw = calibration.host_hardware(cal, truth["link"], rate / fit["scale"],
-                                   overhead_s=fit["overhead_s"] * stretch,
-                                   p2p_blocking=wall_clock)  # fmt: skip
-    adamw = local["adamw_s_per_param"] / min(rate, 1.0)  # a core share stretches it
-    row, micro = predict(truth, hw, adamw), calibration.REFERENCE_MICRO
+    alpha, call_cpu = round_alpha(truth)
+    probe, cal_probe = truth.get("host_probe_s", math.nan), cal.get("host_probe_s", math.nan)
+    slowdown = host_slowdown(probe, cal_probe)
+
+    def predicted(slowdown: float) -> dict[str, Any]:
+        hw = calibration.host_hardware(cal, (alpha, truth["link"][1]),
+                                       rate / fit["scale"] / slowdown,
+                                       overhead_s=fit["overhead_s"] * stretch * slowdown,
+                                       p2p_blocking=wall_clock)  # fmt: skip
+        adamw = local["adamw_s_per_param"] / min(rate, 1.0)  # a core share stretches it
+        return predict(truth, hw, adamw * slowdown)
+
+    row, micro = predicted(slowdown), calibration.REFERENCE_MICRO
     row.update({
+        "predicted_unnormalised_step_time_s": predicted(1.0)["predicted_step_time_s"],
+        "host_probe_s": probe, "cal_host_probe_s": cal_probe, "host_slowdown": slowdown,
         "threads_per_rank": threads, "compute_rate": rate, "overhead_stretch": stretch,
         "p2p_blocking": wall_clock,
         "cal_thread_speedup": speedup, "cal_adamw_s_per_param": local["adamw_s_per_param"],
@@ -205,5 +248,6 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
         **{f"reference_{d}_micro{b}{k}_s": cal[f"reference_{d}{k}_s"][b]
            for d in ("fp32", "bf16") for b in micro for k in ("", "_fastest")},
         "link_alpha_s": truth["link"][0], "link_beta_s_per_byte": truth["link"][1],
+        "tp_call_cpu_s": call_cpu, "round_alpha_s": alpha,
     })  # fmt: skip
     return row

@@ -99,7 +99,15 @@ def accuracy(ctx: Context) -> str | None:
     Step error = predicted ÷ measured − 1, memory error likewise, per row; Spearman's ρ
     ranks the configurations by measured and by predicted step time (all rows, then within
     each source). The issue's figures: median |step error| ≤ 15%, median |memory error|
-    ≤ 5%, ρ ≥ 0.8. A prediction's error is not a measurement: the index shows it as a gap."""
+    ≤ 5%, ρ ≥ 0.8. A prediction's error is not a measurement: the index shows it as a gap.
+
+    Each row is predicted at the speed the host ran at around it: the source's runner
+    timed a small reference step (`bench.kit.host.host_probe`) just before and just after
+    the row's cell, this run timed the same probe where it calibrated, and the row's
+    compute rates are divided by the ratio (`host_slowdown`; 1 for a row without a probe).
+    The same predictions without it (`step_error_unnormalised`) are shown beside: the
+    difference is how much of the error was the host drifting between the calibration and
+    the ground truth."""
     ok = ctx.ok
     if ok.empty:
         return None
@@ -144,7 +152,41 @@ def accuracy(ctx: Context) -> str | None:
     return (markdown_table(table, numparse=False) + f"\n\nWorst step-time row: "
             f"{worst['source']} `{worst['config']}` (ground truth {worst['ground_truth']}): "
             f"measured {format_seconds(worst['measured_step_time_s'])}, predicted "
-            f"{format_seconds(worst['predicted_step_time_s'])}.")  # fmt: skip
+            f"{format_seconds(worst['predicted_step_time_s'])}." + _host_speed(ctx, ok))  # fmt: skip
+
+
+def _host_speed(ctx: Context, ok: pd.DataFrame) -> str:
+    """The host-speed ratios rows were predicted at, and the error without them."""
+    if "host_slowdown" not in ok.columns or "step_error_unnormalised" not in ok.columns:
+        return ""
+    slowdown = pd.to_numeric(ok["host_slowdown"], errors="coerce")
+    probed = pd.to_numeric(ok["host_probe_s"], errors="coerce").notna()
+    plain = pd.to_numeric(ok["step_error_unnormalised"], errors="coerce").abs()
+    rho = spearman(ok["measured_step_time_s"], ok["predicted_unnormalised_step_time_s"])
+    ctx.headline["host_speed"] = {
+        "rows_probed": int(probed.sum()),
+        "median_slowdown": float(slowdown[probed].median()) if probed.any() else math.nan,
+        "min_slowdown": float(slowdown[probed].min()) if probed.any() else math.nan,
+        "max_slowdown": float(slowdown[probed].max()) if probed.any() else math.nan,
+        "median_abs_step_error_unnormalised": float(plain.median()),
+        "spearman_unnormalised": rho,
+    }  # fmt: skip
+    if not probed.any():
+        return (f"\n\nNo source row carries a host probe: every row is predicted at the "
+                f"calibration's host speed (median |step error| "
+                f"{format_percent(plain.median())}).")  # fmt: skip
+    by_source = "; ".join(
+        f"{source} {format_percent(plain[ok['source'] == source].median())}"
+        for source in ok["source"].unique()
+    )  # fmt: skip
+    return (f"\n\nHost speed: {int(probed.sum())} of {len(ok)} rows carry their source's "
+            f"host probe (this run's calibration probe "
+            f"{format_seconds(float(ok['cal_host_probe_s'].iloc[0]))}); the host ran "
+            f"{slowdown[probed].median():.3f}× as slow around the median row "
+            f"({slowdown[probed].min():.3f}–{slowdown[probed].max():.3f}×) as where this "
+            f"run calibrated. Without that scaling, median |step error| "
+            f"{format_percent(plain.median())} ({by_source}), Spearman ρ "
+            f"{'—' if math.isnan(rho) else f'{rho:.2f}'}.")  # fmt: skip
 
 
 def scatter(ctx: Context) -> str | None:
@@ -197,7 +239,10 @@ def calibration(ctx: Context) -> str | None:
     more ranks than cores a round waits for descheduled ranks, which a two-rank probe
     does not see. Replayed rows, and any N that report lacks, use the median of
     `parallelism_comparison`'s own probe (the fastest 4-byte and 1 MiB exchanges between
-    two ranks, `bench.kit.host.probe_pairs`). On this host a collective blocks the rank's
+    two ranks, `bench.kit.host.probe_pairs`); a replayed row with TP adds to that α its
+    TP all-reduce's own work between rounds, measured per call by its source
+    (`tp_call_cpu_s`, the price its replay charges each call) and spread over the ring's
+    2(t − 1) rounds (table "TP call work"). On this host a collective blocks the rank's
     computing thread, so none of it hides under the backward (`Hardware.comm_overlap`
     False), and ZeRO rows are priced as `impls.zero` issues them: one gather or
     reduce-scatter per unit (the GPT's blocks and its root unit, `dp_collectives`). A
@@ -238,7 +283,24 @@ def _links(ctx: Context, ok: pd.DataFrame) -> str:
                      "rows priced on it": len(sub)})  # fmt: skip
         headline[str(source)] = {"alpha_s": alpha, "beta_s_per_byte": beta, "rows": len(sub)}
     ctx.headline["links"] = headline
-    return "\n\nLinks:\n\n" + markdown_table(pd.DataFrame(rows), numparse=False)
+    return "\n\nLinks:\n\n" + markdown_table(pd.DataFrame(rows), numparse=False) + _tp_calls(ok)
+
+
+def _tp_calls(ok: pd.DataFrame) -> str:
+    """The table of the replayed TP rows' per-call work, and the α it makes per round."""
+    if "tp_call_cpu_s" not in ok.columns:
+        return ""
+    calls = ok[pd.to_numeric(ok["tp_call_cpu_s"], errors="coerce") > 0]
+    if calls.empty:
+        return ""
+    table = pd.DataFrame({
+        "configuration": calls["config"],
+        "tp": calls["tp"].astype(int),
+        "call work (measured by the source)": calls["tp_call_cpu_s"].map(format_seconds),
+        "α of the link": calls["link_alpha_s"].map(format_seconds),
+        "α per round priced": calls["round_alpha_s"].map(format_seconds),
+    })  # fmt: skip
+    return "\n\nTP call work (replayed rows):\n\n" + markdown_table(table, numparse=False)
 
 
 def _per_thread(ctx: Context, ok: pd.DataFrame) -> str:
@@ -275,7 +337,9 @@ def every_row(ctx: Context) -> str | None:
     measured per rank: model states + saved activations (+ ZeRO-3's gathered parameters),
     or the saved activations alone (pipeline_utilization). `statistic` is what the
     measured time is of its samples, and which reference fit predicts it (Calibration).
-    `commit` is the commit that measured the ground truth."""
+    `commit` is the commit that measured the ground truth. `host slowdown` is how much
+    slower the host ran around the row than where this run calibrated (its probes; the
+    row's compute is priced that much slower), `error unscaled` the error without it."""
     ok = ctx.ok
     if ok.empty:
         return None
@@ -287,6 +351,10 @@ def every_row(ctx: Context) -> str | None:
         "measured": ok["measured_step_time_s"].map(format_seconds),
         "predicted": ok["predicted_step_time_s"].map(format_seconds),
         "step error": ok["step_error"].map(lambda v: f"{v:+.0%}"),
+        "host slowdown": ok["host_slowdown"].map(lambda v: f"{v:.3f}×")
+        if "host_slowdown" in ok else "—",
+        "error unscaled": ok["step_error_unnormalised"].map(lambda v: f"{v:+.0%}")
+        if "step_error_unnormalised" in ok else "—",
         "memory": ok["memory_measure"],
         "measured bytes": ok["measured_peak_bytes"].map(format_bytes),
         "predicted bytes": ok["predicted_peak_bytes"].map(format_bytes),

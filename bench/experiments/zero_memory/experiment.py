@@ -170,4 +170,5 @@ EXPERIMENT = Experiment(
         ),
         Chart(title="Step time ÷ torch", x="method", y="step_time_vs_torch", kind="bar"),
     ),
+    host_probe=True,  # planner_validation holds its predictions to these rows
 )
