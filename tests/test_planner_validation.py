@@ -206,7 +206,8 @@ def test_reference_fit_recovers_known_scale_and_overhead():
 def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatch):
     """The ground-truth rows are medians of timed steps; fitting the fastest repeat priced
     every row short. Each reference timing here is a known spread around its median."""
-    median = {("fp32", 1): 8e-3, ("fp32", 16): 8e-2, ("bf16", 1): 9e-3, ("bf16", 16): 7e-2}
+    median = {("fp32", 1): 8e-3, ("fp32", 16): 8e-2, ("bf16", 1): 9e-3, ("bf16", 16): 7e-2,
+              calibration.PROBE: 2e-2}  # fmt: skip
 
     def rounds(count, window_s):
         return {key: [1.3 * m, 0.7 * m, m] for key, m in median.items()}  # fastest 0.7 m
@@ -215,6 +216,7 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
     monkeypatch.setattr(calibration, "_CALIBRATIONS", {})
     cfg = SimpleNamespace(gemm_sizes=[8, 16], copy_mib=1, repeats=1, reference_window_s=0.0)
     cal = calibration.calibrate(cfg, 1)
+    assert cal["host_probe_s"] == 2e-2  # the probe's median over the rounds
     for dtype in ("fp32", "bf16"):
         want = {b: median[(dtype, b)] for b in (1, 16)}
         assert cal[f"reference_{dtype}_s"] == want
@@ -240,7 +242,9 @@ def test_reference_rounds_take_turns_and_fill_their_windows(monkeypatch):
     monkeypatch.setattr(calibration, "_reference_step", step_of)
     samples = calibration._reference_rounds(3, 0.0)
     assert {k: len(v) for k, v in samples.items()} == dict.fromkeys(samples, 3)
-    firsts = [order[4 + 4 * r] for r in range(3)]  # after the four warm-ups
+    assert set(samples) == {("fp32", 1), ("fp32", 16), ("bf16", 1), ("bf16", 16),
+                            calibration.PROBE}  # the host probe's step among them  # fmt: skip
+    firsts = [order[5 + 5 * r] for r in range(3)]  # after the five warm-ups
     assert len(set(firsts)) == 3
     windowed = calibration._reference_rounds(1, 0.01)
     assert all(len(v) > 1 for v in windowed.values())  # 10 ms windows of µs steps

@@ -18,10 +18,11 @@ count a rank runs at).
   solved so that the simulator's single-process compute equals both (eager PyTorch on a
   CPU reaches neither the GEMM peak nor the copy bandwidth in a model's small kernels).
 
-- the host probe (`bench.kit.host.host_probe`, a small GPT step timed for a fraction of
-  a second), just before and just after the reference rounds; their mean is where this
-  run's host stood when it calibrated. The sources' runner timed the same probe around
-  each ground-truth row, and a row is predicted on rates scaled by the ratio
+- the host probe's step (`bench.kit.host.host_probe`: the reference in fp32 at micro-batch
+  `PROBE_MICRO`), a fifth configuration of the same rounds; its median over every round is
+  where this run's host stood while it calibrated (one probe window alone moved by ±4%
+  between consecutive windows). The sources' runner timed the same probe around each
+  ground-truth row, and a row is predicted on rates scaled by the ratio
   (`ranks.host_slowdown`): a shared host drifts between fast and slow phases, and the
   calibration and the ground truth are measured minutes to hours apart.
 
@@ -58,7 +59,7 @@ from typing import Any
 
 import torch
 
-from bench.kit.host import host_probe
+from bench.kit.host import PROBE_MICRO
 from bench.kit.workloads import REFERENCE_GPT
 
 __all__ = ["REFERENCE", "REFERENCE_MICRO", "STATISTICS", "calibrate", "fit_for",
@@ -71,6 +72,10 @@ ROWS = 8  # calibration GEMMs are (8n × n)·(n × n): tall, as tokens × width 
 REFERENCE = REFERENCE_GPT
 """The reference GPT timed on one process (none of the ground-truth shapes)."""
 REFERENCE_MICRO = (1, 16)
+PROBE = ("fp32", PROBE_MICRO)
+"""The host probe's step (`bench.kit.host.host_probe`: the reference in fp32 at
+`PROBE_MICRO`), timed among the reference rounds: its median over them is where this
+run's host stood while it calibrated."""
 CHAIN = 50  # tiny ops in the per-kernel overhead probe (each runs forward and backward)
 SPEEDUP_ROUNDS = 3  # alternating one-thread / rank-thread rounds of the speedup probe
 STATISTICS: dict[str, Callable[[list[float]], float]] = {"median": statistics.median,
@@ -136,9 +141,7 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
         target = torch.empty_like(source)
         copy_s = _fastest(lambda: target.copy_(source), cfg.repeats)
         overhead = _fastest(_tiny_autograd_chain, cfg.repeats) / (2 * CHAIN)
-        first = host_probe()  # the same probe the sources' runner timed around each row
         reference = _reference_rounds(cfg.repeats, window)
-        probe = (first + host_probe()) / 2
     finally:
         torch.set_num_threads(before)
     peak = max(rates)
@@ -151,7 +154,7 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
         ),
         "memory_bandwidth": 2 * source.numel() * 4 / copy_s,
         "kernel_overhead_s": overhead,
-        "host_probe_s": probe,
+        "host_probe_s": statistics.median(reference[PROBE]),
     }
     for dtype in ("fp32", "bf16"):
         times = {micro: reference[(dtype, micro)] for micro in REFERENCE_MICRO}
@@ -217,12 +220,14 @@ def _reference_timings(micro: int, dtype: str, repeats: int) -> list[float]:
 
 
 def _reference_rounds(rounds: int, window_s: float) -> dict[tuple[str, int], list[float]]:
-    """Every step time of the reference per (dtype, micro-batch), timed in `rounds` rounds:
+    """Every step time of the reference per (dtype, micro-batch), and of the host probe's
+    step (`PROBE`), timed in `rounds` rounds:
     in each, every configuration steps for `window_s` seconds (at least once), the order
     rotating by round. This host drifts between fast and slow phases lasting seconds;
     spread over rounds, each configuration's samples see the same phases, and a phase
     that lands on one of them cannot tilt the two-point fit alone."""
     configs = [(dtype, micro) for dtype in ("fp32", "bf16") for micro in REFERENCE_MICRO]
+    configs.append(PROBE)
     steps = {config: _reference_step(config[1], config[0]) for config in configs}
     for step in steps.values():
         step()  # warm-up

@@ -41,9 +41,9 @@ class PlannerValidationConfig:
     """Timed repeats of each calibration kernel (the fastest counts), and rounds of the
     reference steps (their median and fastest count, see `reference_window_s`)."""
     reference_window_s: float = 0.25
-    """Seconds each reference configuration (fp32 / bf16 × micro-batch 1 / 16) steps per
-    round, the configurations taking turns for `repeats` rounds (≈ 4 × repeats × this
-    seconds in all); 0: one step each per round."""
+    """Seconds each reference configuration (fp32 / bf16 × micro-batch 1 / 16, and the
+    host probe's step) steps per round, the configurations taking turns for `repeats`
+    rounds (≈ 5 × repeats × this seconds in all); 0: one step each per round."""
     timeout_s: float = 300.0
     """A cell not finished by then is recorded as failed."""
 
