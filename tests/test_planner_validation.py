@@ -239,7 +239,7 @@ def test_reference_rounds_take_turns_and_fill_their_windows(monkeypatch):
 
         return step
 
-    monkeypatch.setattr(calibration, "_reference_step", step_of)
+    monkeypatch.setattr(calibration, "reference_step", step_of)
     samples = calibration._reference_rounds(3, 0.0)
     assert {k: len(v) for k, v in samples.items()} == dict.fromkeys(samples, 3)
     assert set(samples) == {("fp32", 1), ("fp32", 16), ("bf16", 1), ("bf16", 16),

@@ -128,15 +128,9 @@ def probe_pairs(
 
 @functools.lru_cache(maxsize=1)
 def _probe_step():
-    from bench.kit.workloads import REFERENCE_GPT, seeded_gpt_and_batch
+    from bench.kit.workloads import reference_step
 
-    net, inputs, targets = seeded_gpt_and_batch(REFERENCE_GPT, PROBE_MICRO, seed=0)
-
-    def step() -> None:
-        net.loss(net(inputs), targets).backward()
-        net.zero_grad(set_to_none=False)
-
-    return step
+    return reference_step(PROBE_MICRO, "fp32")
 
 
 def host_probe(window_s: float = PROBE_WINDOW_S) -> float:

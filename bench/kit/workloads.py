@@ -8,7 +8,7 @@ tasks on real data are in `bench.kit.tasks`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ import torch.distributed as dist
 from impls.data_parallel import shard_batch
 from impls.models import GPT, GPTConfig
 
-__all__ = ["REFERENCE_GPT", "gpt", "lm_loss", "rank_shard", "seeded_batch",
+__all__ = ["REFERENCE_GPT", "gpt", "lm_loss", "rank_shard", "reference_step", "seeded_batch",
            "seeded_gpt_and_batch"]  # fmt: skip
 
 lm_loss = GPT.loss
@@ -48,6 +48,22 @@ def seeded_gpt_and_batch(
     """The seeded GPT and its seeded whole batch."""
     net = gpt(model, seed)
     return net, *seeded_batch(net.cfg, batch_size, seed)
+
+
+def reference_step(micro: int, dtype: str = "fp32") -> Callable[[], None]:
+    """One training step of `REFERENCE_GPT` on this process, built once: forward, loss (in
+    fp32), backward and zero_grad, the gradients kept allocated as the training runs zero
+    them (`set_to_none=False`). What measures the host itself times: the calibration's
+    reference and the host probe."""
+    net, inputs, targets = seeded_gpt_and_batch(REFERENCE_GPT, micro, seed=0)
+    if dtype == "bf16":
+        net = net.to(torch.bfloat16)
+
+    def step() -> None:
+        net.loss(net(inputs).float(), targets).backward()
+        net.zero_grad(set_to_none=False)
+
+    return step
 
 
 def rank_shard(batch: torch.Tensor, group: Any = None) -> torch.Tensor:

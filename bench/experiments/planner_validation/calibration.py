@@ -60,7 +60,7 @@ from typing import Any
 import torch
 
 from bench.kit.host import PROBE_MICRO
-from bench.kit.workloads import REFERENCE_GPT
+from bench.kit.workloads import REFERENCE_GPT, reference_step
 
 __all__ = ["REFERENCE", "REFERENCE_MICRO", "STATISTICS", "calibrate", "fit_for",
            "fit_reference", "host_hardware", "rank_calibration", "reference_plan",
@@ -198,25 +198,9 @@ def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 
     )
 
 
-def _reference_step(micro: int, dtype: str) -> Callable[[], None]:
-    """One forward + loss + backward + zero_grad of the reference GPT on one process (the
-    gradients kept allocated, as the ground-truth runs zero them)."""
-    from bench.kit.workloads import seeded_gpt_and_batch
-
-    net, inputs, targets = seeded_gpt_and_batch(REFERENCE, micro, seed=0)
-    if dtype == "bf16":
-        net = net.to(torch.bfloat16)
-
-    def step() -> None:
-        net.loss(net(inputs).float(), targets).backward()
-        net.zero_grad(set_to_none=False)
-
-    return step
-
-
 def _reference_timings(micro: int, dtype: str, repeats: int) -> list[float]:
-    """`repeats` timed reference steps (`_reference_step`), after one warm-up."""
-    return _timings(_reference_step(micro, dtype), repeats)
+    """`repeats` timed reference steps (`bench.kit.workloads.reference_step`), after one warm-up."""
+    return _timings(reference_step(micro, dtype), repeats)
 
 
 def _reference_rounds(rounds: int, window_s: float) -> dict[tuple[str, int], list[float]]:
@@ -228,7 +212,7 @@ def _reference_rounds(rounds: int, window_s: float) -> dict[tuple[str, int], lis
     that lands on one of them cannot tilt the two-point fit alone."""
     configs = [(dtype, micro) for dtype in ("fp32", "bf16") for micro in REFERENCE_MICRO]
     configs.append(PROBE)
-    steps = {config: _reference_step(config[1], config[0]) for config in configs}
+    steps = {config: reference_step(config[1], config[0]) for config in configs}
     for step in steps.values():
         step()  # warm-up
     samples: dict[tuple[str, int], list[float]] = {config: [] for config in configs}

@@ -228,8 +228,9 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
         return predict(truth, hw, adamw * slowdown)
 
     row, micro = predicted(slowdown), calibration.REFERENCE_MICRO
+    plain = row if slowdown == 1.0 else predicted(1.0)
     row.update({
-        "predicted_unnormalised_step_time_s": predicted(1.0)["predicted_step_time_s"],
+        "predicted_unnormalised_step_time_s": plain["predicted_step_time_s"],
         "host_probe_s": probe, "cal_host_probe_s": cal_probe, "host_slowdown": slowdown,
         "threads_per_rank": threads, "compute_rate": rate, "overhead_stretch": stretch,
         "p2p_blocking": wall_clock,
