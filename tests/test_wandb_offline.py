@@ -71,12 +71,14 @@ def _offline_env(root: Path, url: str) -> dict[str, str]:
 
 
 def _runs(root: Path) -> list[dict]:
-    """Every offline run under `root`: its log, files folder and run record."""
+    """Every offline run under `root`, in the order they started: its log, files folder
+    and run record. (A folder's name holds its start to the second and then a random id:
+    two runs started within one second would sort by the id.)"""
     found = []
-    for folder in sorted((root / "wandb").glob("offline-run-*")):
+    for folder in (root / "wandb").glob("offline-run-*"):
         (log,) = folder.glob("run-*.wandb")
         found.append({"log": log, "files": folder / "files", "run": first_of(log, "run")})
-    return found
+    return sorted(found, key=lambda r: (r["run"].start_time.seconds, r["run"].start_time.nanos))
 
 
 @pytest.fixture(scope="module")
