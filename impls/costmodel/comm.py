@@ -41,6 +41,7 @@ __all__ = [
     "COLLECTIVES",
     "all_gather_seconds",
     "all_to_all_seconds",
+    "allreduce_rounds",
     "allreduce_seconds",
     "best_allreduce",
     "collective_seconds",
@@ -90,6 +91,13 @@ def _allreduce_path(nbytes: float, n: int, algorithm: str) -> tuple[int, float]:
         return n - 1, (n - 1) * nbytes
     allowed = ", ".join(ALLREDUCE_ALGORITHMS)
     raise ValueError(f"algorithm={algorithm!r}: unknown; allowed values: {allowed}")
+
+
+def allreduce_rounds(n: int, algorithm: str = "ring") -> int:
+    """Messages on the busiest rank's critical path of one all-reduce over `n` ranks (ring:
+    2(n − 1), the reduce-scatter's n − 1 and the all-gather's n − 1)."""
+    _check(0, n)
+    return _allreduce_path(0, n, algorithm)[0]
 
 
 def allreduce_seconds(nbytes: float, n: int, link: Link, algorithm: str = "ring") -> float:

@@ -78,6 +78,11 @@ class Hardware:
     """(FLOPs of one GEMM, achieved fraction of peak), FLOPs ascending."""
     elementwise_efficiency: float = 0.7
     kernel_overhead_s: float = 0.0
+    action_overhead_s: float = 0.0
+    """Seconds a pipeline runtime spends on each compute action (F, B, I, W) beyond its
+    kernels: its bookkeeping, the saved-activation accounting, autograd's entry. It adds
+    to the step where the host waits for each action (a CPU); 0 where the host runs ahead
+    of asynchronous kernels (the GPU presets)."""
     comm_overlap: bool = True
     """Whether data-parallel collectives run beside compute (a GPU's communication
     stream, NCCL) and hide under the backward; False: each collective blocks the thread
@@ -108,6 +113,10 @@ class Hardware:
                              "points")  # fmt: skip
         if list(points) != sorted(points):
             raise ValueError(f"{owner}.gemm_efficiency: points must be sorted by FLOPs")
+        for key in ("kernel_overhead_s", "action_overhead_s"):
+            value = getattr(self, key)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{owner}.{key}={value!r}: must be a finite number ≥ 0")
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:

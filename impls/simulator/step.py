@@ -165,6 +165,11 @@ def simulate(
         stages = [replace(st, forward=f, input=i, weight=w, tp_forward=0.0, tp_backward=0.0)
                   for st, (f, i, w) in zip(stages, stage_costs, strict=True)]  # fmt: skip
     split = plan.schedule in SPLIT_BACKWARD
+    if hw.action_overhead_s:  # one per F and per backward action (I and W when split)
+        extra = hw.action_overhead_s
+        stages = [replace(st, forward=st.forward + extra, input=st.input + extra,
+                          weight=st.weight + extra if split else st.weight)
+                  for st in stages]  # fmt: skip
     bpp = bytes_per_param(dtype)
     dp_costs = [
         per_action(

@@ -15,6 +15,7 @@ from impls.costmodel.comm import (
     ALLREDUCE_ALGORITHMS,
     all_gather_seconds,
     all_to_all_seconds,
+    allreduce_rounds,
     allreduce_seconds,
     best_allreduce,
     collective_seconds,
@@ -55,6 +56,7 @@ HAND = [
 def test_allreduce_matches_hand_count(algorithm, n, messages, nbytes):
     expected = messages * A + nbytes / BW
     assert allreduce_seconds(1200, n, LINK, algorithm) == pytest.approx(expected)
+    assert allreduce_rounds(n, algorithm) == messages  # the rounds a caller spreads work on
 
 
 def test_halves_and_all_to_all_and_p2p():

@@ -133,3 +133,39 @@ def test_blocking_sends_hold_the_sender_as_the_reference_replay_places_them(sche
     assert _parts(blocking) == pytest.approx(blocking.step_time_s, rel=1e-12)
     assert blocking.step_time_s >= latency.step_time_s
     assert blocking.compute_s == latency.compute_s and blocking.bubble_s == latency.bubble_s
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble_h1"])
+def test_action_overhead_lengthens_every_compute_action_once(schedule):
+    """`Hardware.action_overhead_s` is paid once by each F and each backward action (I and
+    W apart when split): with free sends the step is `impls.pipeline.replay` of actions
+    that long, the breakdown adds up, and the rank's compute grows by one overhead per
+    action it runs."""
+    from dataclasses import replace
+
+    from impls.pipeline import replay
+    from impls.pipeline.schedules import build_plan
+
+    spec = TransformerSpec(n_layers=8, d_model=256, n_heads=8, vocab_size=512, seq_len=128)
+    v = 2 if schedule == "interleaved_1f1b" else 1
+    plan = ParallelPlan(dp=1, tp=1, pp=2, num_microbatches=4, schedule=schedule,
+                        virtual_stages=v, microbatch_size=2)  # fmt: skip
+    costs = [(1e-3 * (s + 1), 2e-3, 1e-3) for s in range(2 * v)]  # (F, I, W) per stage
+    hw = replace(flat_hardware(alpha_s=4e-4, bandwidth=1e9), p2p_blocking=True)
+    extra = 3e-4
+    plain = simulate(spec, plan, hw, stage_costs=costs)
+    loaded = simulate(spec, plan, replace(hw, action_overhead_s=extra), stage_costs=costs)
+    split = schedule == "zero_bubble_h1"
+    per_microbatch = (3 if split else 2) * v  # actions of one micro-batch on one rank
+    assert loaded.compute_s - plain.compute_s == pytest.approx(4 * per_microbatch * extra)
+    assert _parts(loaded) == pytest.approx(loaded.step_time_s, rel=1e-12)
+
+    def held(action) -> float:
+        f, i, w = costs[action.stage]
+        return {"F": f, "I": i, "W": w, "B": i + w}[action.kind] + extra
+
+    free = replay(build_plan(schedule, 2, 4, v), held, 0.0, 2 * v)
+    no_send = simulate(spec, plan, replace(flat_hardware(), action_overhead_s=extra),
+                       stage_costs=costs)  # fmt: skip
+    pipeline_end = no_send.step_time_s - no_send.optimizer_s - no_send.exposed_dp_s
+    assert pipeline_end == pytest.approx(free.makespan, rel=1e-12)

@@ -19,6 +19,7 @@ import statistics
 from collections import defaultdict
 
 from bench.experiments.parallelism_comparison.ranks import PROBE_BYTES, Layout
+from impls.costmodel.comm import allreduce_rounds
 from impls.pipeline import Action, replay
 
 __all__ = ["replay_columns", "wall_utilization"]
@@ -27,7 +28,7 @@ __all__ = ["replay_columns", "wall_utilization"]
 def _tp_calls(rounds: float, tp: int) -> float:
     """TP all-reduces behind `rounds` rounds: every TP collective is a ring all-reduce,
     2(t−1) rounds each."""
-    return rounds / (2 * (tp - 1)) if tp > 1 else 0.0
+    return rounds / allreduce_rounds(tp) if tp > 1 else 0.0
 
 
 def wall_utilization(layout: Layout, per_rank: list[dict]) -> float:
