@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import math
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -207,16 +208,24 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
     """The ground-truth rows are medians of timed steps; fitting the fastest repeat priced
     every row short. Each reference timing here is a known spread around its median."""
     median = {("fp32", 1): 8e-3, ("fp32", 16): 8e-2, ("bf16", 1): 9e-3, ("bf16", 16): 7e-2,
-              calibration.PROBE: 2e-2}  # fmt: skip
+              calibration.PROBE: 2e-2,
+              ("executor", 1): 1e-3, ("ledger", 1): 0.5e-3}  # paired excess  # fmt: skip
 
-    def rounds(count, window_s):
-        return {key: [1.3 * m, 0.7 * m, m] for key, m in median.items()}  # fastest 0.7 m
+    def rounds(count, window_s):  # fastest 0.7 m; the jitter of one window of three
+        return {key: [1.3 * m, 0.7 * m, m] for key, m in median.items()}, [0.7, 1.0, 1.3]
 
     monkeypatch.setattr(calibration, "_reference_rounds", rounds)
     monkeypatch.setattr(calibration, "_CALIBRATIONS", {})
     cfg = SimpleNamespace(gemm_sizes=[8, 16], copy_mib=1, repeats=1, reference_window_s=0.0)
     cal = calibration.calibrate(cfg, 1)
     assert cal["host_probe_s"] == 2e-2  # the probe's median over the rounds
+    assert cal["step_jitter"] == (0.7, 1.0, 1.3)
+    # each runtime's cost per action: its median excess over the plain step, ÷ its F and B
+    for runtime, excess in (("executor", 1e-3), ("ledger", 0.5e-3)):
+        assert calibration.action_overhead(cal, runtime) == pytest.approx(excess / 2)
+    assert calibration.action_overhead(cal, None) == 0.0
+    with pytest.raises(ValueError, match="runtime='hybrid'"):
+        calibration.action_overhead(cal, "hybrid")
     for dtype in ("fp32", "bf16"):
         want = {b: median[(dtype, b)] for b in (1, 16)}
         assert cal[f"reference_{dtype}_s"] == want
@@ -230,7 +239,8 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
 
 def test_reference_rounds_take_turns_and_fill_their_windows(monkeypatch):
     """Each configuration steps in every round, for its window (at least once), the
-    order rotating by round so no configuration always goes first."""
+    order rotating by round so no configuration always goes first; a runtime's step is
+    paired with a plain one."""
     order = []
 
     def step_of(micro, dtype):
@@ -240,14 +250,24 @@ def test_reference_rounds_take_turns_and_fill_their_windows(monkeypatch):
         return step
 
     monkeypatch.setattr(calibration, "reference_step", step_of)
-    samples = calibration._reference_rounds(3, 0.0)
+    monkeypatch.setattr(calibration, "_runtime_step", lambda name, micro: step_of(micro, name))
+    samples, jitter = calibration._reference_rounds(3, 0.0)
     assert {k: len(v) for k, v in samples.items()} == dict.fromkeys(samples, 3)
+    assert jitter == [1.0, 1.0, 1.0]  # one step a window: its own median
     assert set(samples) == {("fp32", 1), ("fp32", 16), ("bf16", 1), ("bf16", 16),
-                            calibration.PROBE}  # the host probe's step among them  # fmt: skip
-    firsts = [order[5 + 5 * r] for r in range(3)]  # after the five warm-ups
-    assert len(set(firsts)) == 3
-    windowed = calibration._reference_rounds(1, 0.01)
+                            calibration.PROBE,  # the host probe's step among them
+                            ("executor", 1), ("ledger", 1)}  # and each runtime's  # fmt: skip
+    # after the seven warm-ups, nine steps a round: each runtime's paired with a plain one
+    rounds = [order[7 + 9 * r : 16 + 9 * r] for r in range(3)]
+    assert len(set(steps[0] for steps in rounds)) == 3  # a different one first each round
+    for steps in rounds:
+        for runtime in calibration.RUNTIMES:
+            at = steps.index((runtime, 1))
+            assert steps[at + 1] == ("fp32", 1)  # the plain b = 1 step right after it
+    windowed, jitter = calibration._reference_rounds(1, 0.01)
     assert all(len(v) > 1 for v in windowed.values())  # 10 ms windows of µs steps
+    assert len(jitter) == len(windowed[calibration.JITTER])
+    assert statistics.median(jitter) == pytest.approx(1.0)
 
 
 def test_single_rank_prediction_is_the_sum_of_the_calibrated_layer_costs():
@@ -431,3 +451,70 @@ def test_a_row_is_predicted_at_the_host_speed_its_probes_measured(monkeypatch):
     assert plain["predicted_unnormalised_step_time_s"] == plain["predicted_step_time_s"]
     for source, cal in ((math.nan, 0.02), (0.03, math.nan), (0.0, 0.02)):
         assert ranks.host_slowdown(source, cal) == 1.0
+
+
+def _runtime_steps_run() -> list[float]:
+    """Each runtime's reference step, timed once after a warm-up (on a one-rank world,
+    which the executor's needs)."""
+    return [calibration._timings(calibration._runtime_step(runtime, 1), 1)[0]
+            for runtime in calibration.RUNTIMES]  # fmt: skip
+
+
+def test_each_runtime_step_runs_the_reference_under_its_runtime():
+    """The executor's step walks a one-stage plan of `EXECUTOR_MICROBATCHES` micro-batches;
+    the ledger's counts the forward's saved activations. Both step and leave no error."""
+    from bench.launch import run_on_ranks
+
+    (times,) = run_on_ranks(_runtime_steps_run, 1, timeout_s=120.0)
+    assert len(times) == len(calibration.RUNTIMES) and all(t > 0 for t in times)
+
+
+def test_a_row_pays_its_runtime_once_per_compute_action(monkeypatch):
+    """A row whose source steps under a runtime (`runtime`) pays that runtime's measured
+    cost on each F and each B, stretched like a kernel's overhead under core sharing; a
+    row without one pays nothing."""
+    extra = 2e-4
+    cal = {**RUN_CAL, "action_overhead_ledger_s": extra, "action_overhead_executor_s": 0.0}
+    monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: cal)
+    monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
+    for truth, stretch in ((_truth(2), 1.0),
+                           (_truth(8, label="wall clock, 8 ranks on 2 cores (modelled core "
+                                            "sharing)"), 4.0)):  # fmt: skip
+        plain = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
+        ledger = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**truth, "runtime": "ledger"}))
+        assert (plain["action_overhead_s"], ledger["action_overhead_s"]) == (0.0, extra)
+        assert ledger["runtime"] == "ledger" and plain["runtime"] is None
+        assert ledger["predicted_step_time_s"] - plain["predicted_step_time_s"] == pytest.approx(
+            2 * extra * stretch)  # one F and one B  # fmt: skip
+
+
+def test_straggler_is_the_order_statistic_of_the_measured_spread():
+    """The median of the slowest of N draws is the quantile at 0.5^(1/N): for a spread
+    uniform on [1, 1.2], 1 + 0.2 · 0.5^(1/N)."""
+    jitter = tuple(1 + 0.2 * i / 1000 for i in range(1001))
+    cal = {"step_jitter": jitter}
+    assert calibration.straggler(cal, 1) == 1.0
+    for n in (2, 4, 8):
+        assert calibration.straggler(cal, n) == pytest.approx(1 + 0.2 * 0.5 ** (1 / n))
+    assert calibration.straggler({}, 8) == 1.0  # a calibration without it
+    assert calibration.straggler({"step_jitter": (0.5, 0.9, 1.0)}, 2) == 1.0  # never < 1
+
+
+def test_wall_clock_rows_of_several_ranks_pay_the_straggler_and_replays_do_not(monkeypatch):
+    """A wall-clock row of N ≥ 2 ranks has its rank's compute × the straggler factor; the
+    same rank replayed, or alone, has none; the links are not scaled."""
+    jitter = tuple(1 + 0.2 * i / 100 for i in range(101))
+    monkeypatch.setattr(calibration, "calibrate",
+                        lambda cfg, threads: {**RUN_CAL, "step_jitter": jitter})  # fmt: skip
+    monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
+    wall = ranks.run(SimpleNamespace(), SimpleNamespace(carry=_truth(2)))
+    replayed = ranks.run(SimpleNamespace(), SimpleNamespace(
+        carry={**_truth(2), "ground_truth": "replayed"}))  # fmt: skip
+    single = ranks.run(SimpleNamespace(), SimpleNamespace(carry=_truth(1)))
+    factor = calibration.straggler({"step_jitter": jitter}, 2)
+    assert wall["straggler"] == pytest.approx(factor) and factor > 1
+    assert replayed["straggler"] == 1.0 and single["straggler"] == 1.0
+    assert wall["predicted_compute_s"] == pytest.approx(factor * replayed["predicted_compute_s"])
+    assert wall["predicted_without_straggler_step_time_s"] == pytest.approx(
+        replayed["predicted_step_time_s"])  # the same rank, alone  # fmt: skip
+    assert wall["predicted_dp_s"] == pytest.approx(replayed["predicted_dp_s"])  # links kept

@@ -3,7 +3,7 @@ a quick calibration): every row has a positive prediction and its errors are the
 its own columns, each row's ground truth is labelled by the rule (wall clock only where
 ranks ≤ cores), the composed memory is within the issue's 5% of what the sources measured,
 the calibration is positive, every row is priced at the host speed its probes measured,
-and the index carries the medians and ρ as gaps, never as measurements."""
+its source's runtime and (wall clock, N ≥ 2) the slowest of its ranks, and the index carries the medians and ρ as gaps, never as measurements."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import math
 import pandas as pd
 
 from bench.experiments.planner_validation.config import PROBE_LINK
+from impls.costmodel.comm import allreduce_rounds
 from tests.ci_checks import ran
 
 ARTEFACTS = ("step_time_scatter", "memory_scatter")
@@ -81,7 +82,8 @@ def calibration_is_positive_and_recorded(df: pd.DataFrame, headline: dict) -> No
         # a rank's thread speedup is measured on the reference and bounded to [1, threads]
         assert 1.0 <= row["cal_thread_speedup"] <= row["threads_per_rank"], row.to_dict()
         if row["optimizer_params"] > 0 and row["predicted_optimizer_s"] > 0:  # AdamW priced
-            # at the host speed around the row (its slowdown), ÷ a core share when crowded
+            # at the host speed around the row (its slowdown; × the straggler factor on a
+            # wall clock of several ranks), ÷ a core share when crowded
             assert row["predicted_optimizer_s"] >= row["cal_adamw_s_per_param"] * row[
                 "optimizer_params"] * row["host_slowdown"] * (1 - 1e-9), row.to_dict()  # fmt: skip
         # a row is predicted on the fit to its own statistic: the fastest only for
@@ -134,7 +136,7 @@ def rows_are_priced_at_their_host_speed(df: pd.DataFrame, headline: dict) -> Non
         alpha = row["link_alpha_s"]
         if row["ground_truth"] == "replayed" and tp > 1:
             assert call > 0, row["config"]
-            alpha += call / (2 * (tp - 1))
+            alpha += call / allreduce_rounds(tp)
         else:
             assert call == 0, row["config"]
         assert math.isclose(row["round_alpha_s"], alpha, rel_tol=1e-9), row["config"]
@@ -142,6 +144,36 @@ def rows_are_priced_at_their_host_speed(df: pd.DataFrame, headline: dict) -> Non
     probed = int(pd.to_numeric(done["host_probe_s"], errors="coerce").notna().sum())
     assert speed["rows_probed"] == probed, speed
     assert 0 < speed["median_abs_step_error_unnormalised"] < math.inf, speed
+
+
+RUNTIME_OF = {"parallelism_comparison": "executor", "pipeline_utilization": "executor",
+              "zero_memory": "ledger"}  # fmt: skip
+
+
+def rows_pay_their_runtime_and_stragglers(df: pd.DataFrame, headline: dict) -> None:
+    """Each row pays its source's runtime per compute action, as this run measured it
+    (≥ 0); a wall-clock row of N ≥ 2 ranks is priced at the slowest-of-N factor (≥ 1, the
+    same for every row of that N, not falling with N), every other row at 1, and its
+    error without the factor is the ratio of its own columns."""
+    done = ran(df)
+    factors: dict[int, float] = {}
+    for _, row in done.iterrows():
+        runtime = RUNTIME_OF[row["source"]]
+        assert row["runtime"] == runtime, (row["config"], row["runtime"])
+        cost = float(row["action_overhead_s"])
+        assert cost == row[f"cal_action_overhead_{runtime}_s"] and cost >= 0, row["config"]
+        n, factor = int(row["ranks"]), float(row["straggler"])
+        if row["ground_truth"] == "replayed" or n == 1:
+            assert factor == 1.0, row["config"]
+            assert row["predicted_without_straggler_step_time_s"] == row["predicted_step_time_s"]
+        else:
+            assert factor >= 1.0 and factors.setdefault(n, factor) == factor, row["config"]
+        alone = row["predicted_without_straggler_step_time_s"] / row["measured_step_time_s"] - 1
+        assert math.isclose(alone, row["step_error_without_straggler"], rel_tol=1e-9)
+    ordered = [factors[n] for n in sorted(factors)]
+    assert ordered == sorted(ordered), factors
+    shown = {int(n): f for n, f in headline["stragglers"]["factor_by_ranks"].items()}
+    assert shown == {n: f for n, f in factors.items() if f > 1}, (shown, factors)
 
 
 CHECKS = (
@@ -152,4 +184,5 @@ CHECKS = (
     calibration_is_positive_and_recorded,
     index_shows_errors_as_gaps,
     rows_are_priced_at_their_host_speed,
+    rows_pay_their_runtime_and_stragglers,
 )

@@ -25,6 +25,13 @@ count a rank runs at).
   ground-truth row, and a row is predicted on rates scaled by the ratio
   (`ranks.host_slowdown`): a shared host drifts between fast and slow phases, and the
   calibration and the ground truth are measured minutes to hours apart.
+- each runtime a source steps under (`RUNTIMES`: the pipeline executor, the ZeRO wrapper's
+  ledger), the reference at micro-batch 1 under it, each sample paired with a plain step
+  right after it, among the same rounds: its median excess ÷ 2 is the runtime's cost per
+  compute action (`action_overhead`, the simulator's `Hardware.action_overhead_s`).
+- the step-to-step spread: each fp32 b = 1 reference step of those rounds ÷ the median of
+  its window (`step_jitter`); the slowest of N ranks that vary as it does is priced at its
+  quantile 0.5^(1/N) (`straggler`, for wall-clock rows of N ≥ 2 ranks).
 
 The microbenchmarks give the table its shape and keep their fastest repeat (the least
 disturbed); the reference fit sets its level, and it is fitted twice, once per statistic
@@ -55,16 +62,18 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 
 from bench.kit.host import PROBE_MICRO
 from bench.kit.workloads import REFERENCE_GPT, reference_step
 
-__all__ = ["REFERENCE", "REFERENCE_MICRO", "STATISTICS", "calibrate", "fit_for",
-           "fit_reference", "host_hardware", "rank_calibration", "reference_plan",
-           "thread_speedup"]  # fmt: skip
+__all__ = ["REFERENCE", "REFERENCE_MICRO", "RUNTIMES", "STATISTICS", "action_overhead",
+           "calibrate", "fit_for", "fit_reference", "host_hardware", "rank_calibration",
+           "reference_plan", "straggler", "thread_speedup"]  # fmt: skip
 
 _CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
 _RANK_CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
@@ -72,6 +81,17 @@ ROWS = 8  # calibration GEMMs are (8n × n)·(n × n): tall, as tokens × width 
 REFERENCE = REFERENCE_GPT
 """The reference GPT timed on one process (none of the ground-truth shapes)."""
 REFERENCE_MICRO = (1, 16)
+RUNTIMES = ("executor", "ledger")
+"""The runtimes the ground-truth sources step under, each timed among the reference rounds
+at micro-batch `REFERENCE_MICRO[0]`: `executor`, the whole reference as the one stage of a
+one-rank `impls.pipeline.PipelineExecutor` (`EXECUTOR_MICROBATCHES` micro-batches a step,
+timed per micro-batch: its schedule walk and the saved-activation accounting it keeps,
+`parallelism_comparison` and `pipeline_utilization`); `ledger`, the reference's forward
+under `impls.memory.MemoryLedger.saved_activations` (what `impls.zero.ZeroDataParallel`
+wraps every forward in, `zero_memory`)."""
+EXECUTOR_MICROBATCHES = 4
+JITTER = ("fp32", REFERENCE_MICRO[0])
+"""The reference configuration whose step-to-step spread prices stragglers (`straggler`)."""
 PROBE = ("fp32", PROBE_MICRO)
 """The host probe's step (`bench.kit.host.host_probe`: the reference in fp32 at
 `PROBE_MICRO`), timed among the reference rounds: its median over them is where this
@@ -82,6 +102,32 @@ STATISTICS: dict[str, Callable[[list[float]], float]] = {"median": statistics.me
                                                          "fastest": min}  # fmt: skip
 """The statistics of a ground-truth row's time, each with a reference fit of its own."""
 _SUFFIX = {"median": "", "fastest": "_fastest"}  # keys: reference_fp32_s, ..._fastest_s
+
+
+def action_overhead(cal: dict[str, Any], runtime: str | None) -> float:
+    """Seconds `runtime` (`RUNTIMES`; None: a plain step) adds per compute action: the
+    median excess of the reference's step under it (per micro-batch) over the plain one
+    timed right after it, ÷ 2 (its F and its B), at least 0; 0 for a calibration made
+    before it was measured. One figure for both statistics: a fixed cost per action, not
+    a rate that the host's phases move."""
+    if runtime is None:
+        return 0.0
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime={runtime!r}: expected one of {RUNTIMES} or None")
+    return cal.get(f"action_overhead_{runtime}_s", 0.0)
+
+
+def straggler(cal: dict[str, Any], ranks: int) -> float:
+    """The median of the slowest of `ranks` steps ÷ the median step (≥ 1): a wall-clock step
+    of N ranks that meet at every collective ends with the slowest, and if each rank's step
+    time varies independently as one process's does, the median of the slowest of N is
+    that distribution's quantile at 0.5^(1/N) (order statistics). The distribution is the
+    reference's step ÷ its window's median (`step_jitter`); 1 for one rank or a
+    calibration without it."""
+    jitter = cal.get("step_jitter") or ()
+    if ranks < 2 or not jitter:
+        return 1.0
+    return max(1.0, float(np.quantile(jitter, 0.5 ** (1 / ranks))))
 
 
 def fit_for(cal: dict[str, Any], dtype: str, statistic: str) -> dict[str, Any]:
@@ -141,7 +187,7 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
         target = torch.empty_like(source)
         copy_s = _fastest(lambda: target.copy_(source), cfg.repeats)
         overhead = _fastest(_tiny_autograd_chain, cfg.repeats) / (2 * CHAIN)
-        reference = _reference_rounds(cfg.repeats, window)
+        reference, jitter = _reference_rounds(cfg.repeats, window)
     finally:
         torch.set_num_threads(before)
     peak = max(rates)
@@ -155,7 +201,11 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
         "memory_bandwidth": 2 * source.numel() * 4 / copy_s,
         "kernel_overhead_s": overhead,
         "host_probe_s": statistics.median(reference[PROBE]),
+        "step_jitter": tuple(sorted(jitter)),
     }
+    for runtime in RUNTIMES:  # per action: the F and the B of a micro-batch
+        excess = statistics.median(reference[(runtime, REFERENCE_MICRO[0])])
+        result[f"action_overhead_{runtime}_s"] = max(0.0, excess / 2)
     for dtype in ("fp32", "bf16"):
         times = {micro: reference[(dtype, micro)] for micro in REFERENCE_MICRO}
         for statistic, pick in STATISTICS.items():
@@ -167,7 +217,8 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
 
 
 def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 1.0, *,
-                  overhead_s: float | None = None, p2p_blocking: bool = False) -> Any:  # fmt: skip
+                  overhead_s: float | None = None, p2p_blocking: bool = False,
+                  action_overhead_s: float = 0.0) -> Any:  # fmt: skip
     """The calibrated host as the simulator's `Hardware`: the microbenchmarks' FLOP/s and
     bandwidth × `rate`, `overhead_s` per kernel (None: the microbenchmark's); with
     `p2p_blocking`, a pipeline send holds its rank (the wall clock: the executor waits out
@@ -192,6 +243,7 @@ def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 
         gemm_efficiency=tuple(sorted(cal["gemm_table"])),
         elementwise_efficiency=1.0,  # the copy's achieved bandwidth is already the rate
         kernel_overhead_s=overhead,
+        action_overhead_s=action_overhead_s,
         comm_overlap=False,
         p2p_blocking=p2p_blocking,
         sources={"all": "measured on this host in this run (planner_validation.calibration)"},
@@ -203,29 +255,89 @@ def _reference_timings(micro: int, dtype: str, repeats: int) -> list[float]:
     return _timings(reference_step(micro, dtype), repeats)
 
 
-def _reference_rounds(rounds: int, window_s: float) -> dict[tuple[str, int], list[float]]:
-    """Every step time of the reference per (dtype, micro-batch), and of the host probe's
-    step (`PROBE`), timed in `rounds` rounds:
-    in each, every configuration steps for `window_s` seconds (at least once), the order
-    rotating by round. This host drifts between fast and slow phases lasting seconds;
-    spread over rounds, each configuration's samples see the same phases, and a phase
-    that lands on one of them cannot tilt the two-point fit alone."""
+def _reference_rounds(rounds: int, window_s: float
+                      ) -> tuple[dict[tuple[str, int], list[float]], list[float]]:  # fmt: skip
+    """(samples, jitter). Samples: every step time of the reference per (dtype,
+    micro-batch) and of the host probe's step (`PROBE`), and per runtime of `RUNTIMES` (key `(runtime, b)`) the excess of its
+    step (per micro-batch) over the plain reference's at the same b timed right after it,
+    all in `rounds` rounds: in each, every configuration samples for `window_s` seconds
+    (at least once), the order rotating by round. This host drifts between fast and slow
+    phases lasting seconds; spread over rounds, each configuration's samples see the same
+    phases, and a phase that lands on one of them cannot tilt the two-point fit alone. A
+    runtime costs a few percent of a step, less than that drift: paired back to back, the
+    drift cancels in each difference. Jitter: each step of `JITTER` ÷ the median of its
+    window (the step-to-step spread, the phases divided out)."""
     configs = [(dtype, micro) for dtype in ("fp32", "bf16") for micro in REFERENCE_MICRO]
     configs.append(PROBE)
     steps = {config: reference_step(config[1], config[0]) for config in configs}
-    for step in steps.values():
+    runtimes = {(name, REFERENCE_MICRO[0]): _runtime_step(name, REFERENCE_MICRO[0])
+                for name in RUNTIMES}  # fmt: skip
+    for step in [*steps.values(), *runtimes.values()]:
         step()  # warm-up
+    sample = {config: partial(_seconds, step) for config, step in steps.items()}
+    plain = steps[("fp32", REFERENCE_MICRO[0])]
+    for config, step in runtimes.items():
+        per = EXECUTOR_MICROBATCHES if config[0] == "executor" else 1
+        sample[config] = partial(_excess, step, per, plain)
+    configs += list(runtimes)
     samples: dict[tuple[str, int], list[float]] = {config: [] for config in configs}
+    jitter: list[float] = []
     for r in range(rounds):
         for config in configs[r % len(configs) :] + configs[: r % len(configs)]:
-            end = time.perf_counter() + window_s
+            window, end = [], time.perf_counter() + window_s
             while True:
-                start = time.perf_counter()
-                steps[config]()
-                samples[config].append(time.perf_counter() - start)
-                if start >= end or time.perf_counter() >= end:
+                window.append(sample[config]())
+                if time.perf_counter() >= end:
                     break
-    return samples
+            samples[config] += window
+            if config == JITTER:
+                middle = statistics.median(window)
+                jitter += [t / middle for t in window]
+    return samples, jitter
+
+
+def _seconds(step: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def _excess(step: Callable[[], None], per: int, plain: Callable[[], None]) -> float:
+    """`step`'s seconds ÷ `per` less `plain`'s, timed back to back."""
+    return _seconds(step) / per - _seconds(plain)
+
+
+def _runtime_step(runtime: str, micro: int) -> Callable[[], None]:
+    """One step of the reference as a source's `runtime` runs it (`RUNTIMES`), then
+    zero_grad as the plain reference step does. `executor` needs this process's one-rank
+    process group (a planner_validation rank has it)."""
+    from bench.kit.workloads import lm_loss, seeded_gpt_and_batch
+    from impls.comm import Communicator
+    from impls.memory import MemoryLedger
+    from impls.pipeline import PipelineExecutor, build_plan
+
+    m = EXECUTOR_MICROBATCHES if runtime == "executor" else 1
+    net, inputs, targets = seeded_gpt_and_batch(REFERENCE, micro * m, seed=0)
+    if runtime == "ledger":
+        ledger, weights = MemoryLedger(), list(net.parameters())
+
+        def step() -> None:
+            with ledger.saved_activations(exclude=weights):
+                loss = net.loss(net(inputs).float(), targets)
+            loss.backward()
+            net.zero_grad(set_to_none=False)
+
+        return step
+    shape = (micro, REFERENCE["seq_len"], REFERENCE["d_model"])
+    executor = PipelineExecutor(Communicator(), {0: net}, build_plan("gpipe", 1, m),
+                                num_stages=1, microbatches=m, loss_fn=lm_loss,
+                                activation_shape=shape)  # fmt: skip
+
+    def step() -> None:
+        executor.step(inputs, targets, align_clocks=False)
+        net.zero_grad(set_to_none=False)
+
+    return step
 
 
 def _adamw_seconds_per_param(repeats: int) -> float:

@@ -94,6 +94,7 @@ def _parallelism(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             measured_peak_bytes=float(r["memory_per_rank_bytes"]),
             memory_includes_states=True, replayed=float(r["replayed_step_time_s"]),
             tp_call_cpu_s=float(r.get("tp_call_cpu_s") or 0.0),  # its replay's price
+            runtime="executor",  # HybridTrainer runs impls.pipeline's executor
         ))  # fmt: skip
     return out
 
@@ -113,6 +114,7 @@ def _zero(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             # impls.zero gathers / reduce-scatters unit by unit: the GPT's blocks and
             # the root unit (embeddings, final norm, head), one call each
             dp_collectives=int(float(r["n_layers"])) + 1,
+            runtime="ledger",  # ZeroDataParallel counts each forward's saved activations
         ))  # fmt: skip
     return out
 
@@ -141,6 +143,7 @@ def _pipeline(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             measured_peak_bytes=float(r["peak_activation_bytes"]),
             memory_includes_states=False, replayed=float(r["replayed_makespan_s"]),
             replay_statistic="fastest",  # its replay prices each action at its fastest
+            runtime="executor",
         ))  # fmt: skip
     return out
 
@@ -242,6 +245,8 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
         "step_error": _error(p["predicted_step_time_s"], measured_step),
         "step_error_unnormalised": _error(p["predicted_unnormalised_step_time_s"],
                                           measured_step),
+        "step_error_without_straggler": _error(p["predicted_without_straggler_step_time_s"],
+                                               measured_step),
         "memory_measure": "model states + activations" if t["memory_includes_states"]
         else "activations",
         "measured_peak_bytes": measured_peak,

@@ -31,6 +31,7 @@ import math
 from typing import Any
 
 from bench.experiments.planner_validation import calibration
+from impls.costmodel.comm import allreduce_rounds
 
 __all__ = ["activation_stage_bytes", "optimizer_params", "params_per_stage", "predict",
            "host_slowdown", "rank_rates", "round_alpha", "run", "stage_layers"]  # fmt: skip
@@ -168,9 +169,8 @@ def host_slowdown(source_probe: float, calibration_probe: float) -> float:
     Every compute rate of the row's hardware is divided by it, its per-kernel overhead
     and AdamW cost multiplied (links are read from other reports and kept as they are).
     1 where either probe is missing (a source run without probes)."""
-    if not (math.isfinite(source_probe) and math.isfinite(calibration_probe)):
-        return 1.0
-    if source_probe <= 0 or calibration_probe <= 0:
+    probes = (source_probe, calibration_probe)
+    if not all(math.isfinite(p) and p > 0 for p in probes):
         return 1.0
     return source_probe / calibration_probe
 
@@ -189,7 +189,7 @@ def round_alpha(truth: dict[str, Any]) -> tuple[float, float]:
     call = truth.get("tp_call_cpu_s", 0.0)
     if truth["ground_truth"] != "replayed" or truth["tp"] < 2 or not call > 0:
         return alpha, 0.0
-    return alpha + call / (2 * (truth["tp"] - 1)), call
+    return alpha + call / allreduce_rounds(truth["tp"]), call
 
 
 def rank_rates(ranks_: int, cores: int, wall_clock: bool) -> tuple[int, float, float]:
@@ -214,23 +214,32 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
     speedup = calibration.thread_speedup(local, truth["precision"])
     if threads > 1:
         rate = speedup  # measured on the reference, not the thread count
-    fit = calibration.fit_for(cal, truth["precision"], truth.get("statistic", "median"))
+    statistic = truth.get("statistic", "median")
+    fit = calibration.fit_for(cal, truth["precision"], statistic)
     alpha, call_cpu = round_alpha(truth)
     probe, cal_probe = truth.get("host_probe_s", math.nan), cal.get("host_probe_s", math.nan)
     slowdown = host_slowdown(probe, cal_probe)
+    action = calibration.action_overhead(cal, truth.get("runtime"))
 
-    def predicted(slowdown: float) -> dict[str, Any]:
+    def predicted(slower: float) -> dict[str, Any]:
+        """The row priced on a host `slower` times slower than the calibration's."""
         hw = calibration.host_hardware(cal, (alpha, truth["link"][1]),
-                                       rate / fit["scale"] / slowdown,
-                                       overhead_s=fit["overhead_s"] * stretch * slowdown,
-                                       p2p_blocking=wall_clock)  # fmt: skip
+                                       rate / fit["scale"] / slower,
+                                       overhead_s=fit["overhead_s"] * stretch * slower,
+                                       p2p_blocking=wall_clock,
+                                       action_overhead_s=action * stretch * slower)  # fmt: skip
         adamw = local["adamw_s_per_param"] / min(rate, 1.0)  # a core share stretches it
-        return predict(truth, hw, adamw * slowdown)
+        return predict(truth, hw, adamw * slower)
 
-    row, micro = predicted(slowdown), calibration.REFERENCE_MICRO
-    plain = row if slowdown == 1.0 else predicted(1.0)
+    # a wall-clock step ends with the slowest of its ranks; a replay prices each action alone
+    straggle = calibration.straggler(cal, truth["ranks"]) if wall_clock else 1.0
+    row, micro = predicted(slowdown * straggle), calibration.REFERENCE_MICRO
+    plain = row if slowdown == 1.0 else predicted(straggle)
+    alone = row if straggle == 1.0 else predicted(slowdown)
     row.update({
         "predicted_unnormalised_step_time_s": plain["predicted_step_time_s"],
+        "predicted_without_straggler_step_time_s": alone["predicted_step_time_s"],
+        "straggler": straggle,
         "host_probe_s": probe, "cal_host_probe_s": cal_probe, "host_slowdown": slowdown,
         "threads_per_rank": threads, "compute_rate": rate, "overhead_stretch": stretch,
         "p2p_blocking": wall_clock,
@@ -250,5 +259,8 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
            for d in ("fp32", "bf16") for b in micro for k in ("", "_fastest")},
         "link_alpha_s": truth["link"][0], "link_beta_s_per_byte": truth["link"][1],
         "tp_call_cpu_s": call_cpu, "round_alpha_s": alpha,
+        "runtime": truth.get("runtime"), "action_overhead_s": action,
+        **{f"cal_action_overhead_{name}_s": calibration.action_overhead(cal, name)
+           for name in calibration.RUNTIMES},
     })  # fmt: skip
     return row

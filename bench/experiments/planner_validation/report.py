@@ -1,6 +1,7 @@
 """The `planner_validation` report: the simulator calibrated on this host against the
 configurations distbench measured here — errors per row, medians, the worst rows, the rank
-correlation of step times, the calibration behind every prediction. Plots in `plots.py`."""
+correlation of step times, the calibration behind every prediction (its section in `report_calibration.py`). Plots
+in `plots.py`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pandas as pd
 
 from bench.experiments.planner_validation.config import PROBE_LINK, repository_reports
 from bench.experiments.planner_validation.plots import scatter_figure
+from bench.experiments.planner_validation.report_calibration import calibration
 from bench.report import (
     Context,
     Report,
@@ -28,37 +30,6 @@ STEP_BOUND = 0.15  # issue 14: median step-time error ≤ 15%
 MEMORY_BOUND = 0.05  # issue 14: peak-memory error ≤ 5%
 SPEARMAN_BOUND = 0.8  # issue 14: Spearman ≥ 0.8
 ISSUE = "issue 14 (done when: simulator against runs here)"
-CAL_COLUMNS = (
-    ("cal_peak_fp32_flops", "peak fp32 GEMM (FLOP/s)", lambda v: f"{v / 1e9:.1f} G"),
-    ("cal_peak_bf16_flops", "peak bf16 GEMM (FLOP/s)", lambda v: f"{v / 1e9:.1f} G"),
-    ("cal_memory_bandwidth", "copy bandwidth (B/s)", lambda v: f"{v / 1e9:.1f} G"),
-    ("cal_kernel_overhead_s", "tiny autograd op", format_seconds),
-    ("fit_median_scale", "reference fit to the median: compute factor", lambda v: f"{v:.2f}×"),
-    ("fit_median_overhead_s", "reference fit to the median: per-kernel overhead", format_seconds),
-    ("fit_fastest_scale", "reference fit to the fastest: compute factor", lambda v: f"{v:.2f}×"),
-    ("fit_fastest_overhead_s", "reference fit to the fastest: per-kernel overhead", format_seconds),
-    ("reference_fp32_micro1_s", "reference step fp32, b = 1, median", format_seconds),
-    ("reference_fp32_micro1_fastest_s", "reference step fp32, b = 1, fastest", format_seconds),
-    ("reference_fp32_micro16_s", "reference step fp32, b = 16, median", format_seconds),
-    ("reference_fp32_micro16_fastest_s", "reference step fp32, b = 16, fastest", format_seconds),
-    ("reference_bf16_micro1_s", "reference step bf16, b = 1, median", format_seconds),
-    ("reference_bf16_micro1_fastest_s", "reference step bf16, b = 1, fastest", format_seconds),
-    ("reference_bf16_micro16_s", "reference step bf16, b = 16, median", format_seconds),
-    ("reference_bf16_micro16_fastest_s", "reference step bf16, b = 16, fastest", format_seconds),
-    ("cal_gemm_table", "GEMM table (FLOPs:fraction of peak)", str),
-)
-THREAD_COLUMNS = (
-    ("cal_adamw_s_per_param", "AdamW step per parameter element",
-     lambda v: f"{v * 1e9:.2f} ns"),
-    ("cal_reference_fp32_micro16_one_thread_s", "reference step fp32, b = 16, 1 thread",
-     format_seconds),
-    ("cal_reference_fp32_micro16_at_threads_s", "reference step fp32, b = 16, these threads",
-     format_seconds),
-    ("cal_reference_bf16_micro16_one_thread_s", "reference step bf16, b = 16, 1 thread",
-     format_seconds),
-    ("cal_reference_bf16_micro16_at_threads_s", "reference step bf16, b = 16, these threads",
-     format_seconds),
-)  # fmt: skip
 
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
@@ -107,7 +78,15 @@ def accuracy(ctx: Context) -> str | None:
     compute rates are divided by the ratio (`host_slowdown`; 1 for a row without a probe).
     The same predictions without it (`step_error_unnormalised`) are shown beside: the
     difference is how much of the error was the host drifting between the calibration and
-    the ground truth."""
+    the ground truth.
+
+    A wall-clock step of N ranks ends with the slowest of them (they meet at every
+    collective); the simulator prices one deterministic rank. Each such row is priced at
+    the median of the slowest of N steps, modelled: if each rank's step varies
+    independently as the reference's did in this run's calibration (each step ÷ the median
+    of its timing window), that median is the distribution's quantile at 0.5^(1/N)
+    (`calibration.straggler`; a replay prices each action alone and gets none). The error
+    without it (`step_error_without_straggler`) is shown beside."""
     ok = ctx.ok
     if ok.empty:
         return None
@@ -152,7 +131,8 @@ def accuracy(ctx: Context) -> str | None:
     return (markdown_table(table, numparse=False) + f"\n\nWorst step-time row: "
             f"{worst['source']} `{worst['config']}` (ground truth {worst['ground_truth']}): "
             f"measured {format_seconds(worst['measured_step_time_s'])}, predicted "
-            f"{format_seconds(worst['predicted_step_time_s'])}." + _host_speed(ctx, ok))  # fmt: skip
+            f"{format_seconds(worst['predicted_step_time_s'])}." + _host_speed(ctx, ok)
+            + _stragglers(ctx, ok))  # fmt: skip
 
 
 def _host_speed(ctx: Context, ok: pd.DataFrame) -> str:
@@ -189,6 +169,27 @@ def _host_speed(ctx: Context, ok: pd.DataFrame) -> str:
             f"{'—' if math.isnan(rho) else f'{rho:.2f}'}.")  # fmt: skip
 
 
+def _stragglers(ctx: Context, ok: pd.DataFrame) -> str:
+    """The straggler factor per rank count, and the error without it."""
+    if "straggler" not in ok.columns or "step_error_without_straggler" not in ok.columns:
+        return ""
+    factor = pd.to_numeric(ok["straggler"], errors="coerce")
+    priced = factor > 1
+    alone = pd.to_numeric(ok["step_error_without_straggler"], errors="coerce").abs()
+    per_n = {int(n): float(f) for n, f in
+             ok[priced].groupby("ranks")["straggler"].first().items()}  # fmt: skip
+    ctx.headline["stragglers"] = {"rows": int(priced.sum()), "factor_by_ranks": per_n,
+                                  "median_abs_step_error_without": float(alone.median())}  # fmt: skip
+    if not priced.any():
+        return ""
+    factors = ", ".join(f"N = {n}: {f:.3f}×" for n, f in per_n.items())
+    return (f"\n\nStragglers (modelled): {int(priced.sum())} wall-clock rows of N ≥ 2 ranks "
+            f"are priced at the slowest of N ranks, the reference's step-to-step spread "
+            f"measured in this run at the quantile 0.5^(1/N) ({factors}; compute, overhead "
+            f"and optimizer × that factor, links kept). Without it, median |step error| "
+            f"{format_percent(alone.median())}.")  # fmt: skip
+
+
 def scatter(ctx: Context) -> str | None:
     """Predicted against measured
 
@@ -206,127 +207,6 @@ def scatter(ctx: Context) -> str | None:
     return f"{step}\n\n{memory}"
 
 
-def calibration(ctx: Context) -> str | None:
-    """Calibration measured on this host in this run
-
-    All on one thread (a rank with t threads is priced at these rates × its measured
-    thread speedup, below; with more ranks than cores at cores/N of them and every
-    kernel's overhead × N/cores): the microbenchmarks (the fastest of the repeats of tall
-    (8n × n)·(n × n) fp32 GEMMs → peak and efficiency table, a bf16 GEMM at the largest n,
-    a tensor copy → bandwidth, a chain of one-element autograd ops → per-op overhead) and
-    the two-point fit on a reference GPT (d_model 128, 4 layers, 4 heads, s = 64, V = 256;
-    one forward + backward on one process at micro-batch 1 and 16, none of the
-    ground-truth shapes): a factor dividing every microbenchmark rate and a per-kernel
-    overhead, solved so the simulator's single-process compute equals the reference's
-    step at both sizes (each step: forward + loss + backward + zero_grad keeping the
-    gradients, as the runs do), once per statistic a ground-truth row is of its samples
-    (column `statistic` below): the **median** for a wall-clock step (the median of its
-    timed steps) and for `parallelism_comparison`'s replay (each action the median over
-    its ranks, micro-batches and profiled steps), the **fastest** for
-    `pipeline_utilization`'s replay (each action the fastest of its stage's). Per
-    thread count a rank runs at (second table): the median `torch.optim.AdamW` step over
-    the reference's parameters ÷ its parameter elements (a rank's optimizer time is that ×
-    the parameter elements it updates, ÷ its core share under modelled core sharing; it
-    replaces the simulator's memory-bandwidth price of Adam), and with several threads the
-    reference step at b = 16 on one thread and on those threads in alternating rounds: the
-    ratio of their medians, bounded to [1, threads], is the rank's compute rate in place
-    of the thread count.
-
-    Links are not measured in this run but read from two reports of this host (table
-    "Links"): a wall-clock row of N ≥ 2 ranks is priced on the α (per round) and β fitted
-    to `allreduce_scaling`'s ring all-reduce at the same N (2(N − 1) rounds carrying
-    2(N − 1)/N · M bytes, least squares on relative error over its message sizes): with
-    more ranks than cores a round waits for descheduled ranks, which a two-rank probe
-    does not see. Replayed rows, and any N that report lacks, use the median of
-    `parallelism_comparison`'s own probe (the fastest 4-byte and 1 MiB exchanges between
-    two ranks, `bench.kit.host.probe_pairs`); a replayed row with TP adds to that α its
-    TP all-reduce's own work between rounds, measured per call by its source
-    (`tp_call_cpu_s`, the price its replay charges each call) and spread over the ring's
-    2(t − 1) rounds (table "TP call work"). On this host a collective blocks the rank's
-    computing thread, so none of it hides under the backward (`Hardware.comm_overlap`
-    False), and ZeRO rows are priced as `impls.zero` issues them: one gather or
-    reduce-scatter per unit (the GPT's blocks and its root unit, `dp_collectives`). A
-    pipeline send, likewise, holds the sending rank on the wall clock (the executor waits
-    out each round, `Hardware.p2p_blocking`); a replayed row keeps its replay's
-    convention, a send as a latency between the two ranks' actions."""
-    ok = ctx.ok
-    if ok.empty or "fit_scale" not in ok.columns:
-        return None
-    rows, headline = [], {}
-    for precision, sub in ok.groupby("precision"):
-        first = sub.iloc[0]
-        entry = {label: fmt(first[col]) for col, label, fmt in CAL_COLUMNS if col in sub}
-        rows.append({"dtype": f"{precision} (1 thread)", **entry})
-        headline[str(precision)] = {col: first[col] for col, _, _ in CAL_COLUMNS if col in sub}
-    probed = ok[ok["link_source"] == PROBE_LINK] if "link_source" in ok else ok
-    link = None
-    if not probed.empty:
-        first = probed.iloc[0]
-        link = {"alpha_s": float(first["link_alpha_s"]),
-                "beta_s_per_byte": float(first["link_beta_s_per_byte"]),
-                "source": "parallelism_comparison's probe_pairs (median of its rows)"}  # fmt: skip
-    ctx.headline["calibration"] = {"host": headline, "link": link}
-    table = pd.DataFrame(rows).set_index("dtype").T.rename_axis("measured").reset_index()
-    return markdown_table(table, numparse=False) + _per_thread(ctx, ok) + _links(ctx, ok)
-
-
-def _links(ctx: Context, ok: pd.DataFrame) -> str:
-    """The table of the links rows were priced on, one line per source of α–β."""
-    if "link_source" not in ok.columns:
-        return ""
-    rows, headline = [], {}
-    for source, sub in ok.groupby("link_source", sort=False):
-        first = sub.iloc[0]
-        alpha, beta = float(first["link_alpha_s"]), float(first["link_beta_s_per_byte"])
-        rows.append({"link": source, "α (per round)": format_seconds(alpha),
-                     "1/β": f"{1 / beta / 1e9:.2f} GB/s" if beta > 0 else "—",
-                     "rows priced on it": len(sub)})  # fmt: skip
-        headline[str(source)] = {"alpha_s": alpha, "beta_s_per_byte": beta, "rows": len(sub)}
-    ctx.headline["links"] = headline
-    return "\n\nLinks:\n\n" + markdown_table(pd.DataFrame(rows), numparse=False) + _tp_calls(ok)
-
-
-def _tp_calls(ok: pd.DataFrame) -> str:
-    """The table of the replayed TP rows' per-call work, and the α it makes per round."""
-    if "tp_call_cpu_s" not in ok.columns:
-        return ""
-    calls = ok[pd.to_numeric(ok["tp_call_cpu_s"], errors="coerce") > 0]
-    if calls.empty:
-        return ""
-    table = pd.DataFrame({
-        "configuration": calls["config"],
-        "tp": calls["tp"].astype(int),
-        "call work (measured by the source)": calls["tp_call_cpu_s"].map(format_seconds),
-        "α of the link": calls["link_alpha_s"].map(format_seconds),
-        "α per round priced": calls["round_alpha_s"].map(format_seconds),
-    })  # fmt: skip
-    return "\n\nTP call work (replayed rows):\n\n" + markdown_table(table, numparse=False)
-
-
-def _per_thread(ctx: Context, ok: pd.DataFrame) -> str:
-    """The table of what is measured per thread count (AdamW, thread speedup)."""
-    if "cal_adamw_s_per_param" not in ok.columns:
-        return ""
-    rows, headline = [], {}
-    for threads, sub in ok.groupby("threads_per_rank"):
-        first = sub.iloc[0]
-        entry = {label: fmt(first[col]) if pd.notna(first[col]) else "—"
-                 for col, label, fmt in THREAD_COLUMNS if col in sub}  # fmt: skip
-        for dtype in ("fp32", "bf16"):
-            speed = sub.loc[sub["precision"] == dtype, "cal_thread_speedup"]
-            entry[f"compute rate {dtype} (thread speedup)"] = (
-                f"{float(speed.iloc[0]):.2f}×" if len(speed) and pd.notna(speed.iloc[0])
-                else "—")  # fmt: skip
-        rows.append({"threads": f"{threads} thread(s) per rank", **entry})
-        headline[str(threads)] = {col: None if pd.isna(first[col]) else float(first[col])
-                                  for col, _, _ in THREAD_COLUMNS if col in sub}  # fmt: skip
-    ctx.headline["calibration_per_thread"] = headline
-    if not rows:  # no row says how many threads it ran on
-        return ""
-    table = pd.DataFrame(rows).set_index("threads").T.rename_axis("measured").reset_index()
-    return "\n\n" + markdown_table(table, numparse=False)
-
-
 def every_row(ctx: Context) -> str | None:
     """Every configuration
 
@@ -339,7 +219,9 @@ def every_row(ctx: Context) -> str | None:
     measured time is of its samples, and which reference fit predicts it (Calibration).
     `commit` is the commit that measured the ground truth. `host slowdown` is how much
     slower the host ran around the row than where this run calibrated (its probes; the
-    row's compute is priced that much slower), `error unscaled` the error without it."""
+    row's compute is priced that much slower), `error unscaled` the error without it;
+    `straggler` the slowest-of-N factor a wall-clock row of N ≥ 2 ranks is priced at
+    (modelled, Accuracy) and `runtime` the runtime its source steps under (Calibration)."""
     ok = ctx.ok
     if ok.empty:
         return None
@@ -355,6 +237,8 @@ def every_row(ctx: Context) -> str | None:
         if "host_slowdown" in ok else "—",
         "error unscaled": ok["step_error_unnormalised"].map(lambda v: f"{v:+.0%}")
         if "step_error_unnormalised" in ok else "—",
+        "straggler": ok["straggler"].map(lambda v: f"{v:.3f}×") if "straggler" in ok else "—",
+        "runtime": ok["runtime"].fillna("—") if "runtime" in ok else "—",
         "memory": ok["memory_measure"],
         "measured bytes": ok["measured_peak_bytes"].map(format_bytes),
         "predicted bytes": ok["predicted_peak_bytes"].map(format_bytes),

@@ -1,0 +1,197 @@
+"""The `planner_validation` report's Calibration section: what this run measured on the
+host before it predicted (`calibration.py`), the runtimes and links each row was priced
+on, and the TP call work replayed rows carry."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bench.experiments.planner_validation.config import PROBE_LINK
+from bench.report import Context, format_seconds, markdown_table
+
+__all__ = ["CAL_COLUMNS", "THREAD_COLUMNS", "calibration"]
+
+CAL_COLUMNS = (
+    ("cal_peak_fp32_flops", "peak fp32 GEMM (FLOP/s)", lambda v: f"{v / 1e9:.1f} G"),
+    ("cal_peak_bf16_flops", "peak bf16 GEMM (FLOP/s)", lambda v: f"{v / 1e9:.1f} G"),
+    ("cal_memory_bandwidth", "copy bandwidth (B/s)", lambda v: f"{v / 1e9:.1f} G"),
+    ("cal_kernel_overhead_s", "tiny autograd op", format_seconds),
+    ("fit_median_scale", "reference fit to the median: compute factor", lambda v: f"{v:.2f}×"),
+    ("fit_median_overhead_s", "reference fit to the median: per-kernel overhead", format_seconds),
+    ("fit_fastest_scale", "reference fit to the fastest: compute factor", lambda v: f"{v:.2f}×"),
+    ("fit_fastest_overhead_s", "reference fit to the fastest: per-kernel overhead", format_seconds),
+    ("reference_fp32_micro1_s", "reference step fp32, b = 1, median", format_seconds),
+    ("reference_fp32_micro1_fastest_s", "reference step fp32, b = 1, fastest", format_seconds),
+    ("reference_fp32_micro16_s", "reference step fp32, b = 16, median", format_seconds),
+    ("reference_fp32_micro16_fastest_s", "reference step fp32, b = 16, fastest", format_seconds),
+    ("reference_bf16_micro1_s", "reference step bf16, b = 1, median", format_seconds),
+    ("reference_bf16_micro1_fastest_s", "reference step bf16, b = 1, fastest", format_seconds),
+    ("reference_bf16_micro16_s", "reference step bf16, b = 16, median", format_seconds),
+    ("reference_bf16_micro16_fastest_s", "reference step bf16, b = 16, fastest", format_seconds),
+    ("cal_gemm_table", "GEMM table (FLOPs:fraction of peak)", str),
+)
+THREAD_COLUMNS = (
+    ("cal_adamw_s_per_param", "AdamW step per parameter element",
+     lambda v: f"{v * 1e9:.2f} ns"),
+    ("cal_reference_fp32_micro16_one_thread_s", "reference step fp32, b = 16, 1 thread",
+     format_seconds),
+    ("cal_reference_fp32_micro16_at_threads_s", "reference step fp32, b = 16, these threads",
+     format_seconds),
+    ("cal_reference_bf16_micro16_one_thread_s", "reference step bf16, b = 16, 1 thread",
+     format_seconds),
+    ("cal_reference_bf16_micro16_at_threads_s", "reference step bf16, b = 16, these threads",
+     format_seconds),
+)  # fmt: skip
+
+
+def calibration(ctx: Context) -> str | None:
+    """Calibration measured on this host in this run
+
+    All on one thread (a rank with t threads is priced at these rates × its measured
+    thread speedup, below; with more ranks than cores at cores/N of them and every
+    kernel's overhead × N/cores): the microbenchmarks (the fastest of the repeats of tall
+    (8n × n)·(n × n) fp32 GEMMs → peak and efficiency table, a bf16 GEMM at the largest n,
+    a tensor copy → bandwidth, a chain of one-element autograd ops → per-op overhead) and
+    the two-point fit on a reference GPT (d_model 128, 4 layers, 4 heads, s = 64, V = 256;
+    one forward + backward on one process at micro-batch 1 and 16, none of the
+    ground-truth shapes): a factor dividing every microbenchmark rate and a per-kernel
+    overhead, solved so the simulator's single-process compute equals the reference's
+    step at both sizes (each step: forward + loss + backward + zero_grad keeping the
+    gradients, as the runs do), once per statistic a ground-truth row is of its samples
+    (column `statistic` below): the **median** for a wall-clock step (the median of its
+    timed steps) and for `parallelism_comparison`'s replay (each action the median over
+    its ranks, micro-batches and profiled steps), the **fastest** for
+    `pipeline_utilization`'s replay (each action the fastest of its stage's). Per
+    thread count a rank runs at (second table): the median `torch.optim.AdamW` step over
+    the reference's parameters ÷ its parameter elements (a rank's optimizer time is that ×
+    the parameter elements it updates, ÷ its core share under modelled core sharing; it
+    replaces the simulator's memory-bandwidth price of Adam), and with several threads the
+    reference step at b = 16 on one thread and on those threads in alternating rounds: the
+    ratio of their medians, bounded to [1, threads], is the rank's compute rate in place
+    of the thread count.
+
+    The runtimes (table "Runtimes"): each source steps its model under a runtime of this
+    repo that the plain reference does not run: `parallelism_comparison` and
+    `pipeline_utilization` under `impls.pipeline.PipelineExecutor` (its schedule walk,
+    the saved-activation accounting it keeps), `zero_memory` under
+    `impls.zero.ZeroDataParallel`'s ledger (each forward inside
+    `MemoryLedger.saved_activations`). The reference at b = 1 is timed under each, among
+    the same rounds (the executor's as the one stage of a one-rank executor, per
+    micro-batch), each sample paired with a plain reference step right after it (the
+    cost is a few percent of a step, less than the host's drift between rounds); the
+    median excess, halved, is that runtime's cost per compute action (`Hardware.action_overhead_s`), paid by each F and each backward action
+    of a row that runs under it, stretched and scaled like a kernel's overhead.
+
+    Links are not measured in this run but read from two reports of this host (table
+    "Links"): a wall-clock row of N ≥ 2 ranks is priced on the α (per round) and β fitted
+    to `allreduce_scaling`'s ring all-reduce at the same N (2(N − 1) rounds carrying
+    2(N − 1)/N · M bytes, least squares on relative error over its message sizes): with
+    more ranks than cores a round waits for descheduled ranks, which a two-rank probe
+    does not see. Replayed rows, and any N that report lacks, use the median of
+    `parallelism_comparison`'s own probe (the fastest 4-byte and 1 MiB exchanges between
+    two ranks, `bench.kit.host.probe_pairs`); a replayed row with TP adds to that α its
+    TP all-reduce's own work between rounds, measured per call by its source
+    (`tp_call_cpu_s`, the price its replay charges each call) and spread over the ring's
+    2(t − 1) rounds (table "TP call work"). On this host a collective blocks the rank's
+    computing thread, so none of it hides under the backward (`Hardware.comm_overlap`
+    False), and ZeRO rows are priced as `impls.zero` issues them: one gather or
+    reduce-scatter per unit (the GPT's blocks and its root unit, `dp_collectives`). A
+    pipeline send, likewise, holds the sending rank on the wall clock (the executor waits
+    out each round, `Hardware.p2p_blocking`); a replayed row keeps its replay's
+    convention, a send as a latency between the two ranks' actions."""
+    ok = ctx.ok
+    if ok.empty or "fit_scale" not in ok.columns:
+        return None
+    rows, headline = [], {}
+    for precision, sub in ok.groupby("precision"):
+        first = sub.iloc[0]
+        entry = {label: fmt(first[col]) for col, label, fmt in CAL_COLUMNS if col in sub}
+        rows.append({"dtype": f"{precision} (1 thread)", **entry})
+        headline[str(precision)] = {col: first[col] for col, _, _ in CAL_COLUMNS if col in sub}
+    probed = ok[ok["link_source"] == PROBE_LINK] if "link_source" in ok else ok
+    link = None
+    if not probed.empty:
+        first = probed.iloc[0]
+        link = {"alpha_s": float(first["link_alpha_s"]),
+                "beta_s_per_byte": float(first["link_beta_s_per_byte"]),
+                "source": "parallelism_comparison's probe_pairs (median of its rows)"}  # fmt: skip
+    ctx.headline["calibration"] = {"host": headline, "link": link}
+    table = pd.DataFrame(rows).set_index("dtype").T.rename_axis("measured").reset_index()
+    return (markdown_table(table, numparse=False) + _per_thread(ctx, ok) + _runtimes(ctx, ok)
+            + _links(ctx, ok))  # fmt: skip
+
+
+def _links(ctx: Context, ok: pd.DataFrame) -> str:
+    """The table of the links rows were priced on, one line per source of α–β."""
+    if "link_source" not in ok.columns:
+        return ""
+    rows, headline = [], {}
+    for source, sub in ok.groupby("link_source", sort=False):
+        first = sub.iloc[0]
+        alpha, beta = float(first["link_alpha_s"]), float(first["link_beta_s_per_byte"])
+        rows.append({"link": source, "α (per round)": format_seconds(alpha),
+                     "1/β": f"{1 / beta / 1e9:.2f} GB/s" if beta > 0 else "—",
+                     "rows priced on it": len(sub)})  # fmt: skip
+        headline[str(source)] = {"alpha_s": alpha, "beta_s_per_byte": beta, "rows": len(sub)}
+    ctx.headline["links"] = headline
+    return "\n\nLinks:\n\n" + markdown_table(pd.DataFrame(rows), numparse=False) + _tp_calls(ok)
+
+
+def _runtimes(ctx: Context, ok: pd.DataFrame) -> str:
+    """The table of each runtime's measured cost per compute action, and its rows."""
+    if "runtime" not in ok.columns or "cal_action_overhead_executor_s" not in ok.columns:
+        return ""
+    rows, headline = [], {}
+    for runtime, sub in ok.groupby("runtime"):
+        first = sub.iloc[0]
+        cost = float(first[f"cal_action_overhead_{runtime}_s"])
+        rows.append({"runtime": runtime, "per compute action": format_seconds(cost),
+                     "sources": ", ".join(sorted(sub["source"].unique())),
+                     "rows priced on it": len(sub)})  # fmt: skip
+        headline[str(runtime)] = {"per_action_s": cost, "rows": len(sub)}
+    ctx.headline["runtimes"] = headline
+    return ("\n\nRuntimes (each source steps its model under one; the median excess of the "
+            "reference under it over the plain reference right after it, at b = 1, per F "
+            "and per B):\n\n"
+            + markdown_table(pd.DataFrame(rows), numparse=False))  # fmt: skip
+
+
+def _tp_calls(ok: pd.DataFrame) -> str:
+    """The table of the replayed TP rows' per-call work, and the α it makes per round."""
+    if "tp_call_cpu_s" not in ok.columns:
+        return ""
+    calls = ok[pd.to_numeric(ok["tp_call_cpu_s"], errors="coerce") > 0]
+    if calls.empty:
+        return ""
+    table = pd.DataFrame({
+        "configuration": calls["config"],
+        "tp": calls["tp"].astype(int),
+        "call work (measured by the source)": calls["tp_call_cpu_s"].map(format_seconds),
+        "α of the link": calls["link_alpha_s"].map(format_seconds),
+        "α per round priced": calls["round_alpha_s"].map(format_seconds),
+    })  # fmt: skip
+    return "\n\nTP call work (replayed rows):\n\n" + markdown_table(table, numparse=False)
+
+
+def _per_thread(ctx: Context, ok: pd.DataFrame) -> str:
+    """The table of what is measured per thread count (AdamW, thread speedup)."""
+    if "cal_adamw_s_per_param" not in ok.columns:
+        return ""
+    rows, headline = [], {}
+    for threads, sub in ok.groupby("threads_per_rank"):
+        first = sub.iloc[0]
+        entry = {label: fmt(first[col]) if pd.notna(first[col]) else "—"
+                 for col, label, fmt in THREAD_COLUMNS if col in sub}  # fmt: skip
+        for dtype in ("fp32", "bf16"):
+            speed = sub.loc[sub["precision"] == dtype, "cal_thread_speedup"]
+            entry[f"compute rate {dtype} (thread speedup)"] = (
+                f"{float(speed.iloc[0]):.2f}×" if len(speed) and pd.notna(speed.iloc[0])
+                else "—")  # fmt: skip
+        rows.append({"threads": f"{threads} thread(s) per rank", **entry})
+        headline[str(threads)] = {col: None if pd.isna(first[col]) else float(first[col])
+                                  for col, _, _ in THREAD_COLUMNS if col in sub}  # fmt: skip
+    ctx.headline["calibration_per_thread"] = headline
+    if not rows:  # no row says how many threads it ran on
+        return ""
+    table = pd.DataFrame(rows).set_index("threads").T.rename_axis("measured").reset_index()
+    return "\n\n" + markdown_table(table, numparse=False)
