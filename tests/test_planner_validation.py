@@ -56,7 +56,7 @@ def test_missing_source_report_is_refused_naming_reports_root(tmp_path):
 def _write(root: Path, name: str, rows: list[dict]) -> None:
     (root / name).mkdir(parents=True)
     with (root / name / "results.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(handle, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         writer.writeheader()
         writer.writerows(rows)
 
@@ -68,7 +68,8 @@ def _sources(root: Path) -> None:
         {**common, "world_size": "4", "dp": "2", "tp": "1", "pp": "2", "layout": "dp2×pp2",
          "schedule": "1f1b", "batch_size": "32", "microbatches": "4", "step_time_s": "0.2",
          "replayed_step_time_s": "0.1", "memory_per_rank_bytes": "3e7",
-         "link_alpha_s": "5e-5", "link_beta_s_per_byte": "3e-10", "host_probe_s": "0.025"},
+         "link_alpha_s": "5e-5", "link_beta_s_per_byte": "3e-10", "host_probe_s": "0.03",
+         "host_probe_before_s": "0.035", "host_probe_after_s": "0.025"},
         {**common, "world_size": "2", "dp": "2", "tp": "1", "pp": "1", "layout": "dp2",
          "schedule": "1f1b", "batch_size": "32", "microbatches": "4", "step_time_s": "0.2",
          "replayed_step_time_s": "0.1", "memory_per_rank_bytes": "3e7",
@@ -149,7 +150,9 @@ def test_wall_clock_rows_use_the_ring_fitted_at_their_rank_count(tmp_path):
     assert zero3["link_source"] == "allreduce_scaling ring, N=8"
     assert zero3["dp_collectives"] == MODEL["n_layers"] + 1  # the blocks and the root unit
     assert by_config["dp2, M=4"]["link_source"] == "allreduce_scaling ring, N=2"
-    assert by_config["dp2×pp2, M=4"]["host_probe_s"] == 0.025  # the runner's probe, carried
+    # the runner's probes, carried: the faster of the two around the cell, not their mean
+    assert by_config["dp2×pp2, M=4"]["host_probe_s"] == 0.025
+    assert experiment._host_probe({"host_probe_s": "0.02"}) == 0.02  # only the mean recorded
     assert math.isnan(zero3["host_probe_s"])  # a source row without one: not scaled
     for config in ("dp2×pp2, M=4", "interleaved_1f1b, P=4, M=8, V=2"):  # replayed
         assert by_config[config]["link_source"] == PROBE_LINK

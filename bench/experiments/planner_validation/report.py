@@ -74,7 +74,8 @@ def accuracy(ctx: Context) -> str | None:
 
     Each row is predicted at the speed the host ran at around it: the source's runner
     timed a small reference step (`bench.kit.host.host_probe`) just before and just after
-    the row's cell, this run timed the same probe where it calibrated, and the row's
+    the row's cell (the faster of the two is the row's: a disturbance only slows a probe),
+    this run timed the same probe where it calibrated, and the row's
     compute rates are divided by the ratio (`host_slowdown`; 1 for a row without a probe).
     The same predictions without it (`step_error_unnormalised`) are shown beside: the
     difference is how much of the error was the host drifting between the calibration and
