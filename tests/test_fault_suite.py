@@ -137,14 +137,19 @@ def test_interrupted_parent_keeps_finished_rows_and_leaves_nothing(tmp_path, sig
 
 
 def test_a_second_run_into_a_report_dir_in_use_is_refused(tmp_path):
-    first, markers, scratch = start(tmp_path, ["a:ok", "h:hang"], name="first")
+    # The first run's hung cell must outlast the second run's start (importing torch on a
+    # loaded 2-core CI host took longer than a 4 s cell timeout once, and the first run had
+    # finished before the second looked): it hangs until this test kills one of its ranks.
+    first, markers, scratch = start(tmp_path, ["a:ok", "h:hang"], name="first", timeout_s=100)
     wait_until(lambda: len(rank_pids(markers)) == 4, 60, "the first run's cell h to start")
     second, markers2, scratch2 = start(tmp_path, ["z:ok"], name="second")
     code2, output2 = finish(second, markers2, scratch2)
+    assert first.poll() is None, "the first run ended before the second one was judged"
     assert code2 == 2 and "is in use by another run" in output2, output2
     assert len(output2.strip().splitlines()) == 1 and not rank_pids(markers2)
+    os.kill(rank_pids(markers)["h.rank1"], signal.SIGKILL)
     code, output = finish(first, markers, scratch)
-    assert code == 1, output  # h timed out
+    assert code == 1, output  # h lost a rank
     assert statuses(tmp_path / "report") == {"a": "ok", "h": "failed"}
 
 
