@@ -143,7 +143,7 @@ def measure_collective(cfg: TimedGridConfig, cell: Any) -> dict[str, Any]:
         # where one probe call per side would give noisy, unequal counts.
         iters = dict.fromkeys(sides, iters["time_s"])
     timed = alternate(sides, warmup=0, repeats=repeats, group=comm.group, iters=iters,
-                      rotate=auto_sides)  # fmt: skip
+                      balanced=auto_sides)  # fmt: skip
     bufs.fill(True)
     comm.reset_counters()
     own()

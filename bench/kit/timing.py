@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from impls.collectives.tuner import balanced_orders
+
 __all__ = ["Timed", "alternate", "calibrate_iters", "slowest", "timed_step"]
 
 
@@ -69,19 +71,21 @@ def alternate(
     repeats: int,
     group: Any = None,
     iters: Mapping[str, int] | None = None,
-    rotate: bool = False,
+    balanced: bool = False,
 ) -> dict[str, Timed]:
     """Time every side over `repeats` rounds after `warmup` unrecorded ones; within a round
     the sides take turns. A side's step may be repeated `iters[side]` times back to back
     (a window, for calls too short to time one by one); its time is then per call. With
-    `rotate`, round r starts at side r mod k (k sides), so every side runs in every
-    position, after every other side, equally often over k rounds: whatever one side
-    leaves behind (sockets, caches, a rank descheduled) falls on each side alike."""
+    `balanced`, round r takes the order r mod len(orders) of `balanced_orders` (a Williams
+    design), so every side runs in every position, and right after every other side,
+    equally often over k rounds (2k for an odd number k of sides): whatever one side
+    leaves behind (sockets, caches, a rank descheduled) falls on each side alike. Without,
+    the listed order every round."""
     timed = {name: Timed() for name in sides}
-    order = list(sides.items())
+    listed = list(sides.items())
+    orders = balanced_orders(len(listed)) if balanced else [list(range(len(listed)))]
     for round_ in range(warmup + repeats):
-        start = round_ % len(order) if rotate else 0
-        for name, step in order[start:] + order[:start]:
+        for name, step in (listed[i] for i in orders[round_ % len(orders)]):
             outcome, seconds, own = timed_step(step, group, (iters or {}).get(name, 1))
             if round_ >= warmup:
                 timed[name].outcomes.append(outcome)

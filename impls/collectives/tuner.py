@@ -53,8 +53,10 @@ __all__ = [
     "AlgorithmCost",
     "AllReduceTuner",
     "MeasuredCost",
+    "balanced_orders",
     "default_link",
     "fit_two_points",
+    "paired_times",
 ]
 
 # Used when nobody calibrated: this repo's own measurement of its gloo ranks, the
@@ -63,6 +65,33 @@ __all__ = [
 GLOO_LOOPBACK = Link(name="gloo loopback (allreduce_scaling's fit)", alpha_s=161e-6,
                      bandwidth=1.36e9)  # fmt: skip
 DEFAULT_CALIBRATION_SIZES = (4 << 10, 64 << 20)
+
+
+def balanced_orders(k: int) -> list[list[int]]:
+    """Orders of k sides for rounds of turns in which each side runs in every position,
+    and right after every other side, equally often over the returned rounds: a Williams
+    design (E. J. Williams 1949, "Experimental designs balanced for the estimation of
+    residual effects of treatments", Australian J. Sci. Res. A 2(3)). Row 0 is
+    0, 1, k−1, 2, k−2, …; row i adds i mod k. For even k those k rows are balanced; for odd
+    k the k rows and their reverses (2k rows). A plain rotation (round r starts at side
+    r mod k) is not: it keeps each side's predecessor the same in every round."""
+    if k < 1:
+        raise ValueError(f"k={k}: need at least one side")
+    first = [(j + 1) // 2 if j % 2 else (k - j // 2) % k for j in range(k)]
+    rows = [[(a + i) % k for a in first] for i in range(k)]
+    return rows if k % 2 == 0 or k == 1 else rows + [row[::-1] for row in rows]
+
+
+def paired_times(windows: torch.Tensor) -> torch.Tensor:
+    """One time per side from `windows[side, round]` (seconds, > 0), paired by round: each
+    round's host phase, the median log-time of its sides, is taken out before the median
+    over rounds, and the median phase put back. Sides timed in the same rounds are then
+    ranked by how they compare within a round (as `allreduce_scaling` judges them), not by
+    which rounds fell in a slow phase of a host whose speed drifts."""
+    logs = windows.log()
+    phase = logs.median(dim=0).values  # per round
+    relative = (logs - phase).median(dim=-1).values  # per side
+    return (relative + phase.median()).exp()
 
 
 @dataclass(frozen=True)
@@ -227,11 +256,12 @@ class AllReduceTuner:
         Collective: every rank of `comm` calls it with the same arguments. Per size, as
         the benchmark harness times a cell: `warmup` calls of each algorithm, calls per
         window from one probe call (the slowest rank's, so every rank runs as many), then
-        `repeats` rounds in which each algorithm takes one barrier-started window in turn
-        (`bench.kit.timing.alternate`'s pattern: where ranks share cores, a host drifts
-        between fast and slow phases lasting seconds, and taking turns lets a phase hit
-        every algorithm alike). Each window's time becomes the slowest rank's, the median
-        window is kept, and the times through the sizes are the table entry for
+        `repeats` rounds in which each algorithm takes one barrier-started window in turn,
+        in the orders of `balanced_orders` (`bench.kit.timing.alternate`'s pattern: where
+        ranks share cores, a host drifts between fast and slow phases lasting seconds, and
+        taking turns lets a phase hit every algorithm alike). Each window's time becomes
+        the slowest rank's; an algorithm's time at a size is `paired_times` over the
+        rounds, and its times through the sizes are the table entry for
         (algorithm, comm.world_size). The calibration's own traffic, calls and simulated
         time are taken back out of `comm`'s counters.
         """
@@ -252,15 +282,17 @@ class AllReduceTuner:
                 buf = torch.zeros(nbytes // itemsize, dtype=dtype, device=comm.device)
                 timers = [_Timer(ALGORITHMS[a], comm, buf, clock) for a in self.algorithms]
                 iters = [t.calls_per_window(warmup, window_s, max_iters) for t in timers]
+                orders = balanced_orders(len(timers))
                 for r in range(repeats):
-                    for i, timer in enumerate(timers):
-                        windows[i, j, r] = timer.window(iters[i])
+                    for i in orders[r % len(orders)]:
+                        windows[i, j, r] = timers[i].window(iters[i])
             _slowest_rank(windows, comm)
         finally:
             comm.counters, comm.simulated_s = counters, simulated
             comm.calls.clear()
             comm.calls.update(calls)
-        seconds = windows.quantile(0.5, dim=-1).tolist()
+        seconds = torch.stack([paired_times(windows[:, j].clamp_min(1e-12))
+                               for j in range(len(points))], dim=1).tolist()  # fmt: skip
         n = comm.world_size
         for name, times in zip(self.algorithms, seconds, strict=True):
             self.table[(name, n)] = MeasuredCost(tuple(map(float, points)), tuple(times))

@@ -99,6 +99,11 @@ def auto_judged_against_the_best_in_every_cell(df: pd.DataFrame, headline: dict)
     low, mid, high = (judged[c] for c in ("auto_vs_best_lo", "auto_vs_best", "auto_vs_best_hi"))
     inside = (low <= mid + 1e-12) & (mid <= high + 1e-12)
     assert inside.all(), list(zip(low, mid, high, strict=True))
+    # a cell where auto chose the best is tied with it; the tie share never falls below the
+    # strict share it contains
+    tied, best = judged["auto_chose_tied"], judged["auto_chose_best"]
+    assert tied.isin([0.0, 1.0]).all() and (tied >= best).all(), list(zip(best, tied, strict=True))
+    assert headline["auto_best_or_tied_share"] >= share, headline["auto_best_or_tied_share"]
 
 
 CHECKS = (

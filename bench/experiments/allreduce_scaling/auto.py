@@ -7,9 +7,11 @@ torch's all-reduce and every algorithm the tuner chooses from (`alt_<algorithm>_
 best's (`auto_vs_best`, the issue's ≥ 0.9× target: with the same bytes moved, busbw
 ratios are inverse time ratios, and torch's side cancels), the same for the algorithm
 auto chose, read from its own alternating side (`choice_vs_best`: the choice's quality
-apart from the auto side's noise), and whether it chose the best (`auto_chose_best`);
-`best_basis` says "same cell". With every round's times (`round_times_s`) the comparison is
-paired round by round (basis "same cell, paired by round"): each alternative's speed
+apart from the auto side's noise), whether it chose the best (`auto_chose_best`) and
+whether it chose the best or a side this host cannot tell from it (`auto_chose_tied`:
+with rounds, the 90% bootstrap interval of the choice's paired speed over the best's
+reaches 1); `best_basis` says "same cell". With every round's times (`round_times_s`)
+the comparison is paired round by round (basis "same cell, paired by round"): each alternative's speed
 relative to auto is the median over rounds of t_auto ÷ t_alternative in the same round,
 which cancels the host's drift between rounds that a ratio of two medians keeps; and
 `auto_vs_best_lo` / `_hi` bound auto ÷ best with a 90% bootstrap over the rounds (the
@@ -18,7 +20,10 @@ interval). An auto row without alternatives (not paired, or an
 older results.csv) is judged as before, against the other algorithms' own cells by their
 `busbw_vs_torch` ("separate cells"), which on a 2-core host run in other phases of it.
 The share of cells where auto chose the best (≥ 80%) is one number over the grid, not a
-per-cell bound, so it is a headline figure and a finding, not a `Target`.
+per-cell bound, so it is a headline figure and a finding, not a `Target`. It is judged
+strictly, as the issue words it. The share of cells where the choice is the best or tied
+with it is reported beside it as context, not as the target: a noisier host ties more
+cells, so that share rises with noise.
 """
 
 from __future__ import annotations
@@ -64,8 +69,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """Add `best_algorithm`, `auto_vs_best`, `choice_vs_best`, `auto_chose_best` and
     `best_basis` to auto rows (by position: a merged frame may repeat index labels)."""
     n = len(df)
-    numbers = ("auto_vs_best", "choice_vs_best", "auto_chose_best", "auto_vs_best_lo",
-               "auto_vs_best_hi")  # fmt: skip
+    numbers = ("auto_vs_best", "choice_vs_best", "auto_chose_best", "auto_chose_tied",
+               "auto_vs_best_lo", "auto_vs_best_hi")  # fmt: skip
     out = {c: [math.nan] * n for c in numbers}
     out |= {"best_algorithm": [None] * n, "best_basis": ["—"] * n}
     if "algorithm" in df.columns and "busbw_vs_torch" in df.columns:
@@ -89,6 +94,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
             out["auto_vs_best"][i] = own / speeds[best]
             out["choice_vs_best"][i] = speeds.get(choice, math.nan) / speeds[best]
             out["auto_chose_best"][i] = float(choice == best)
+            if rounds is not None:
+                out["auto_chose_tied"][i] = float(choice == best or _tied(rounds, choice, best))
     for column, values in out.items():
         df[column] = values
     return df
@@ -96,6 +103,10 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
 
 def _format_interval(low: float, high: float) -> str:
     return "—" if pd.isna(low) or pd.isna(high) else f"{low:.2f}–{high:.2f}×"
+
+
+def _yes_no(value: float) -> str:
+    return "—" if pd.isna(value) else ("yes" if value else "no")
 
 
 def _number(value) -> float:
@@ -147,6 +158,20 @@ def _interval(rounds: Rounds, resamples: int = 1000, level: float = 0.9) -> tupl
     return float(low), float(high)
 
 
+def _tied(
+    rounds: Rounds, choice: str, best: str, resamples: int = 1000, level: float = 0.9
+) -> bool:
+    """Whether the rounds leave `choice` possibly as fast as `best`: the upper end of a
+    bootstrap interval (seeded) of the median over rounds of t_best ÷ t_choice reaches 1."""
+    _, alts = rounds
+    if choice not in alts or best not in alts:
+        return False
+    ratio = alts[best] / alts[choice]  # < 1: the best was faster in that round
+    picks = np.random.default_rng(0).integers(0, len(ratio), size=(resamples, len(ratio)))
+    high = np.percentile(np.median(ratio[picks], axis=1), 100 - (1 - level) / 2 * 100)
+    return bool(high >= 1.0)
+
+
 def _same_cell(row: dict) -> tuple[dict[str, float], float, str] | None:
     """Inverse times of the alternatives timed beside auto, and auto's own; None without."""
     times = {k[len("alt_"):-len("_s")]: _number(v) for k, v in row.items()
@@ -187,7 +212,9 @@ def auto_choices(ctx: Context) -> str | None:
     for rows without them); *auto ÷ best*: auto against it (the ≥ 0.9× target) with its
     *90% interval* over the rounds (bootstrap, the best re-chosen in every resample: how
     finely this host resolves the ratio); *choice ÷ best*: the chosen algorithm's own side
-    against it, i.e. what the choice cost apart from the auto side's timing noise.
+    against it, i.e. what the choice cost apart from the auto side's timing noise;
+    *tied*: whether the choice is the best or a side the rounds cannot tell from it (the
+    90% bootstrap interval of the choice's paired speed ÷ the best's reaches 1).
     *predicted*: the tuner's time for its choice."""
     rows = ctx.ok[(ctx.ok["algorithm"] == "auto")] if "algorithm" in ctx.ok else ctx.ok
     if rows.empty or "auto_chose_best" not in rows.columns:
@@ -207,26 +234,37 @@ def auto_choices(ctx: Context) -> str | None:
         "90% interval": [_format_interval(lo, hi) for lo, hi in zip(
             judged["auto_vs_best_lo"], judged["auto_vs_best_hi"], strict=True)],  # fmt: skip
         "choice ÷ best": judged["choice_vs_best"].map(format_ratio),
+        "tied": judged["auto_chose_tied"].map(_yes_no),
         "auto time": judged["time_s"].map(format_seconds),
         "predicted": judged["auto_predicted_s"].map(format_seconds),
     })  # fmt: skip
-    met = share >= BEST_SHARE_BOUND
     cells = f"{int(judged['auto_chose_best'].sum())} of {len(judged)} cells"
+    tied_rows = judged["auto_chose_tied"].dropna()
+    tied = float(tied_rows.mean()) if len(tied_rows) else math.nan
+    tied_cells = f"{int(tied_rows.sum())} of {len(tied_rows)} cells"
+    met = share >= BEST_SHARE_BOUND
     ctx.headline.update(auto_best_choice_share=share, auto_best_choice_cells=len(judged),
-                        auto_near_best_share=near,
+                        auto_best_or_tied_share=tied, auto_near_best_share=near,
                         auto_choice_vs_best_median=float(judged["choice_vs_best"].median()),
                         auto_vs_best_worst=float(judged["auto_vs_best"].min()))  # fmt: skip
-    ctx.figure("auto chose the measured-best from-scratch algorithm (share of (N, M) cells)",
+    ctx.figure("auto chose the measured-best from-scratch algorithm: the fastest side by "
+               "paired median (share of (N, M) cells)",
                theory=f"≥ {format_percent(BEST_SHARE_BOUND, 0)}", source="issue #14",
                measured=f"{format_percent(share, 0)} ({cells})",
                gap="met" if met else "not met")  # fmt: skip
     ctx.finding("auto chooses the measured-best algorithm in ≥ 80% of cells (issue #14)", met,
                 f"{format_percent(share, 0)}: {cells}")  # fmt: skip
     summary = (
-        f"auto chose the measured best in **{cells} ({format_percent(share, 0)}; "
-        f"target ≥ {format_percent(BEST_SHARE_BOUND, 0)}: {'met' if met else 'not met'})**; "
-        f"its choice's own cell was within 0.9× of the best in {format_percent(near, 0)}."
+        f"auto chose the measured best in **{cells} ({format_percent(share, 0)}; target "
+        f"≥ {format_percent(BEST_SHARE_BOUND, 0)}: {'met' if met else 'not met'})**; its "
+        f"choice's own cell was within 0.9× of the best in {format_percent(near, 0)}."
     )
+    if len(tied_rows):
+        summary += (
+            f" In {tied_cells} the choice was the best or a side the rounds cannot tell from "
+            "it (*tied*); that share is context, not the target, since a noisier host ties "
+            "more cells."
+        )
     short = judged[judged["auto_vs_best"] < AUTO_VS_BEST.bound]
     unresolved = short[short["auto_vs_best_hi"] >= AUTO_VS_BEST.bound]
     if len(short):

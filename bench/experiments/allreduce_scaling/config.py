@@ -24,10 +24,11 @@ class AllReduceScalingConfig(TimedGridConfig):
     torch.distributed.all_reduce."""
     message_bytes: list[int] = field(default_factory=lambda: [4 << 10 << 2 * i for i in range(8)])
     """Buffer sizes S in bytes (multiples of the dtype's size): 4 KiB … 64 MiB."""
-    auto_repeats: int = 25
+    auto_repeats: int = 48
     """Rounds of an auto cell, in which auto, torch and each algorithm auto chooses from
     take one window in turn, and rounds per size of the tuner's calibration: judging auto
-    against the best of six noisy sides needs more windows than a pairing with torch."""
+    against the best of six noisy sides needs more windows than a pairing with torch. 48
+    completes the balanced orders of both (8 sides in a cell, 6 in the calibration)."""
     auto_window_s: float = 0.02
     """Target length of one window in those rounds (shorter than `window_s`: on a host
     whose speed drifts, many short rounds pair the sides more closely than a few long)."""
