@@ -8,13 +8,14 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
-from bench.experiments.planner_validation import calibration, experiment, ranks
+from bench.experiments.planner_validation import calibration, experiment, ranks, rounds
 from bench.experiments.planner_validation.config import PROBE_LINK, PlannerValidationConfig
 from bench.experiments.planner_validation.report import prepare, spearman
 from impls.costmodel.memory import activation_bytes
@@ -211,13 +212,13 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
     """The ground-truth rows are medians of timed steps; fitting the fastest repeat priced
     every row short. Each reference timing here is a known spread around its median."""
     median = {("fp32", 1): 8e-3, ("fp32", 16): 8e-2, ("bf16", 1): 9e-3, ("bf16", 16): 7e-2,
-              calibration.PROBE: 2e-2,
+              rounds.PROBE: 2e-2,
               ("executor", 1): 1e-3, ("ledger", 1): 0.5e-3}  # paired excess  # fmt: skip
 
-    def rounds(count, window_s):  # fastest 0.7 m; the jitter of one window of three
+    def fake_rounds(count, window_s):  # fastest 0.7 m; the jitter of one window of three
         return {key: [1.3 * m, 0.7 * m, m] for key, m in median.items()}, [0.7, 1.0, 1.3]
 
-    monkeypatch.setattr(calibration, "_reference_rounds", rounds)
+    monkeypatch.setattr(rounds, "reference_rounds", fake_rounds)
     monkeypatch.setattr(calibration, "_CALIBRATIONS", {})
     cfg = SimpleNamespace(gemm_sizes=[8, 16], copy_mib=1, repeats=1, reference_window_s=0.0)
     cal = calibration.calibrate(cfg, 1)
@@ -241,9 +242,9 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
 
 
 def test_reference_rounds_take_turns_and_fill_their_windows(monkeypatch):
-    """Each configuration steps in every round, for its window (at least once), the
-    order rotating by round so no configuration always goes first; a runtime's step is
-    paired with a plain one."""
+    """Each configuration steps in every round, for its window (at least once), in the
+    orders of a balanced design, so no configuration always goes first or always follows
+    the same one; a runtime's step is paired with a plain one."""
     order = []
 
     def step_of(micro, dtype):
@@ -252,24 +253,32 @@ def test_reference_rounds_take_turns_and_fill_their_windows(monkeypatch):
 
         return step
 
-    monkeypatch.setattr(calibration, "reference_step", step_of)
-    monkeypatch.setattr(calibration, "_runtime_step", lambda name, micro: step_of(micro, name))
-    samples, jitter = calibration._reference_rounds(3, 0.0)
-    assert {k: len(v) for k, v in samples.items()} == dict.fromkeys(samples, 3)
-    assert jitter == [1.0, 1.0, 1.0]  # one step a window: its own median
-    assert set(samples) == {("fp32", 1), ("fp32", 16), ("bf16", 1), ("bf16", 16),
-                            calibration.PROBE,  # the host probe's step among them
-                            ("executor", 1), ("ledger", 1)}  # and each runtime's  # fmt: skip
+    monkeypatch.setattr(rounds, "reference_step", step_of)
+    monkeypatch.setattr(rounds, "runtime_step", lambda name, micro: (step_of(micro, name), 1))
+    samples, jitter = rounds.reference_rounds(14, 0.0)  # 7 configurations: a design of 14
+    assert {k: len(v) for k, v in samples.items()} == dict.fromkeys(samples, 14)
+    assert jitter == [1.0] * 14  # one step a window: its own median
+    configs = {("fp32", 1), ("fp32", 16), ("bf16", 1), ("bf16", 16),
+               rounds.PROBE,  # the host probe's step among them
+               ("executor", 1), ("ledger", 1)}  # and each runtime's  # fmt: skip
+    assert set(samples) == configs
     # after the seven warm-ups, nine steps a round: each runtime's paired with a plain one
-    rounds = [order[7 + 9 * r : 16 + 9 * r] for r in range(3)]
-    assert len(set(steps[0] for steps in rounds)) == 3  # a different one first each round
-    for steps in rounds:
-        for runtime in calibration.RUNTIMES:
-            at = steps.index((runtime, 1))
-            assert steps[at + 1] == ("fp32", 1)  # the plain b = 1 step right after it
-    windowed, jitter = calibration._reference_rounds(1, 0.01)
+    steps = [order[7 + 9 * r : 16 + 9 * r] for r in range(14)]
+    for runtime in rounds.RUNTIMES:
+        for round_ in steps:
+            at = round_.index((runtime, 1))
+            assert round_[at + 1] == ("fp32", 1)  # the plain b = 1 step right after it
+    # the seven configurations of a round, the pairing's plain steps left out
+    turns = [[s for i, s in enumerate(r) if i == 0 or r[i - 1][0] not in rounds.RUNTIMES]
+             for r in steps]  # fmt: skip
+    assert all(set(t) == configs for t in turns)
+    firsts = Counter(t[0] for t in turns)
+    assert len(firsts) == 7 and set(firsts.values()) == {2}  # each first in two rounds
+    followers = Counter((a, b) for t in turns for a, b in zip(t, t[1:], strict=False))
+    assert len(followers) == 7 * 6 and set(followers.values()) == {2}  # each after each
+    windowed, jitter = rounds.reference_rounds(1, 0.01)
     assert all(len(v) > 1 for v in windowed.values())  # 10 ms windows of µs steps
-    assert len(jitter) == len(windowed[calibration.JITTER])
+    assert len(jitter) == len(windowed[rounds.JITTER])
     assert statistics.median(jitter) == pytest.approx(1.0)
 
 
@@ -459,8 +468,8 @@ def test_a_row_is_predicted_at_the_host_speed_its_probes_measured(monkeypatch):
 def _runtime_steps_run() -> list[float]:
     """Each runtime's reference step, timed once after a warm-up (on a one-rank world,
     which the executor's needs)."""
-    return [calibration._timings(calibration._runtime_step(runtime, 1), 1)[0]
-            for runtime in calibration.RUNTIMES]  # fmt: skip
+    return [calibration._timings(rounds.runtime_step(runtime, 1)[0], 1)[0]
+            for runtime in rounds.RUNTIMES]  # fmt: skip
 
 
 def test_each_runtime_step_runs_the_reference_under_its_runtime():
@@ -469,7 +478,7 @@ def test_each_runtime_step_runs_the_reference_under_its_runtime():
     from bench.launch import run_on_ranks
 
     (times,) = run_on_ranks(_runtime_steps_run, 1, timeout_s=120.0)
-    assert len(times) == len(calibration.RUNTIMES) and all(t > 0 for t in times)
+    assert len(times) == len(rounds.RUNTIMES) and all(t > 0 for t in times)
 
 
 def test_a_row_pays_its_runtime_once_per_compute_action(monkeypatch):

@@ -14,9 +14,10 @@ count a rank runs at).
   gradients kept allocated, `set_to_none=False`, as the ground-truth runs do) of a
   reference GPT (none of the ground-truth shapes) on one process at micro-batch 1 and 16,
   per dtype, timed in `repeats` rounds of `reference_window_s` per configuration
-  (`_reference_rounds`); a factor dividing every microbenchmark rate and a per-kernel overhead are
-  solved so that the simulator's single-process compute equals both (eager PyTorch on a
-  CPU reaches neither the GEMM peak nor the copy bandwidth in a model's small kernels).
+  (`rounds.reference_rounds`); a factor dividing every microbenchmark rate and a
+  per-kernel overhead are solved so that the simulator's single-process compute equals
+  both (eager PyTorch on a CPU reaches neither the GEMM peak nor the copy bandwidth in a
+  model's small kernels).
 
 - the host probe's step (`bench.kit.host.host_probe`: the reference in fp32 at micro-batch
   `PROBE_MICRO`), a fifth configuration of the same rounds; its median over every round is
@@ -62,14 +63,14 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from bench.kit.host import PROBE_MICRO
-from bench.kit.workloads import REFERENCE_GPT, reference_step
+from bench.experiments.planner_validation import rounds
+from bench.experiments.planner_validation.rounds import PROBE, REFERENCE, REFERENCE_MICRO, RUNTIMES
+from bench.kit.workloads import reference_step
 
 __all__ = ["REFERENCE", "REFERENCE_MICRO", "RUNTIMES", "STATISTICS", "action_overhead",
            "calibrate", "fit_for", "fit_reference", "host_hardware", "rank_calibration",
@@ -78,24 +79,6 @@ __all__ = ["REFERENCE", "REFERENCE_MICRO", "RUNTIMES", "STATISTICS", "action_ove
 _CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
 _RANK_CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
 ROWS = 8  # calibration GEMMs are (8n × n)·(n × n): tall, as tokens × width are
-REFERENCE = REFERENCE_GPT
-"""The reference GPT timed on one process (none of the ground-truth shapes)."""
-REFERENCE_MICRO = (1, 16)
-RUNTIMES = ("executor", "ledger")
-"""The runtimes the ground-truth sources step under, each timed among the reference rounds
-at micro-batch `REFERENCE_MICRO[0]`: `executor`, the whole reference as the one stage of a
-one-rank `impls.pipeline.PipelineExecutor` (`EXECUTOR_MICROBATCHES` micro-batches a step,
-timed per micro-batch: its schedule walk and the saved-activation accounting it keeps,
-`parallelism_comparison` and `pipeline_utilization`); `ledger`, the reference's forward
-under `impls.memory.MemoryLedger.saved_activations` (what `impls.zero.ZeroDataParallel`
-wraps every forward in, `zero_memory`)."""
-EXECUTOR_MICROBATCHES = 4
-JITTER = ("fp32", REFERENCE_MICRO[0])
-"""The reference configuration whose step-to-step spread prices stragglers (`straggler`)."""
-PROBE = ("fp32", PROBE_MICRO)
-"""The host probe's step (`bench.kit.host.host_probe`: the reference in fp32 at
-`PROBE_MICRO`), timed among the reference rounds: its median over them is where this
-run's host stood while it calibrated."""
 CHAIN = 50  # tiny ops in the per-kernel overhead probe (each runs forward and backward)
 SPEEDUP_ROUNDS = 3  # alternating one-thread / rank-thread rounds of the speedup probe
 STATISTICS: dict[str, Callable[[list[float]], float]] = {"median": statistics.median,
@@ -187,7 +170,7 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
         target = torch.empty_like(source)
         copy_s = _fastest(lambda: target.copy_(source), cfg.repeats)
         overhead = _fastest(_tiny_autograd_chain, cfg.repeats) / (2 * CHAIN)
-        reference, jitter = _reference_rounds(cfg.repeats, window)
+        reference, jitter = rounds.reference_rounds(cfg.repeats, window)
     finally:
         torch.set_num_threads(before)
     peak = max(rates)
@@ -253,91 +236,6 @@ def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 
 def _reference_timings(micro: int, dtype: str, repeats: int) -> list[float]:
     """`repeats` timed reference steps (`bench.kit.workloads.reference_step`), after one warm-up."""
     return _timings(reference_step(micro, dtype), repeats)
-
-
-def _reference_rounds(rounds: int, window_s: float
-                      ) -> tuple[dict[tuple[str, int], list[float]], list[float]]:  # fmt: skip
-    """(samples, jitter). Samples: every step time of the reference per (dtype,
-    micro-batch) and of the host probe's step (`PROBE`), and per runtime of `RUNTIMES` (key `(runtime, b)`) the excess of its
-    step (per micro-batch) over the plain reference's at the same b timed right after it,
-    all in `rounds` rounds: in each, every configuration samples for `window_s` seconds
-    (at least once), the order rotating by round. This host drifts between fast and slow
-    phases lasting seconds; spread over rounds, each configuration's samples see the same
-    phases, and a phase that lands on one of them cannot tilt the two-point fit alone. A
-    runtime costs a few percent of a step, less than that drift: paired back to back, the
-    drift cancels in each difference. Jitter: each step of `JITTER` ÷ the median of its
-    window (the step-to-step spread, the phases divided out)."""
-    configs = [(dtype, micro) for dtype in ("fp32", "bf16") for micro in REFERENCE_MICRO]
-    configs.append(PROBE)
-    steps = {config: reference_step(config[1], config[0]) for config in configs}
-    runtimes = {(name, REFERENCE_MICRO[0]): _runtime_step(name, REFERENCE_MICRO[0])
-                for name in RUNTIMES}  # fmt: skip
-    for step in [*steps.values(), *runtimes.values()]:
-        step()  # warm-up
-    sample = {config: partial(_seconds, step) for config, step in steps.items()}
-    plain = steps[("fp32", REFERENCE_MICRO[0])]
-    for config, step in runtimes.items():
-        per = EXECUTOR_MICROBATCHES if config[0] == "executor" else 1
-        sample[config] = partial(_excess, step, per, plain)
-    configs += list(runtimes)
-    samples: dict[tuple[str, int], list[float]] = {config: [] for config in configs}
-    jitter: list[float] = []
-    for r in range(rounds):
-        for config in configs[r % len(configs) :] + configs[: r % len(configs)]:
-            window, end = [], time.perf_counter() + window_s
-            while True:
-                window.append(sample[config]())
-                if time.perf_counter() >= end:
-                    break
-            samples[config] += window
-            if config == JITTER:
-                middle = statistics.median(window)
-                jitter += [t / middle for t in window]
-    return samples, jitter
-
-
-def _seconds(step: Callable[[], None]) -> float:
-    start = time.perf_counter()
-    step()
-    return time.perf_counter() - start
-
-
-def _excess(step: Callable[[], None], per: int, plain: Callable[[], None]) -> float:
-    """`step`'s seconds ÷ `per` less `plain`'s, timed back to back."""
-    return _seconds(step) / per - _seconds(plain)
-
-
-def _runtime_step(runtime: str, micro: int) -> Callable[[], None]:
-    """One step of the reference as a source's `runtime` runs it (`RUNTIMES`), then
-    zero_grad as the plain reference step does. `executor` needs this process's one-rank
-    process group (a planner_validation rank has it)."""
-    from bench.kit.workloads import lm_loss, seeded_gpt_and_batch
-    from impls.comm import Communicator
-    from impls.memory import MemoryLedger
-    from impls.pipeline import PipelineExecutor, build_plan
-
-    m = EXECUTOR_MICROBATCHES if runtime == "executor" else 1
-    net, inputs, targets = seeded_gpt_and_batch(REFERENCE, micro * m, seed=0)
-    if runtime == "ledger":
-        ledger, weights = MemoryLedger(), list(net.parameters())
-
-        def step() -> None:
-            with ledger.saved_activations(exclude=weights):
-                loss = net.loss(net(inputs).float(), targets)
-            loss.backward()
-            net.zero_grad(set_to_none=False)
-
-        return step
-    shape = (micro, REFERENCE["seq_len"], REFERENCE["d_model"])
-    executor = PipelineExecutor(Communicator(), {0: net}, build_plan("gpipe", 1, m),
-                                num_stages=1, microbatches=m, loss_fn=lm_loss,
-                                activation_shape=shape)  # fmt: skip
-
-    def step() -> None:
-        executor.step(inputs, targets, align_clocks=False)
-        net.zero_grad(set_to_none=False)
-
-    return step
 
 
 def _adamw_seconds_per_param(repeats: int) -> float:

@@ -245,7 +245,8 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
     measured_step, measured_peak = t["measured_step_time_s"], t["measured_peak_bytes"]
     return {
         **cell.key,
-        "ranks": t["ranks"], "source_host_cores": t["host_cores"], "dp": t["dp"], "tp": t["tp"], "pp": t["pp"],
+        "ranks": t["ranks"], "source_host_cores": t["host_cores"],
+        "dp": t["dp"], "tp": t["tp"], "pp": t["pp"],
         "zero_stage": t["zero_stage"], "precision": t["precision"],
         "schedule": t["schedule"], "microbatches": t["microbatches"],
         "virtual_stages": t["virtual_stages"], "microbatch_size": t["microbatch_size"],

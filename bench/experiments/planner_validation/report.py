@@ -1,7 +1,7 @@
 """The `planner_validation` report: the simulator calibrated on this host against the
 configurations distbench measured here — errors per row, medians, the worst rows, the rank
-correlation of step times, the calibration behind every prediction (its section in `report_calibration.py`). Plots
-in `plots.py`."""
+correlation of step times, the calibration behind every prediction (its section in
+`report_calibration.py`). Plots in `plots.py`."""
 
 from __future__ import annotations
 

@@ -79,8 +79,9 @@ def calibration(ctx: Context) -> str | None:
     the same rounds (the executor's as the one stage of a one-rank executor, per
     micro-batch), each sample paired with a plain reference step right after it (the
     cost is a few percent of a step, less than the host's drift between rounds); the
-    median excess, halved, is that runtime's cost per compute action (`Hardware.action_overhead_s`), paid by each F and each backward action
-    of a row that runs under it, stretched and scaled like a kernel's overhead.
+    median excess, halved, is that runtime's cost per compute action
+    (`Hardware.action_overhead_s`), paid by each F and each backward action of a row that
+    runs under it, stretched and scaled like a kernel's overhead.
 
     Links are not measured in this run but read from two reports of this host (table
     "Links"): a wall-clock row of N ≥ 2 ranks is priced on the α (per round) and β fitted
