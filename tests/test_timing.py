@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from bench.kit import timing
-from impls.collectives.tuner import balanced_orders
+from impls.pairing import balanced_orders
 
 
 def test_balanced_rounds_put_every_side_in_every_position_after_every_other(monkeypatch):

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from impls.collectives.tuner import balanced_orders
+from impls.pairing import balanced_orders
 
 __all__ = ["Timed", "alternate", "calibrate_iters", "slowest", "timed_step"]
 

@@ -46,6 +46,7 @@ from impls.comm import Communicator
 from impls.costmodel.comm import allreduce_seconds
 from impls.costmodel.hardware import Link
 from impls.costmodel.presets import hardware
+from impls.pairing import balanced_orders, paired_times
 
 __all__ = [
     "DEFAULT_CALIBRATION_SIZES",
@@ -53,10 +54,8 @@ __all__ = [
     "AlgorithmCost",
     "AllReduceTuner",
     "MeasuredCost",
-    "balanced_orders",
     "default_link",
     "fit_two_points",
-    "paired_times",
 ]
 
 # Used when nobody calibrated: this repo's own measurement of its gloo ranks, the
@@ -65,33 +64,6 @@ __all__ = [
 GLOO_LOOPBACK = Link(name="gloo loopback (allreduce_scaling's fit)", alpha_s=161e-6,
                      bandwidth=1.36e9)  # fmt: skip
 DEFAULT_CALIBRATION_SIZES = (4 << 10, 64 << 20)
-
-
-def balanced_orders(k: int) -> list[list[int]]:
-    """Orders of k sides for rounds of turns in which each side runs in every position,
-    and right after every other side, equally often over the returned rounds: a Williams
-    design (E. J. Williams 1949, "Experimental designs balanced for the estimation of
-    residual effects of treatments", Australian J. Sci. Res. A 2(3)). Row 0 is
-    0, 1, k−1, 2, k−2, …; row i adds i mod k. For even k those k rows are balanced; for odd
-    k the k rows and their reverses (2k rows). A plain rotation (round r starts at side
-    r mod k) is not: it keeps each side's predecessor the same in every round."""
-    if k < 1:
-        raise ValueError(f"k={k}: need at least one side")
-    first = [(j + 1) // 2 if j % 2 else (k - j // 2) % k for j in range(k)]
-    rows = [[(a + i) % k for a in first] for i in range(k)]
-    return rows if k % 2 == 0 or k == 1 else rows + [row[::-1] for row in rows]
-
-
-def paired_times(windows: torch.Tensor) -> torch.Tensor:
-    """One time per side from `windows[side, round]` (seconds, > 0), paired by round: each
-    round's host phase, the median log-time of its sides, is taken out before the median
-    over rounds, and the median phase put back. Sides timed in the same rounds are then
-    ranked by how they compare within a round (as `allreduce_scaling` judges them), not by
-    which rounds fell in a slow phase of a host whose speed drifts."""
-    logs = windows.log()
-    phase = logs.median(dim=0).values  # per round
-    relative = (logs - phase).median(dim=-1).values  # per side
-    return (relative + phase.median()).exp()
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ from bench.experiments.allreduce_scaling import experiment as allreduce_experime
 from bench.experiments.allreduce_scaling.config import AllReduceScalingConfig
 from bench.kit.collectives import calibration_sizes
 from impls.collectives import ALGORITHMS, AllReduceTuner, all_reduce
-from impls.collectives.tuner import GLOO_LOOPBACK, MeasuredCost, fit_two_points, paired_times
+from impls.collectives.tuner import GLOO_LOOPBACK, MeasuredCost, fit_two_points
 from impls.costmodel.comm import ALLREDUCE_ALGORITHMS, allreduce_seconds, best_allreduce
 from impls.costmodel.hardware import Link
 from impls.costmodel.presets import hardware
+from impls.pairing import paired_times
 from tests.rank_support import mismatch, pattern, prefix_communicator
 
 LINKS = (GLOO_LOOPBACK, hardware("a100_80gb").intra, Link(name="slow", alpha_s=1e-3, bandwidth=1e8))

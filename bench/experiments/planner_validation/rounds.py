@@ -4,11 +4,11 @@ reference GPT that the calibration fits or reads, timed in turns on this one pro
 `reference_rounds` times, in each round, the reference per (dtype, micro-batch) of
 `REFERENCE_MICRO`, the host probe's step (`PROBE`) and each runtime of `RUNTIMES`
 (paired with a plain step right after it), each for a window, in the round's order of
-a balanced design (`impls.collectives.tuner.balanced_orders`: each configuration in
-every position, and right after every other, equally often over each 14 rounds of the
-seven configurations). This host drifts between
-fast and slow phases lasting seconds; spread over rounds, each configuration's samples
-see the same phases, and a phase that lands on one of them cannot tilt the fit alone.
+a balanced design (`impls.pairing.balanced_orders`: over each 14 rounds of the seven
+configurations, each runs in every position and right after every other equally
+often). This host drifts between fast and slow phases lasting seconds; spread over
+rounds, each configuration's samples see the same phases, and a phase that lands on one
+of them cannot tilt the fit alone.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from functools import partial
 
 from bench.kit.host import PROBE_MICRO
 from bench.kit.workloads import REFERENCE_GPT, reference_step
-from impls.collectives.tuner import balanced_orders
+from impls.pairing import balanced_orders
 
 __all__ = ["JITTER", "PROBE", "REFERENCE", "REFERENCE_MICRO", "RUNTIMES", "reference_rounds",
            "runtime_step"]  # fmt: skip
