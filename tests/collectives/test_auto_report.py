@@ -54,6 +54,26 @@ def test_auto_is_judged_against_each_cells_best(tmp_path: Path) -> None:
     assert "traffic_vs_n" in report and "| auto " not in report.split("reproduced")[1][:4000]
 
 
+def test_a_miss_says_whether_the_choice_moves_the_best_ones_traffic(tmp_path: Path) -> None:
+    """At N = 2, 1 MiB auto chose the parameter server and ring was best; in this frame's
+    counters both send M each way in two rounds, so the miss is one between algorithms
+    with the same traffic. Once ring's counters differ (two messages), it is not."""
+    frame = auto_frame()
+    headline = write_allreduce(frame, tmp_path)
+    assert headline["auto_misses_same_traffic"] == 1
+    report = (tmp_path / "report.md").read_text()
+    assert "Of the 1 miss, 1 chose an algorithm with the best's traffic counters" in report
+    row = next(line for line in report.splitlines() if line.startswith("| 2   | 1 MiB"))
+    assert "| yes " in row and "| 4   | 4 KiB" in report
+    ring = (frame["algorithm"] == "ring") & (frame["world_size"] == 2)
+    frame.loc[ring, "messages"] = 4
+    headline = write_allreduce(frame, tmp_path / "other")
+    assert headline["auto_misses_same_traffic"] == 0
+    row = next(line for line in (tmp_path / "other" / "report.md").read_text().splitlines()
+               if line.startswith("| 2   | 1 MiB"))  # fmt: skip
+    assert "| no " in row
+
+
 def with_rounds(frame: pd.DataFrame, repeats: int = 3) -> pd.DataFrame:
     """`frame` as a paired run writes it: each auto row with every round's time of auto and
     of each algorithm (here each round repeats the algorithm's own cell's time), the

@@ -10,7 +10,9 @@ auto chose, read from its own alternating side (`choice_vs_best`: the choice's q
 apart from the auto side's noise), whether it chose the best (`auto_chose_best`) and
 whether it chose the best or a side this host cannot tell from it (`auto_chose_tied`:
 with rounds, the 90% bootstrap interval of the choice's paired speed over the best's
-reaches 1); `best_basis` says "same cell". With every round's times (`round_times_s`)
+reaches 1), and whether the choice's traffic counters at that (N, M) equal the best's
+(`choice_same_traffic`: the same messages in the same rounds, so that only the two
+implementations' own overhead can separate them); `best_basis` says "same cell". With every round's times (`round_times_s`)
 the comparison is paired round by round (basis "same cell, paired by round"): each alternative's speed
 relative to auto is the median over rounds of t_auto ÷ t_alternative in the same round,
 which cancels the host's drift between rounds that a ratio of two medians keeps; and
@@ -47,6 +49,10 @@ from bench.report import (
 __all__ = ["AUTO_VS_BEST", "BEST_SHARE_BOUND", "auto_choices", "prepare"]
 
 CELL = ["world_size", "message_bytes"]
+TRAFFIC = ["rounds", "messages", "max_rank_bytes_sent", "max_rank_bytes_recv", "total_bytes_sent"]
+"""The traffic counters that, equal between two algorithms at one (N, M), say they move the
+same messages in the same rounds there (at N = 2 the parameter server, sequential and
+tree all send M one way and back)."""
 NOT_FROM_SCRATCH = ("auto", "torch")  # every other algorithm is one auto chooses from
 BEST_SHARE_BOUND = 0.8
 AUTO_VS_BEST = Target(
@@ -66,16 +72,18 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
-    """Add `best_algorithm`, `auto_vs_best`, `choice_vs_best`, `auto_chose_best` and
-    `best_basis` to auto rows (by position: a merged frame may repeat index labels)."""
+    """Add `best_algorithm`, `auto_vs_best` (with `_lo` / `_hi`), `choice_vs_best`,
+    `auto_chose_best`, `auto_chose_tied`, `choice_same_traffic` and `best_basis` to auto
+    rows (by position: a merged frame may repeat index labels)."""
     n = len(df)
     numbers = ("auto_vs_best", "choice_vs_best", "auto_chose_best", "auto_chose_tied",
-               "auto_vs_best_lo", "auto_vs_best_hi")  # fmt: skip
+               "auto_vs_best_lo", "auto_vs_best_hi", "choice_same_traffic")  # fmt: skip
     out = {c: [math.nan] * n for c in numbers}
     out |= {"best_algorithm": [None] * n, "best_basis": ["—"] * n}
     if "algorithm" in df.columns and "busbw_vs_torch" in df.columns:
         records = df.to_dict("records")
         by_cell = _separate_cells(_ok(df))
+        traffic = _traffic(_ok(df))
         ok = df["status"].eq("ok").to_numpy() if "status" in df.columns else [True] * n
         for i, row in enumerate(records):
             if not ok[i] or row["algorithm"] != "auto":
@@ -96,9 +104,17 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
             out["auto_chose_best"][i] = float(choice == best)
             if rounds is not None:
                 out["auto_chose_tied"][i] = float(choice == best or _tied(rounds, choice, best))
+            cell = (row["world_size"], row["message_bytes"])
+            if (*cell, choice) in traffic and (*cell, best) in traffic:
+                same = traffic[(*cell, choice)] == traffic[(*cell, best)]
+                out["choice_same_traffic"][i] = float(same)
     for column, values in out.items():
         df[column] = values
     return df
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 def _format_interval(low: float, high: float) -> str:
@@ -146,30 +162,37 @@ def _paired(rounds: Rounds | None) -> tuple[dict[str, float], float, str] | None
     return speeds, 1.0, "same cell, paired by round"
 
 
-def _interval(rounds: Rounds, resamples: int = 1000, level: float = 0.9) -> tuple[float, float]:
-    """A bootstrap interval of auto ÷ best over the rounds (seeded: the same rows give the
-    same interval), the best re-chosen in every resample."""
-    own, alts = rounds
-    ratios = np.stack([t / own for t in alts.values()])  # alternative ÷ auto time, per round
-    picks = np.random.default_rng(0).integers(0, len(own), size=(resamples, len(own)))
-    stats = np.median(ratios[:, picks], axis=2).min(axis=0)  # auto ÷ best per resample
+def _resampled_medians(ratios: np.ndarray, resamples: int = 1000) -> np.ndarray:
+    """The median over rounds (the last axis of `ratios`) in each of `resamples` bootstrap
+    resamples of the rounds, seeded (the same rows give the same numbers):
+    shape `(*ratios.shape[:-1], resamples)`."""
+    count = ratios.shape[-1]
+    picks = np.random.default_rng(0).integers(0, count, size=(resamples, count))
+    return np.median(ratios[..., picks], axis=-1)
+
+
+def _two_sided(stats: np.ndarray, level: float) -> tuple[float, float]:
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(stats, [tail, 100 - tail])
     return float(low), float(high)
 
 
-def _tied(
-    rounds: Rounds, choice: str, best: str, resamples: int = 1000, level: float = 0.9
-) -> bool:
+def _interval(rounds: Rounds, level: float = 0.9) -> tuple[float, float]:
+    """A bootstrap interval of auto ÷ best over the rounds, the best re-chosen in every
+    resample."""
+    own, alts = rounds
+    ratios = np.stack([t / own for t in alts.values()])  # alternative ÷ auto time, per round
+    return _two_sided(_resampled_medians(ratios).min(axis=0), level)  # auto ÷ best
+
+
+def _tied(rounds: Rounds, choice: str, best: str, level: float = 0.9) -> bool:
     """Whether the rounds leave `choice` possibly as fast as `best`: the upper end of a
-    bootstrap interval (seeded) of the median over rounds of t_best ÷ t_choice reaches 1."""
+    bootstrap interval of the median over rounds of t_best ÷ t_choice reaches 1."""
     _, alts = rounds
     if choice not in alts or best not in alts:
         return False
     ratio = alts[best] / alts[choice]  # < 1: the best was faster in that round
-    picks = np.random.default_rng(0).integers(0, len(ratio), size=(resamples, len(ratio)))
-    high = np.percentile(np.median(ratio[picks], axis=1), 100 - (1 - level) / 2 * 100)
-    return bool(high >= 1.0)
+    return _two_sided(_resampled_medians(ratio), level)[1] >= 1.0
 
 
 def _same_cell(row: dict) -> tuple[dict[str, float], float, str] | None:
@@ -181,6 +204,15 @@ def _same_cell(row: dict) -> tuple[dict[str, float], float, str] | None:
     if not speeds or not (math.isfinite(own) and own > 0):
         return None
     return speeds, 1.0 / own, "same cell"
+
+
+def _traffic(ok: pd.DataFrame) -> dict[tuple, tuple]:
+    """(N, M, algorithm) -> its `TRAFFIC` counters, from the algorithm's own cell."""
+    if not set(TRAFFIC) <= set(ok.columns):
+        return {}
+    ours = ok[~ok["algorithm"].isin(NOT_FROM_SCRATCH)].dropna(subset=TRAFFIC)
+    return {(r["world_size"], r["message_bytes"], r["algorithm"]): tuple(r[c] for c in TRAFFIC)
+            for r in ours.to_dict("records")}  # fmt: skip
 
 
 def _separate_cells(ok: pd.DataFrame) -> dict[tuple, pd.Series]:
@@ -214,7 +246,11 @@ def auto_choices(ctx: Context) -> str | None:
     finely this host resolves the ratio); *choice ÷ best*: the chosen algorithm's own side
     against it, i.e. what the choice cost apart from the auto side's timing noise;
     *tied*: whether the choice is the best or a side the rounds cannot tell from it (the
-    90% bootstrap interval of the choice's paired speed ÷ the best's reaches 1).
+    90% bootstrap interval of the choice's paired speed ÷ the best's reaches 1); *same
+    traffic*, where the choice was not the best: whether the two algorithms' traffic
+    counters (rounds, messages and bytes per rank, from their own cells) are equal there,
+    so that they move the same messages in the same rounds and differ only in their own
+    code's overhead.
     *predicted*: the tuner's time for its choice."""
     rows = ctx.ok[(ctx.ok["algorithm"] == "auto")] if "algorithm" in ctx.ok else ctx.ok
     if rows.empty or "auto_chose_best" not in rows.columns:
@@ -235,6 +271,8 @@ def auto_choices(ctx: Context) -> str | None:
             judged["auto_vs_best_lo"], judged["auto_vs_best_hi"], strict=True)],  # fmt: skip
         "choice ÷ best": judged["choice_vs_best"].map(format_ratio),
         "tied": judged["auto_chose_tied"].map(_yes_no),
+        "same traffic": [_yes_no(same) if hit == 0 else "—" for hit, same in zip(
+            judged["auto_chose_best"], judged["choice_same_traffic"], strict=True)],  # fmt: skip
         "auto time": judged["time_s"].map(format_seconds),
         "predicted": judged["auto_predicted_s"].map(format_seconds),
     })  # fmt: skip
@@ -265,16 +303,27 @@ def auto_choices(ctx: Context) -> str | None:
             "it (*tied*); that share is context, not the target, since a noisier host ties "
             "more cells."
         )
+    misses = judged[judged["auto_chose_best"] == 0]
+    same = int((misses["choice_same_traffic"] == 1).sum())
+    if len(misses):
+        summary += (
+            f" Of the {_count(len(misses), 'miss', 'misses')}, {same} chose an algorithm with "
+            "the best's traffic counters at that (N, M) (*same traffic*: the same messages in "
+            "the same rounds; which of the two is faster is their own code's overhead and "
+            "this host's noise). They count as misses."
+        )
     short = judged[judged["auto_vs_best"] < AUTO_VS_BEST.bound]
     unresolved = short[short["auto_vs_best_hi"] >= AUTO_VS_BEST.bound]
     if len(short):
         summary += (
-            f" Of the {len(short)} cells below {AUTO_VS_BEST.bound:g}×, {len(unresolved)} have "
-            f"a 90% interval reaching {AUTO_VS_BEST.bound:g}×: there this host's rounds do not "
-            "resolve the ratio against the bound."
+            f" Of the {_count(len(short), 'cell')} below {AUTO_VS_BEST.bound:g}×, "
+            f"{len(unresolved)} {'has' if len(unresolved) == 1 else 'have'} a 90% interval "
+            f"reaching {AUTO_VS_BEST.bound:g}×: there this host's rounds do not resolve the "
+            "ratio against the bound."
         )
     ctx.headline.update(auto_cells_below_bound=len(short),
-                        auto_cells_below_bound_unresolved=len(unresolved))  # fmt: skip
+                        auto_cells_below_bound_unresolved=len(unresolved),
+                        auto_misses_same_traffic=same)  # fmt: skip
     if ctx.cores == ctx.cores and (rows["world_size"] > ctx.cores).any():
         summary += (
             f" Cells with more ranks than the host's {int(ctx.cores)} cores are judged "
