@@ -37,13 +37,16 @@ class PlannerValidationConfig:
     """Square matmul sizes n timed for the GEMM-efficiency table (2n³ FLOPs each)."""
     copy_mib: int = 64
     """Size of the tensor copied to measure memory bandwidth (MiB)."""
-    repeats: int = 20
+    repeats: int = 28
     """Timed repeats of each calibration kernel (the fastest counts), and rounds of the
-    reference steps (their median and fastest count, see `reference_window_s`)."""
+    reference steps (their median and fastest count, see `reference_window_s`). 28 is two
+    whole balanced designs of the reference rounds' seven configurations (14 rounds
+    each, `impls.pairing.balanced_orders`)."""
     reference_window_s: float = 0.25
-    """Seconds each reference configuration (fp32 / bf16 × micro-batch 1 / 16, and the
-    host probe's step) steps per round, the configurations taking turns for `repeats`
-    rounds (≈ 5 × repeats × this seconds in all); 0: one step each per round."""
+    """Seconds each reference configuration (fp32 / bf16 × micro-batch 1 / 16, the host
+    probe's step and the two runtimes, `rounds.reference_rounds`) steps per round, the
+    configurations taking turns for `repeats` rounds (≈ 7 × repeats × this seconds in
+    all); 0: one step each per round."""
     timeout_s: float = 300.0
     """A cell not finished by then is recorded as failed."""
 
