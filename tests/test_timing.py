@@ -7,10 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
-
 from bench.kit import timing
-from impls.pairing import balanced_orders
 
 
 def test_balanced_rounds_put_every_side_in_every_position_after_every_other(monkeypatch):
@@ -27,28 +24,3 @@ def test_balanced_rounds_put_every_side_in_every_position_after_every_other(monk
     order.clear()
     timing.alternate(sides, warmup=0, repeats=2)
     assert "".join(order) == "abcdabcd"  # unbalanced: the listed order every round
-
-
-@pytest.mark.parametrize("k", range(1, 10))
-def test_balanced_orders_are_a_williams_design(k):
-    rows = balanced_orders(k)
-    assert len(rows) == (k if k % 2 == 0 or k == 1 else 2 * k)
-    assert all(sorted(row) == list(range(k)) for row in rows)  # each a permutation
-    repeats = len(rows) // k
-    positions = Counter((row[j], j) for row in rows for j in range(k))
-    assert set(positions.values()) == {repeats} and len(positions) == k * k
-    followers = Counter((row[j], row[j + 1]) for row in rows for j in range(k - 1))
-    assert len(followers) == k * (k - 1)  # every ordered pair of distinct sides …
-    assert set(followers.values()) <= {repeats}  # … equally often
-
-
-def test_a_rotation_would_not_be_balanced():
-    """What the design fixes: rotating one order keeps each side's predecessor."""
-    rotated = [[(j + i) % 4 for j in range(4)] for i in range(4)]
-    followers = Counter((row[j], row[j + 1]) for row in rotated for j in range(3))
-    assert len(followers) == 4  # only (0,1), (1,2), (2,3), (3,0): 4 of the 12 pairs
-
-
-def test_balanced_orders_refuse_no_sides():
-    with pytest.raises(ValueError, match="k=0"):
-        balanced_orders(0)

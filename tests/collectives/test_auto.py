@@ -21,7 +21,6 @@ from impls.collectives.tuner import GLOO_LOOPBACK, MeasuredCost, fit_two_points
 from impls.costmodel.comm import ALLREDUCE_ALGORITHMS, allreduce_seconds, best_allreduce
 from impls.costmodel.hardware import Link
 from impls.costmodel.presets import hardware
-from impls.pairing import paired_times
 from tests.rank_support import mismatch, pattern, prefix_communicator
 
 LINKS = (GLOO_LOOPBACK, hardware("a100_80gb").intra, Link(name="slow", alpha_s=1e-3, bandwidth=1e8))
@@ -90,23 +89,6 @@ def test_a_calibrated_table_picks_the_fastest_measured_at_each_size():
     tuner = AllReduceTuner({("tree", 4): fast_small, ("ring", 4): fast_large},
                            algorithms=["ring", "tree"])  # fmt: skip
     assert [tuner.choose(m, 4) for m in (4096, 1 << 20, 64 << 20)] == ["tree", "tree", "ring"]
-
-
-def test_paired_times_rank_sides_within_rounds_not_by_which_rounds_were_slow():
-    # The host slows down round after round; side 1 is 10% faster than side 0 in every
-    # round but the one where it was disturbed (2x). The medians of each side's windows
-    # rank it behind side 0; paired by round, it is ahead, as in 4 of its 5 rounds.
-    phase = torch.arange(1.0, 6.0, dtype=torch.float64) * 1e-3
-    windows = torch.stack([phase, 0.9 * phase, 2 * phase])
-    windows[1, 2] *= 2
-    assert windows.median(dim=-1).values.argmin() == 0  # what calibrate used to keep
-    times = paired_times(windows)
-    assert times.argmin() == 1 and times[0] < times[2]
-    torch.testing.assert_close(times[0] / times[1], torch.tensor(1 / 0.9, dtype=torch.float64))
-    steady = torch.tensor([[2e-3] * 4, [1e-3] * 4], dtype=torch.float64)
-    torch.testing.assert_close(
-        paired_times(steady), torch.tensor([2e-3, 1e-3], dtype=torch.float64)
-    )
 
 
 def test_uncalibrated_tuner_without_a_link_names_what_is_missing():
