@@ -9,14 +9,17 @@ reference rounds):
   over the rounds, each side runs in every position and right after every other side
   equally often, so no side always follows the same one;
 - `paired_times`: each round's phase is taken out before the sides are compared across
-  rounds.
+  rounds;
+- `turns`: the (round, side) turns of a whole run, round after round in those orders.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
-__all__ = ["balanced_orders", "paired_times"]
+__all__ = ["balanced_orders", "paired_times", "turns"]
 
 
 def balanced_orders(k: int) -> list[list[int]]:
@@ -32,6 +35,18 @@ def balanced_orders(k: int) -> list[list[int]]:
     first = [(j + 1) // 2 if j % 2 else (k - j // 2) % k for j in range(k)]
     rows = [[(a + i) % k for a in first] for i in range(k)]
     return rows if k % 2 == 0 or k == 1 else rows + [row[::-1] for row in rows]
+
+
+def turns(k: int, rounds: int, *, balanced: bool = True) -> Iterator[tuple[int, int]]:
+    """The turns of `rounds` rounds of k sides, as (round, side) pairs in the order they
+    are taken: round r in order r mod len(orders) of `balanced_orders(k)`, or, without
+    `balanced`, sides 0 … k−1 every round."""
+    if rounds < 0:
+        raise ValueError(f"rounds={rounds}: need zero or more rounds")
+    orders = balanced_orders(k) if balanced else [list(range(k))]
+    for r in range(rounds):
+        for side in orders[r % len(orders)]:
+            yield r, side
 
 
 def paired_times(windows: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
-from impls.pairing import balanced_orders, paired_times
+from impls.pairing import balanced_orders, paired_times, turns
 
 
 @pytest.mark.parametrize("k", range(1, 10))
@@ -39,6 +39,25 @@ def test_a_rotation_would_not_be_balanced():
 def test_balanced_orders_refuse_no_sides():
     with pytest.raises(ValueError, match="k=0"):
         balanced_orders(0)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_turns_take_the_rounds_in_the_balanced_orders(k):
+    rounds = 2 * len(balanced_orders(k)) + 1  # wraps around the design, and a partial one
+    taken = list(turns(k, rounds))
+    assert len(taken) == k * rounds
+    assert [r for r, _ in taken] == [r for r in range(rounds) for _ in range(k)]
+    orders = balanced_orders(k)
+    for r in range(rounds):
+        assert [i for q, i in taken if q == r] == orders[r % len(orders)]
+    plain = list(turns(k, 3, balanced=False))
+    assert plain == [(r, i) for r in range(3) for i in range(k)]
+
+
+def test_turns_refuse_a_negative_round_count_and_take_none_for_zero():
+    with pytest.raises(ValueError, match="rounds=-1"):
+        list(turns(3, -1))
+    assert list(turns(3, 0)) == []
 
 
 def test_paired_times_rank_sides_within_rounds_not_by_which_rounds_were_slow():

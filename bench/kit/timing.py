@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from impls.pairing import balanced_orders
+from impls.pairing import turns
 
 __all__ = ["Timed", "alternate", "calibrate_iters", "slowest", "timed_step"]
 
@@ -83,14 +83,13 @@ def alternate(
     the listed order every round."""
     timed = {name: Timed() for name in sides}
     listed = list(sides.items())
-    orders = balanced_orders(len(listed)) if balanced else [list(range(len(listed)))]
-    for round_ in range(warmup + repeats):
-        for name, step in (listed[i] for i in orders[round_ % len(orders)]):
-            outcome, seconds, own = timed_step(step, group, (iters or {}).get(name, 1))
-            if round_ >= warmup:
-                timed[name].outcomes.append(outcome)
-                timed[name].seconds.append(seconds)
-                timed[name].own.append(own)
+    for round_, i in turns(len(listed), warmup + repeats, balanced=balanced):
+        name, step = listed[i]
+        outcome, seconds, own = timed_step(step, group, (iters or {}).get(name, 1))
+        if round_ >= warmup:
+            timed[name].outcomes.append(outcome)
+            timed[name].seconds.append(seconds)
+            timed[name].own.append(own)
     return timed
 
 

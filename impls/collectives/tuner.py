@@ -46,7 +46,7 @@ from impls.comm import Communicator
 from impls.costmodel.comm import allreduce_seconds
 from impls.costmodel.hardware import Link
 from impls.costmodel.presets import hardware
-from impls.pairing import balanced_orders, paired_times
+from impls.pairing import paired_times, turns
 
 __all__ = [
     "DEFAULT_CALIBRATION_SIZES",
@@ -254,10 +254,8 @@ class AllReduceTuner:
                 buf = torch.zeros(nbytes // itemsize, dtype=dtype, device=comm.device)
                 timers = [_Timer(ALGORITHMS[a], comm, buf, clock) for a in self.algorithms]
                 iters = [t.calls_per_window(warmup, window_s, max_iters) for t in timers]
-                orders = balanced_orders(len(timers))
-                for r in range(repeats):
-                    for i in orders[r % len(orders)]:
-                        windows[i, j, r] = timers[i].window(iters[i])
+                for r, i in turns(len(timers), repeats):
+                    windows[i, j, r] = timers[i].window(iters[i])
             _slowest_rank(windows, comm)
         finally:
             comm.counters, comm.simulated_s = counters, simulated

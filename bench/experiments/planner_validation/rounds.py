@@ -20,7 +20,7 @@ from functools import partial
 
 from bench.kit.host import PROBE_MICRO
 from bench.kit.workloads import REFERENCE_GPT, reference_step
-from impls.pairing import balanced_orders
+from impls.pairing import turns
 
 __all__ = ["JITTER", "PROBE", "REFERENCE", "REFERENCE_MICRO", "RUNTIMES", "reference_rounds",
            "runtime_step"]  # fmt: skip
@@ -73,18 +73,17 @@ def reference_rounds(rounds: int, window_s: float) -> tuple[dict[Config, list[fl
     configs += list(runtimes)
     samples: dict[Config, list[float]] = {config: [] for config in configs}
     jitter: list[float] = []
-    orders = balanced_orders(len(configs))
-    for r in range(rounds):
-        for config in (configs[i] for i in orders[r % len(orders)]):
-            window, end = [], time.perf_counter() + window_s
-            while True:
-                window.append(sample[config]())
-                if time.perf_counter() >= end:
-                    break
-            samples[config] += window
-            if config == JITTER:
-                middle = statistics.median(window)
-                jitter += [t / middle for t in window]
+    for _, i in turns(len(configs), rounds):
+        config = configs[i]
+        window, end = [], time.perf_counter() + window_s
+        while True:
+            window.append(sample[config]())
+            if time.perf_counter() >= end:
+                break
+        samples[config] += window
+        if config == JITTER:
+            middle = statistics.median(window)
+            jitter += [t / middle for t in window]
     return samples, jitter
 
 
