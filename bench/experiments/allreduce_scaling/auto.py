@@ -11,15 +11,15 @@ apart from the auto side's noise), whether it chose the best (`auto_chose_best`)
 whether it chose the best or a side this host cannot tell from it (`auto_chose_tied`:
 with rounds, the 90% bootstrap interval of the choice's paired speed over the best's
 reaches 1), and whether the choice's traffic counters at that (N, M) equal the best's
-(`choice_same_traffic`: the same messages in the same rounds, so that only the two
-implementations' own overhead can separate them); `best_basis` says "same cell". With every round's times (`round_times_s`)
-the comparison is paired round by round (basis "same cell, paired by round"): each alternative's speed
-relative to auto is the median over rounds of t_auto ÷ t_alternative in the same round,
-which cancels the host's drift between rounds that a ratio of two medians keeps; and
-`auto_vs_best_lo` / `_hi` bound auto ÷ best with a 90% bootstrap over the rounds (the
-best re-chosen in every resample, so picking the best of six noisy sides is inside the
-interval). An auto row without alternatives (not paired, or an
-older results.csv) is judged as before, against the other algorithms' own cells by their
+(`choice_same_traffic`: as many rounds, messages and bytes per rank and in all, so that
+little but the two implementations' own overhead can separate them); `best_basis` says
+"same cell". With every round's times (`round_times_s`) the comparison is paired round by
+round (basis "same cell, paired by round"): each alternative's speed relative to auto is
+the median over rounds of t_auto ÷ t_alternative in the same round, which cancels the
+host's drift between rounds that a ratio of two medians keeps; and `auto_vs_best_lo` /
+`_hi` bound auto ÷ best with a 90% bootstrap over the rounds (the best re-chosen in every
+resample, so picking the best of six noisy sides is inside the interval). An auto row
+without alternatives (not paired, or an older results.csv) is judged as before, against the other algorithms' own cells by their
 `busbw_vs_torch` ("separate cells"), which on a 2-core host run in other phases of it.
 The share of cells where auto chose the best (≥ 80%) is one number over the grid, not a
 per-cell bound, so it is a headline figure and a finding, not a `Target`. It is judged
@@ -50,9 +50,9 @@ __all__ = ["AUTO_VS_BEST", "BEST_SHARE_BOUND", "auto_choices", "prepare"]
 
 CELL = ["world_size", "message_bytes"]
 TRAFFIC = ["rounds", "messages", "max_rank_bytes_sent", "max_rank_bytes_recv", "total_bytes_sent"]
-"""The traffic counters that, equal between two algorithms at one (N, M), say they move the
-same messages in the same rounds there (at N = 2 the parameter server, sequential and
-tree all send M one way and back)."""
+"""The traffic counters that, equal between two algorithms at one (N, M), say they move as
+many messages in as many rounds, with as many bytes per rank and in all (at N = 2 the
+parameter server, sequential and tree all send M one way and back: the same messages)."""
 NOT_FROM_SCRATCH = ("auto", "torch")  # every other algorithm is one auto chooses from
 BEST_SHARE_BOUND = 0.8
 AUTO_VS_BEST = Target(
@@ -249,8 +249,8 @@ def auto_choices(ctx: Context) -> str | None:
     90% bootstrap interval of the choice's paired speed ÷ the best's reaches 1); *same
     traffic*, where the choice was not the best: whether the two algorithms' traffic
     counters (rounds, messages and bytes per rank, from their own cells) are equal there,
-    so that they move the same messages in the same rounds and differ only in their own
-    code's overhead.
+    so that they move as many messages and bytes in as many rounds and differ mostly in
+    their own code's overhead.
     *predicted*: the tuner's time for its choice."""
     rows = ctx.ok[(ctx.ok["algorithm"] == "auto")] if "algorithm" in ctx.ok else ctx.ok
     if rows.empty or "auto_chose_best" not in rows.columns:
@@ -308,9 +308,9 @@ def auto_choices(ctx: Context) -> str | None:
     if len(misses):
         summary += (
             f" Of the {_count(len(misses), 'miss', 'misses')}, {same} chose an algorithm with "
-            "the best's traffic counters at that (N, M) (*same traffic*: the same messages in "
-            "the same rounds; which of the two is faster is their own code's overhead and "
-            "this host's noise). They count as misses."
+            "the best's traffic counters at that (N, M) (*same traffic*: as many rounds, "
+            "messages and bytes; which of the two is faster is mostly their own code's "
+            "overhead and this host's noise). They count as misses."
         )
     short = judged[judged["auto_vs_best"] < AUTO_VS_BEST.bound]
     unresolved = short[short["auto_vs_best_hi"] >= AUTO_VS_BEST.bound]
