@@ -246,7 +246,8 @@ def main_help() -> str:
         "config groups:\n" + _table(_groups()),
         "run-level keys (any experiment):\n" + "\n".join(k.render() for k in run_keys()),
         "examples:\n" + textwrap.indent(EXAMPLES, "  "),
-        "Hydra's own options (-m, --cfg job, --shell-completion, ...): python -m bench --hydra-help",
+        "Hydra's own options (-m, --cfg job, --shell-completion, ...): "
+        "python -m bench --hydra-help",
     ])  # fmt: skip
 
 

@@ -166,7 +166,8 @@ class ResultStore:
             values = list(row)
             if len(values) != len(self.key_columns):
                 raise ValueError(
-                    f"expected {len(self.key_columns)} key values {self.key_columns}, got {values!r}"
+                    f"expected {len(self.key_columns)} key values {self.key_columns}, "
+                    f"got {values!r}"
                 )
         return tuple(_parse_key_text(_key_text(v)) for v in values)
 

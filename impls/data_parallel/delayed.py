@@ -205,7 +205,8 @@ class DelayedAveragingDP(DataParallelBase):
 
         Each correction is a plain SGD step, w −= lr·(ḡ_s − g_s) at the parameter's
         learning rate: with SGD at a constant rate every replica then holds
-        w_0 − lr·Σ_s ḡ_s (up to rounding). Training may go on afterwards; the next D steps have no correction.
+        w_0 − lr·Σ_s ḡ_s (up to rounding). Training may go on afterwards; the next D steps
+        have no correction.
         """
         self._check_open()
         lr = {id(p): g["lr"] for g in self.updater.optimizer.param_groups for p in g["params"]}

@@ -133,7 +133,8 @@ class PipelineExecutor:
         mine = {s for s in range(num_stages) if rank_of(s, ranks, stage_ranks) == rank}
         if set(stage_modules) != mine:
             raise ValueError(
-                f"stage_modules has stages {sorted(stage_modules)}; rank {rank} holds {sorted(mine)}"
+                f"stage_modules has stages {sorted(stage_modules)}; "
+                f"rank {rank} holds {sorted(mine)}"
             )
         self.comm, self.rank, self.ranks = comm, rank, ranks
         self.num_stages, self.microbatches, self.loss_fn = num_stages, microbatches, loss_fn

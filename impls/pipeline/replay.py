@@ -68,7 +68,8 @@ def replay(
     between ranks: a number, or a mapping/callable keyed by the send action
     (`Action(s, "SEND_F", m)` for stage s's activation, `Action(s, "SEND_B", m)` for its
     input gradient). Communication actions in `plan` are skipped: `transfer` prices them.
-    Stage s lives on rank `stage_ranks[s]` (default s % P); `num_stages` defaults to the highest stage in the plan + 1.
+    Stage s lives on rank `stage_ranks[s]` (default s % P); `num_stages` defaults to the
+    highest stage in the plan + 1.
     Transfers never contend with each other or with compute (each pair of ranks has its own
     link and its own copy engine). Raises PlanError if the order can never finish.
     """

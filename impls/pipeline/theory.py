@@ -133,9 +133,10 @@ def zero_bubble_v_utilization(stages: int, microbatches: int) -> float:
     ZB-V of "Zero Bubble Pipeline Parallelism" §6: with two chunks per rank in a V every
     rank works without a gap, and the synchronous step's only idle is the ramp skew of
     P−1 chunk units (half a 1F1B stage each), against 6M units of work per rank: the step
-    ends at 6M + P − 1 (for M ≥ 2P−1 rank r works without a gap from r to r + 6M). This holds with each rank
-    holding at most 2P chunk pairs (`zero_bubble_max_inflight`), 1F1B's activation
-    memory (the Controllable Memory paper's V-ZB). Met exactly by the replay for M ≥ P.
+    ends at 6M + P − 1 (for M ≥ 2P−1 rank r works without a gap from r to r + 6M). This
+    holds with each rank holding at most 2P chunk pairs (`zero_bubble_max_inflight`),
+    1F1B's activation memory (the Controllable Memory paper's V-ZB). Met exactly by the
+    replay for M ≥ P.
     """
     p, m = require_count("stages", stages), require_count("microbatches", microbatches)
     if m < p:

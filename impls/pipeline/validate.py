@@ -68,10 +68,11 @@ def insert_communication(
     """Return `plan` (compute actions only) with its `SEND_*` / `RECV_*` actions added.
 
     `stages` is the number of ranks P; the model has P·`virtual_stages` stages, stage s on
-    rank `stage_ranks[s]` (default s % P). `placement="paired"` (default) puts both ends of each transfer at the same
-    lockstep boundary, which cannot deadlock under rendezvous sends; if the compute order
-    itself cannot finish, it falls back to `"adjacent"` (send right after the producer,
-    receive right before the consumer) so that the dry run can show where it sticks.
+    rank `stage_ranks[s]` (default s % P). `placement="paired"` (default) puts both ends of
+    each transfer at the same lockstep boundary, which cannot deadlock under rendezvous
+    sends; if the compute order itself cannot finish, it falls back to `"adjacent"` (send
+    right after the producer, receive right before the consumer) so that the dry run can
+    show where it sticks.
     """
     _check_ranks(plan, stages)
     if placement not in PLACEMENTS:

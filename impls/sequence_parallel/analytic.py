@@ -10,8 +10,9 @@ its link per layer. The papers quote the large-P limit; the counts here keep the
 - Megatron-SP (Korthikanti et al. 2022, arXiv 2205.05198, §4.2.2): per block, 2 all-gathers
   of the b·s·h activations forward (before QKV and fc1) and 2 reduce-scatters (after o_proj
   and fc2); backward swaps them, and with `regather` (the column layers keep their input
-  shard only) all-gathers those inputs again: 6 collectives backward. A ring all-gather or reduce-scatter of b·s·h elements
-  sends (P − 1)/P · b·s·h per rank: 4·b·s·h per link each way, constant in P.
+  shard only) all-gathers those inputs again: 6 collectives backward. A ring all-gather or
+  reduce-scatter of b·s·h elements sends (P − 1)/P · b·s·h per rank: 4·b·s·h per link each
+  way, constant in P.
 - Ulysses (§3.2): 4 all-to-alls forward (q, k, v in; context out) and 4 backward, each of
   the b·(s/P)·h elements a rank holds, (P − 1)/P of which leave it: O(1/P) per link.
 - Ring Attention (Liu et al. 2023, arXiv 2310.01889, §3): forward passes P − 1 K/V blocks

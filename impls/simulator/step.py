@@ -3,15 +3,15 @@
 1. Each layer is priced per micro-batch on one rank (`costs`); a stage's F, I, W are the
    sums over its layers, its TP collectives added to F and to the backward (exposed).
 2. The schedule (`impls.pipeline.schedules.build_plan`) is replayed twice (`timeline`, the
-   compiled equivalent of `impls.pipeline.replay.replay`): once with free transfers (the schedule's own bubble) and
-   once with each activation / gradient send priced as a point-to-point transfer of
-   T·h·B bytes (÷ t when the sequence is sharded) over the link between the two pipeline
-   ranks: inter-node when, in the tp-innermost, then dp, then pp layout (`plan`), the two
-   ranks' devices sit on different nodes. A send is a latency between the two ranks'
-   actions, or, on `Hardware.p2p_blocking` hardware, time the sending action holds its
-   rank for. ZeRO-2/3 communication that happens per
-   micro-batch is added to the actions it overlaps (`zero_comm`). pp == 1 is M micro-batches
-   of gradient accumulation on one rank, no bubble.
+   compiled equivalent of `impls.pipeline.replay.replay`): once with free transfers (the
+   schedule's own bubble) and once with each activation / gradient send priced as a
+   point-to-point transfer of T·h·B bytes (÷ t when the sequence is sharded) over the link
+   between the two pipeline ranks: inter-node when, in the tp-innermost, then dp, then pp
+   layout (`plan`), the two ranks' devices sit on different nodes. A send is a latency
+   between the two ranks' actions, or, on `Hardware.p2p_blocking` hardware, time the
+   sending action holds its rank for. ZeRO-2/3 communication that happens per micro-batch
+   is added to the actions it overlaps (`zero_comm`). pp == 1 is M micro-batches of
+   gradient accumulation on one rank, no bubble.
 3. After its last action each pipeline rank finishes its data-parallel reduction (the part
    the last backward could not hide) and then the optimizer: Adam reads and writes its
    states, reads the gradient and writes the weights, 2·O + G + P bytes per parameter

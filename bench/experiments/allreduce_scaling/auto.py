@@ -19,8 +19,9 @@ the median over rounds of t_auto ÷ t_alternative in the same round, which cance
 host's drift between rounds that a ratio of two medians keeps; and `auto_vs_best_lo` /
 `_hi` bound auto ÷ best with a 90% bootstrap over the rounds (the best re-chosen in every
 resample, so picking the best of six noisy sides is inside the interval). An auto row
-without alternatives (not paired, or an older results.csv) is judged as before, against the other algorithms' own cells by their
-`busbw_vs_torch` ("separate cells"), which on a 2-core host run in other phases of it.
+without alternatives (not paired, or an older results.csv) is judged as before, against
+the other algorithms' own cells by their `busbw_vs_torch` ("separate cells"), which on a
+2-core host run in other phases of it.
 The share of cells where auto chose the best (≥ 80%) is one number over the grid, not a
 per-cell bound, so it is a headline figure and a finding, not a `Target`. It is judged
 strictly, as the issue words it. The share of cells where the choice is the best or tied

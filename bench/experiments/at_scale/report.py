@@ -64,7 +64,8 @@ def lecture(ctx: Context) -> str | None:
     it twice: `gpt3_gpu_hours_lambda` on V100s computing at those 28 TFLOP/s with every
     GEMM at 100% (the stated assumptions: what the simulator adds is communication, the
     pipeline bubble, element-wise work and the optimizer), and `gpt3_gpu_hours` on the
-    configured cluster (A100 by default, the GPU the lecture names). SUMMIT: the TSM ResNet-50 data-parallel run on 6, 768 and 1536 V100, the
+    configured cluster (A100 by default, the GPU the lecture names). SUMMIT: the TSM
+    ResNet-50 data-parallel run on 6, 768 and 1536 V100, the
     lecture's training times against the simulator's, and the scaling efficiency
     T₆·6 ÷ (T_N·N) of each, at 8 clips per GPU (the paper's 12,288-clip batch on 1536 GPUs)
     and fp32 compute (an assumption: fp16 tensor cores would make the predicted times an

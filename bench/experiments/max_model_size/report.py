@@ -235,7 +235,8 @@ def _zero_memory_errors(path: Path) -> tuple[pd.DataFrame | None, str]:
     if not needed <= set(df.columns):
         return (
             None,
-            f"`{shown}` lacks column(s) {', '.join(sorted(needed - set(df.columns)))}; no comparison.",
+            f"`{shown}` lacks column(s) {', '.join(sorted(needed - set(df.columns)))}; "
+            "no comparison.",
         )
     rows = df[df["impl"] == "distbench"].dropna(
         subset=["stage", "model_state_bytes", "predicted_model_state_bytes"]

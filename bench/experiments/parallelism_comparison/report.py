@@ -76,7 +76,8 @@ def measured_on(ctx: Context) -> str | None:
         f"{r.layout} (N={count(r.world_size)})" for r in ordered(ctx.ok).itertuples()
     )
     return (
-        f"One GPT ({model}; Ψ = {count(first['params'], grouped=True)} parameters) trained with AdamW "
+        f"One GPT ({model}; Ψ = {count(first['params'], grouped=True)} parameters) "
+        "trained with AdamW "
         f"(fp32) on one global batch of {count(first['batch_size'])} sequences, split into "
         f"{count(first['microbatches'])} micro-batches per replica, schedule "
         f"`{first['schedule']}`, on the layouts {layouts}. Every layout is "
@@ -183,7 +184,8 @@ def utilization(ctx: Context) -> str | None:
         "α per round": rows["link_alpha_s"].map(format_seconds),
         "β per MiB": (rows["link_beta_s_per_byte"] * 2**20).map(format_seconds),
         "TP all-reduce's own work": [format_seconds(v) if t > 1 else "—"
-                                     for v, t in zip(rows["tp_call_cpu_s"], rows["tp"], strict=True)],
+                                     for v, t in zip(rows["tp_call_cpu_s"], rows["tp"],
+                                                     strict=True)],
     })  # fmt: skip
     text = plot_utilization(ctx, ctx.ok) + "\n\n" + markdown_table(table)
     return text + _tp_latency_text(rows)

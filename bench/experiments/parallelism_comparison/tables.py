@@ -14,8 +14,8 @@ import pandas as pd
 
 from bench.report import Context, format_bytes, format_percent, format_ratio, format_seconds
 
-__all__ = ["BUBBLE_SOURCE", "LECTURE", "count", "figures_and_headline", "lecture_rows", "number", "orderings",
-           "pure", "ratio", "why_text"]  # fmt: skip
+__all__ = ["BUBBLE_SOURCE", "LECTURE", "count", "figures_and_headline", "lecture_rows", "number",
+           "orderings", "pure", "ratio", "why_text"]  # fmt: skip
 
 LECTURE_SOURCE = 'lecture 004, "Comparing Different Parallelization Strategies"'
 LECTURE = {  # strategy -> the lecture's words for utilization, memory, communication

@@ -3,12 +3,12 @@
 A distbench cell drives distbench's executor (`impls.pipeline.executor`) over the plan its
 parent built (`cell.carry.plan`); a torch cell drives `torch.distributed.pipelining`
 (`PipelineStage` with `ScheduleGPipe`, `Schedule1F1B` or `ScheduleInterleaved1F1B`) on
-the same GPT, the same stage split (equal, or the cell's carried Alpa cut), the same ranks, batch and micro-batches. Both build
-the model from one seed on every rank (`bench.kit.workloads`) and are timed by the kit
-(`bench.kit.timing.alternate`): `warmup` untimed steps, then `repeats` barrier-opened
-steps, each the slowest rank's time. A paired distbench cell also builds torch's twin
-schedule on a twin model and the two take turns step by step, so the speed ratio is
-measured side by side (machine drift hits both alike).
+the same GPT, the same stage split (equal, or the cell's carried Alpa cut), the same
+ranks, batch and micro-batches. Both build the model from one seed on every rank
+(`bench.kit.workloads`) and are timed by the kit (`bench.kit.timing.alternate`): `warmup`
+untimed steps, then `repeats` barrier-opened steps, each the slowest rank's time. A paired
+distbench cell also builds torch's twin schedule on a twin model and the two take turns
+step by step, so the speed ratio is measured side by side (machine drift hits both alike).
 
 Weights are not updated between steps (gradients are cleared at the start of each step,
 no optimizer step): every step sees the same weights and batch, so the timed steps are

@@ -251,7 +251,8 @@ def _beats_h1(ctx: Context, both: pd.DataFrame, other: pd.DataFrame, label: str)
     if pair.empty:
         return
     sooner = pair["replayed_makespan_s"] < pair["replayed_makespan_s_zb"]
-    late = [f"P={r.stages}, M={r.microbatches} ({r.replayed_makespan_s / r.replayed_makespan_s_zb:.2f}×)"
+    late = [f"P={r.stages}, M={r.microbatches} "
+            f"({r.replayed_makespan_s / r.replayed_makespan_s_zb:.2f}×)"
             for r in pair[~sooner].itertuples()]  # fmt: skip
     ctx.finding(f"{label} finishes a step sooner than ZB-H1 at the same P and M (replayed; its "
                 "bound at T_F = T_I = T_W)", bool(sooner.all()),

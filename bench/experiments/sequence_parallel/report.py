@@ -224,11 +224,12 @@ def activation_memory(ctx: Context) -> str | None:
     for Ring Attention — 16-bit activations, 1-byte dropout masks and the a·s² attention
     scores held for backward. The implementation model
     (`theory.implementation_activation_bytes`, Korthikanti et al. §4.1's accounting
-    applied to this code) counts what this code keeps: float32, no dropout, torch's fused attention (a
-    log-sum-exp per query, never the s × s scores), and Megatron-SP's all-gathered QKV and
-    fc1 inputs kept whole (the paper re-gathers them in backward, §4.2.3, so its 34/P
-    shrinks where this code's 2·b·s·h·e does not). fp32 doubles the paper's per-position
-    terms, and the scores it charges grow as s² while fused attention stores none."""
+    applied to this code) counts what this code keeps: float32, no dropout, torch's fused
+    attention (a log-sum-exp per query, never the s × s scores), and Megatron-SP's
+    all-gathered QKV and fc1 inputs kept whole (the paper re-gathers them in backward,
+    §4.2.3, so its 34/P shrinks where this code's 2·b·s·h·e does not). fp32 doubles the
+    paper's per-position terms, and the scores it charges grow as s² while fused attention
+    stores none."""
     if ctx.ok.empty:
         return None
     rows = _sorted(ctx.ok)
@@ -350,7 +351,10 @@ def errors(ctx: Context) -> str | None:
         "max normalised error": rows["max_error"].map(lambda v: f"{v:.2g}"),
         "wrong": wrong.map(_text),
     })  # fmt: skip
-    return f"Tolerance {rows['tolerance'].max():g}: {verdict}.\n\n{markdown_table(table, numparse=False)}"
+    return (
+        f"Tolerance {rows['tolerance'].max():g}: {verdict}.\n\n"
+        f"{markdown_table(table, numparse=False)}"
+    )
 
 
 REPORT = Report(

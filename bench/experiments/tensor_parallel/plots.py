@@ -58,7 +58,8 @@ def plot_comm(ctx: Context, ok: pd.DataFrame) -> str:
     x = np.arange(len(parallel))
     colours = [COLOURS.get(m, "grey") for m in parallel["method"]]
     ax.bar(x, parallel["allreduces_per_layer_fwd"], 0.6, color=colours, label="forward")
-    ax.bar(x, parallel["allreduces_per_layer_bwd"], 0.6, bottom=parallel["allreduces_per_layer_fwd"],
+    ax.bar(x, parallel["allreduces_per_layer_bwd"], 0.6,
+           bottom=parallel["allreduces_per_layer_fwd"],
            color=colours, alpha=0.5, hatch="//", label="backward")  # fmt: skip
     ax.axhline(sum(MEGATRON_ALLREDUCES), color="black", linestyle="--",
                label="Megatron: 2 + 2")  # fmt: skip
