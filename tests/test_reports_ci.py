@@ -22,6 +22,7 @@ import pytest
 
 from bench.experiments import experiments
 from bench.report.format import METADATA_COLUMNS
+from bench.results import TEXT_COLUMNS
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = sorted(experiments())
@@ -41,9 +42,26 @@ def reports(tmp_path_factory) -> Path:
 
 
 def load(reports: Path, name: str) -> tuple[pd.DataFrame, dict]:
-    df = pd.read_csv(reports / name / "results.csv")
+    # A commit's short sha can be all digits (2411369) or read as a float (1234e56): the
+    # text columns stay text, as `bench.results.read_results` keeps them.
+    path = reports / name / "results.csv"
+    header = pd.read_csv(path, nrows=0).columns
+    df = pd.read_csv(path, dtype={c: str for c in TEXT_COLUMNS if c in header})
     headline = json.loads((reports / name / "headline.json").read_text())
     return df, headline
+
+
+def test_load_keeps_a_commit_sha_of_digits_as_text(tmp_path):
+    """The committed reports were once made at 2411369: read as a number, planner_validation's
+    check that each row names its source's commit failed on a sha it did carry."""
+    (tmp_path / "x").mkdir()
+    pd.DataFrame({"git_sha": ["2411369"], "source_git_sha": ["0123e45"], "time_s": [1.5]}).to_csv(
+        tmp_path / "x" / "results.csv", index=False
+    )
+    (tmp_path / "x" / "headline.json").write_text("{}")
+    df, _ = load(tmp_path, "x")
+    assert df["git_sha"].iloc[0] == "2411369" and df["source_git_sha"].iloc[0] == "0123e45"
+    assert df["time_s"].iloc[0] == 1.5
 
 
 def checks_of(name: str):
