@@ -22,7 +22,7 @@ import pytest
 
 from bench.experiments import experiments
 from bench.report.format import METADATA_COLUMNS
-from bench.results import TEXT_COLUMNS
+from bench.results import read_results
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = sorted(experiments())
@@ -42,11 +42,9 @@ def reports(tmp_path_factory) -> Path:
 
 
 def load(reports: Path, name: str) -> tuple[pd.DataFrame, dict]:
-    # A commit's short sha can be all digits (2411369) or read as a float (1234e56): the
-    # text columns stay text, as `bench.results.read_results` keeps them.
-    path = reports / name / "results.csv"
-    header = pd.read_csv(path, nrows=0).columns
-    df = pd.read_csv(path, dtype={c: str for c in TEXT_COLUMNS if c in header})
+    # As the reports read it: a commit's short sha stays text even when it is all digits
+    # (2411369) or reads as a float (1234e56).
+    df = read_results(reports / name / "results.csv")
     headline = json.loads((reports / name / "headline.json").read_text())
     return df, headline
 
