@@ -295,6 +295,7 @@ BUILD_CASES = {
         (["stages=[2,8]", "n_layers=4"], ["stages=[2, 8]", "n_layers=4"]),
         (["schedules=[interleaved_1f1b]", "virtual_stages=1"], ["virtual_stages=1", "≥ 2"]),
         (["warmup=-5"], ["warmup=-5"]), (["timeout_s=nan"], ["timeout_s=nan"]),
+        (["profile_samples=0"], ["profile_samples=0"]),
         (["paired=maybe"], ["paired", "maybe"]), (["n_heads=3"], ["n_heads=3", "d_model=128"]),
         (["seed=-1"], ["seed=-1"]), (["slicings=[bogus]"], ["slicings", "bogus", "alpa"]),
         (["schedules=[gpipe]", "stages=[64]", "n_layers=64", "microbatches=[1]"],

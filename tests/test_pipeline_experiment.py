@@ -72,6 +72,12 @@ def test_default_grid_leaves_out_what_a_schedule_cannot_take():
     assert all(c.world_size == c.key["stages"] for c in cells(cfg))
 
 
+def test_profiling_gives_every_action_kind_its_samples_in_at_least_two_steps():
+    cfg = PipelineUtilizationConfig(profile_samples=12)
+    assert [cfg.profiling_steps(m) for m in (1, 4, 5, 8, 32)] == [12, 3, 3, 2, 2]
+    assert PipelineUtilizationConfig(profile_samples=1).profiling_steps(1) == 2
+
+
 def test_scalars_are_accepted_as_one_element_grids():
     cfg = PipelineUtilizationConfig(schedules="gpipe", stages=2, microbatches=4)
     assert (cfg.schedules, cfg.stages, cfg.microbatches) == (["gpipe"], [2], [4])

@@ -60,6 +60,10 @@ class PipelineUtilizationConfig:
     """Untimed steps per cell (the first step builds buffers and, for torch, infers shapes)."""
     repeats: int = 5
     """Timed steps per cell; medians are reported."""
+    profile_samples: int = 12
+    """Profiling steps per cell (at least 2) give each stage's F, B, I and W at least this
+    many samples, of which the replay prices the fastest: ceil(samples / M) steps. Two steps
+    at M = 1 left two samples, and a stage's cost moved 20–30% between stages of one cell."""
     timeout_s: float = 600.0
     """A cell whose ranks have not all finished by then is recorded as failed."""
     paired: bool = True
@@ -81,6 +85,11 @@ class PipelineUtilizationConfig:
     seed: int = 0
     """Seeds the weights and the batch (the same on every rank and for torch's rows)."""
 
+    def profiling_steps(self, microbatches: int) -> int:
+        """Profiling steps of a cell of M micro-batches: `profile_samples` per action kind
+        of each stage, and never fewer than two."""
+        return max(2, -(-self.profile_samples // microbatches))
+
     def __post_init__(self) -> None:
         for key in LIST_KEYS:
             setattr(self, key, _as_list(getattr(self, key)))
@@ -90,7 +99,7 @@ class PipelineUtilizationConfig:
         check_positive("microbatches", self.microbatches)
         if self.trace_microbatches:
             check_positive("trace_microbatches", self.trace_microbatches)
-        for key in (*MODEL_KEYS, "batch_size", "repeats"):
+        for key in (*MODEL_KEYS, "batch_size", "repeats", "profile_samples"):
             _check_count(key, getattr(self, key), 1)
         _check_count("warmup", self.warmup, 0)
         _check_count("seed", self.seed, 0)

@@ -131,6 +131,7 @@ def to_row(cfg: PipelineUtilizationConfig, cell: Cell, per_rank: list[dict]) -> 
         "batch_size": cfg.batch_size,
         "microbatch_size": cfg.batch_size // cell.key["microbatches"],
         "repeats": cfg.repeats,
+        "profiling_steps": math.nan,  # torch's schedule is not profiled
         "trace_file": "",
         "spans_file": "",
         **dict.fromkeys(("transfer_s", "util_replayed_raw", "replayed_makespan_s"), math.nan),
@@ -142,6 +143,7 @@ def to_row(cfg: PipelineUtilizationConfig, cell: Cell, per_rank: list[dict]) -> 
     if carry.torch_schedule:  # torch's twin, timed in steps alternating with ours
         row["torch_step_time_s"] = statistics.median(per_rank[0]["torch_step_times_s"])
         row["step_time_vs_torch"] = step_time / row["torch_step_time_s"]
+    row["profiling_steps"] = cfg.profiling_steps(cell.key["microbatches"])
     return row | timeline.columns(carry.plan, cell.key, per_rank, carry.fused_twin)
 
 

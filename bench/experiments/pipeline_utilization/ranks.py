@@ -18,8 +18,9 @@ checks its gradients and the loss against one process computing the whole batch
 
 Replaying a timeline needs what each action costs with the host to itself. Inside a
 timed step ranks that share a core slow each other down, and a transfer mostly measures
-the wait for a descheduled peer; so a distbench cell then runs two profiling steps under
-a `bench.kit.host.HostComputeLock` (one rank computes at a time; the replay prices each
+the wait for a descheduled peer; so a distbench cell then runs profiling steps (at least
+two, `profile_samples` of each stage's action kind) under a
+`bench.kit.host.HostComputeLock` (one rank computes at a time; the replay prices each
 action at those steps' thread CPU times) and times one activation between each pair of
 neighbouring ranks alone (`bench.kit.host.probe_pairs`).
 """
@@ -145,7 +146,7 @@ def _against_reference(cfg: Any, model: GPT, modules: list[nn.Module]) -> dict[s
 
 
 def _run_distbench(cfg: Any, cell: Any) -> dict[str, Any]:
-    """Timed steps (alternating with torch's twin when paired), two profiling steps, the
+    """Timed steps (alternating with torch's twin when paired), the profiling steps, the
     transfer probe and the reference check."""
     step, modules, model = _distbench(cfg, cell)
     sides = {"distbench": _fresh(step, modules)}
@@ -160,7 +161,8 @@ def _run_distbench(cfg: Any, cell: Any) -> dict[str, Any]:
             fused_step, fused_modules, _ = _distbench(cfg, cell, twin=True)
             profiling["fused"] = _fresh(partial(fused_step, compute_guard=lock), fused_modules)
             profiling["fused"]()  # its warm-up (shapes, buffers), as the timed steps had ours
-        profiled = alternate(profiling, warmup=0, repeats=2)
+        steps = cfg.profiling_steps(cell.key["microbatches"])
+        profiled = alternate(profiling, warmup=0, repeats=steps)
         alone = profiled["alone"].outcomes
         fused = profiled["fused"].outcomes if "fused" in profiled else None
     losses = [r.loss for r in results if r.loss is not None]

@@ -206,8 +206,9 @@ def how_measured(ctx: Context) -> str | None:
     - **replayed**: the schedule's dependency graph, every rank running its list in order
       as soon as its inputs exist, each compute action costing its measured thread CPU time
       (the fastest of that stage's actions of that kind — F, B, I or W — across
-      micro-batches, in two extra profiling steps during which a host-wide lock lets one
-      rank compute at a time, so no action shares a core) and each transfer the measured
+      micro-batches, in extra profiling steps — at least two, and enough for
+      `profile_samples` of each — during which a host-wide lock lets one rank compute at
+      a time, so no action shares a core) and each transfer the measured
       cost of one activation, timed between each pair of neighbouring ranks while the other
       ranks wait (half the fastest of 20 round trips: slower trips are a peer waiting for a
       core): the timeline the plan would have if every rank had a device of its own.

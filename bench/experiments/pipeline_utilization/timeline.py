@@ -3,7 +3,7 @@
 Utilization is Σ busy / (P × makespan), two ways. *Wall clock*: the timed steps' records
 on this host's clock. *Replayed*: the plan's dependency graph with each compute action
 costing its measured thread CPU time (the fastest of its stage's actions of its kind, in
-two profiling steps in which ranks compute one at a time: `bench.kit.host.HostComputeLock`)
+the profiling steps in which ranks compute one at a time: `bench.kit.host.HostComputeLock`)
 and each transfer the measured cost of one activation between two otherwise idle ranks
 (`bench.kit.host.probe_pairs`), as if every rank had its own device. `util_replayed_raw`
 replays each timed step as recorded instead (median over steps).
