@@ -191,6 +191,38 @@ def test_allreduce_scaling_accepts_auto_and_times_it_as_distbench():
         AllReduceScalingConfig(algorithms=["automatic"])
 
 
+def test_calibration_gives_every_algorithm_one_count_of_calls_per_window(monkeypatch):
+    """Per size, each algorithm's probe asks for its own count; every window then runs the
+    median of them (the fixed costs of a window then weigh alike on every algorithm)."""
+    from types import SimpleNamespace
+
+    from impls.collectives import tuner as tuner_module
+
+    asked = {"ring": [2, 9], "tree": [12, 1], "parameter_server": [5, 4]}  # per size
+    ran: dict[tuple[str, int], set[int]] = {}
+
+    class SpyTimer:
+        def __init__(self, run, comm, buf, clock):
+            self.name = next(n for n, f in ALGORITHMS.items() if f is run)
+            self.size = buf.numel() * buf.element_size()
+
+        def calls_per_window(self, warmup, window_s, max_iters):
+            return asked[self.name][0 if self.size == 64 else 1]
+
+        def window(self, iters):
+            ran.setdefault((self.name, self.size), set()).add(iters)
+            return 1e-3
+
+    monkeypatch.setattr(tuner_module, "_Timer", SpyTimer)
+    monkeypatch.setattr(tuner_module, "_slowest_rank", lambda seconds, comm: None)
+    comm = SimpleNamespace(counters={}, calls={}, simulated_s=0.0, device="cpu", world_size=3)
+    tuner = AllReduceTuner(algorithms=list(asked)).calibrate(comm, (64, 4096), repeats=3)
+    assert ran == {(name, size): {want} for name in asked
+                   for size, want in ((64, 5), (4096, 4))}  # fmt: skip
+    assert set(tuner.table) == {(name, 3) for name in asked}
+    assert tuner_module._common_count([7]) == 7 and tuner_module._common_count([3, 1, 8, 2]) == 2
+
+
 def test_calibration_sizes_are_every_size_of_the_grid():
     assert calibration_sizes([262144, 4096, 4194304, 4096]) == (4096, 262144, 4194304)
     assert calibration_sizes([4096]) == (4096, 65536)
