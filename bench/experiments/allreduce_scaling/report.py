@@ -3,8 +3,8 @@
 Sections: `auto`'s choices against the measured best (`auto.py`), the growth orders fitted
 to the counted traffic beside the lecture's, the α–β fit and its extrapolation to 1024
 ranks (a model, labelled so), busbw against `torch.distributed.all_reduce` for every size,
-and the plots. The skeleton
-(`bench.report.skeleton`) writes the setup, targets, correctness and failed cells.
+and the plots. The skeleton (`bench.report.skeleton`) writes the setup, targets,
+correctness and failed cells.
 """
 
 from __future__ import annotations

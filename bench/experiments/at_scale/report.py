@@ -65,14 +65,13 @@ def lecture(ctx: Context) -> str | None:
     GEMM at 100% (the stated assumptions: what the simulator adds is communication, the
     pipeline bubble, element-wise work and the optimizer), and `gpt3_gpu_hours` on the
     configured cluster (A100 by default, the GPU the lecture names). SUMMIT: the TSM
-    ResNet-50 data-parallel run on 6, 768 and 1536 V100, the
-    lecture's training times against the simulator's, and the scaling efficiency
-    T₆·6 ÷ (T_N·N) of each, at 8 clips per GPU (the paper's 12,288-clip batch on 1536 GPUs)
-    and fp32 compute (an assumption: fp16 tensor cores would make the predicted times an
-    order of magnitude shorter than the measured ones). The simulator prices compute and the
-    gradient all-reduce only; the TSM authors name data loading as a third bottleneck,
-    which it does not model. Chinchilla: N = √(C/120), D = 20N for the budget C, and the
-    predicted days on the chosen cluster."""
+    ResNet-50 data-parallel run on 6, 768 and 1536 V100, the lecture's training times
+    against the simulator's, and the scaling efficiency T₆·6 ÷ (T_N·N) of each, at 8 clips
+    per GPU (the paper's 12,288-clip batch on 1536 GPUs) and fp32 compute (an assumption:
+    fp16 tensor cores would make the predicted times an order of magnitude shorter than the
+    measured ones). The simulator prices compute and the gradient all-reduce only; the TSM
+    authors name data loading as a third bottleneck, which it does not model. Chinchilla:
+    N = √(C/120), D = 20N for the budget C, and the predicted days on the chosen cluster."""
     rows = _rows(ctx, "lecture")
     if rows.empty:
         return None
