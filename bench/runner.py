@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import logging
 import os
+import secrets
 import signal
 import threading
 import time
@@ -84,7 +85,10 @@ class Grid:
     @classmethod
     def of(cls, experiment: Experiment, cfg, cluster: dict, sweep: str | None) -> Grid:
         settings = measured_settings(experiment, cfg, cluster)
-        run_id = sweep or f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        # The random part: two runs of one process within one second (tests, a script calling
+        # run_experiment twice) would otherwise share an id, and the second would keep the
+        # first's rows as its own (a rerun without resume read b, c, a for a, b, c).
+        run_id = sweep or f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
         return cls(experiment.cells(cfg), settings, settings_hash(settings), run_id, bool(sweep))
 
 

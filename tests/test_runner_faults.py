@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from bench.results import ResultStore, settings_hash
-from bench.runner import measured_settings, run_experiment
+from bench.runner import Grid, measured_settings, run_experiment
 from tests.runner_cells import (
     LOCAL,
     FakeConfig,
@@ -192,6 +192,15 @@ def test_resume_reruns_failed_and_missing_cells_and_no_resume_reruns_all(tmp_pat
     assert len(rank_pids(tmp_path / "m2")) == 6
     assert list(rerun["cell"]) == ["a", "b", "c"] and set(rerun["status"]) == {"ok"}
     assert rerun.set_index("cell").loc["a", "pids"] != "101 102"
+
+
+def test_two_runs_of_one_process_in_one_second_have_their_own_ids():
+    """A run keeps the stored rows whose run_id is its own: two runs sharing an id (one
+    process, one second: the id was its time and pid) made a rerun keep the first's rows."""
+    cfg = FakeConfig(cells=["a:ok"], marker_dir="anywhere", timeout_s=1.0)
+    ids = {Grid.of(fake_experiment(), cfg, LOCAL, None).run_id for _ in range(3)}
+    assert len(ids) == 3
+    assert Grid.of(fake_experiment(), cfg, LOCAL, "sweep-7").run_id == "sweep-7"
 
 
 def test_append_keeps_earlier_grids_and_the_report_names_them(tmp_path):
