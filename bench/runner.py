@@ -294,13 +294,29 @@ def _run_as_rank(experiment, cfg, cells, todo, writer, grid, cluster) -> None:
     import torch
     import torch.distributed as dist
 
-    if not dist.is_initialized():
+    owned = not dist.is_initialized()
+    if owned:
         backend = cluster.get("backend", "auto")
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s))
+    try:
+        _run_cells_as_rank(experiment, cfg, cells, todo, writer, grid)
+    finally:
+        # The group this rank made is closed here, not left to the interpreter's exit: a
+        # gloo group destroyed at exit aborted a torchrun rank ("terminate called without
+        # an active exception", SIGABRT) while rank 0 still wrote the report, and torchrun's
+        # agent on rank 0's node then waited for the failed node until the test's timeout.
+        if owned:
+            dist.destroy_process_group()
+
+
+def _run_cells_as_rank(experiment, cfg, cells, todo, writer, grid) -> None:
+    """The cells of this rank's world size, every rank together; rank 0 writes the rows."""
+    import torch.distributed as dist
+
     world, rank = dist.get_world_size(), dist.get_rank()
     store = writer.store
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"

@@ -51,6 +51,8 @@ def test_two_torchrun_nodes_measure_the_grid_together(tmp_path):
     try:
         for proc, _ in nodes:
             codes.append(proc.wait(LAUNCH_TIMEOUT_S))
+    except subprocess.TimeoutExpired:
+        codes.append("timed out")  # the logs below say which node hung and why
     finally:
         for proc, log in nodes:
             if proc.poll() is None:
