@@ -335,6 +335,28 @@ def test_alpa_pair_is_reported_and_judged_on_the_replayed_step(traced):
     assert claims["the Alpa split is measured faster than equal slicing (replayed)"] is False
 
 
+def test_an_alpa_cut_measured_slower_is_explained_from_the_cells_stage_costs(traced):
+    """Why not faster: each cut's slowest stage as its cell profiled it, and Eq. 2 on those
+    stage costs (equal 2.1, 2, 2, 2.2 s: 8.3 + 3 × 2.2; alpa 3.1, 2, 2, 1.2: 8.3 + 3 × 3.1)."""
+    df, report_dir = traced
+
+    def costs(per_stage):
+        return json.dumps({str(i): {"F": t / 3, "B": 2 * t / 3} for i, t in enumerate(per_stage)})
+
+    df = _with_pair(df, "3/2/2/1", 1.25)
+    gpipe = (df["schedule"] == "gpipe") & (df["stages"] == 4) & (df["microbatches"] == 4)
+    if "stage_costs" not in df:
+        df["stage_costs"] = None  # the synthetic rows carry none
+    df.loc[gpipe & (df["slicing"] == "equal"), "stage_costs"] = costs([2.1, 2.0, 2.0, 2.2])
+    df.loc[gpipe & (df["slicing"] == "alpa"), "stage_costs"] = costs([3.1, 2.0, 2.0, 1.2])
+    write_report(df, report_dir)
+    text = (report_dir / "report.md").read_text()
+    why = next(line for line in text.splitlines() if line.startswith("Why not: "))
+    assert "stage 3 (2 blocks + head) at 2.2 s under the equal cut" in why
+    assert "stage 0 (1 blocks" not in why and "stage 0 (3 blocks + embedding) at 3.1 s" in why
+    assert f"gives equal ÷ alpa {(8.3 + 3 * 2.2) / (8.3 + 3 * 3.1):.2f}×" in why
+
+
 def test_alpa_choosing_the_equal_split_is_called_moot(traced):
     df, report_dir = traced
     headline = write_report(_with_pair(df, "2/2/2/2", 0.98), report_dir)

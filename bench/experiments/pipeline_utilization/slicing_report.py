@@ -3,6 +3,7 @@ split, predicted and measured. Reads results only (never `impls`)."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -25,6 +26,20 @@ def eq2(costs: dict[str, float], layers: str, microbatches: int) -> float:
     times[0] += costs["embedding_s"]
     times[-1] += costs["head_s"]
     return sum(times) + (microbatches - 1) * max(times)
+
+
+def stage_seconds(row: pd.Series) -> list[float]:
+    """Each stage's compute per micro-batch as the cell profiled it (F + B, or F + I + W):
+    the row's `stage_costs`; [] where it has none."""
+    try:
+        costs = json.loads(row.get("stage_costs") or "{}")
+    except (TypeError, ValueError):
+        return []
+    return [float(sum(costs[stage].values())) for stage in sorted(costs, key=int)]
+
+
+def _eq2_of(times: list[float], microbatches: int) -> float:
+    return sum(times) + (microbatches - 1) * max(times) if times else math.nan
 
 
 def _number(row: pd.Series, column: str) -> float:
@@ -55,7 +70,10 @@ def slicing_pairs(ok: pd.DataFrame) -> list[dict[str, Any]]:
         for name, column in (("replayed", "replayed_makespan_s"), ("wall", "step_time_s")):
             record[f"{name}_equal_s"] = _number(twin, column)
             record[f"{name}_alpa_s"] = _number(alpa, column)
-        for name in ("predicted", "replayed", "wall"):
+        record["stages_equal_s"], record["stages_alpa_s"] = stage_seconds(twin), stage_seconds(alpa)
+        for name in ("equal", "alpa"):  # Eq. 2 again, on the stage costs the cells profiled
+            record[f"profiled_{name}_s"] = _eq2_of(record[f"stages_{name}_s"], m)
+        for name in ("predicted", "profiled", "replayed", "wall"):
             alpa_s = record[f"{name}_alpa_s"]
             record[f"{name}_ratio"] = record[f"{name}_equal_s"] / alpa_s if alpa_s > 0 else math.nan
         out.append(record)
@@ -89,6 +107,30 @@ def _why_equal(pair: dict[str, Any]) -> str:
             f"the embedding or head")  # fmt: skip
 
 
+def _why_not_faster(pair: dict[str, Any]) -> str:
+    """Where Alpa's cut is not measured faster: the slowest stage of each cut as the cells
+    profiled it, and Eq. 2 on those stage costs instead of the one-micro-batch probe's."""
+    equal, alpa = pair["stages_equal_s"], pair["stages_alpa_s"]
+    if not equal or not alpa:
+        return f"{pair['schedule']} P={pair['stages']}: the cells carry no stage costs"
+
+    def slowest(times: list[float], layers: str) -> str:
+        i = max(range(len(times)), key=times.__getitem__)
+        ends = [" + embedding" if i == 0 else "", " + head" if i == len(times) - 1 else ""]
+        blocks = str(layers).split("/")[i]
+        return f"stage {i} ({blocks} blocks{''.join(ends)}) at {format_seconds(times[i])}"
+
+    return (f"{pair['schedule']} P={pair['stages']} M={pair['microbatches']}: in the cells' "
+            f"own profiles (compute per micro-batch, per stage) the slowest stage is "
+            f"{slowest(equal, pair['equal_layers'])} under the equal cut and "
+            f"{slowest(alpa, pair['alpa_layers'])} under Alpa's, where the probe's costs "
+            f"(embedding {pair['embedding_s'] / pair['block_s']:.2f} and head "
+            f"{pair['head_s'] / pair['block_s']:.2f} of a block, each layer alone) had "
+            f"predicted the cut to relieve the slowest stage; Eq. 2 on the profiled stage "
+            f"costs gives equal ÷ alpa {format_ratio(pair['profiled_ratio'])}, beside the "
+            f"{format_ratio(pair['replayed_ratio'])} replayed")  # fmt: skip
+
+
 def _findings(ctx: Context, pairs: list[dict[str, Any]]) -> str:
     differ = [p for p in pairs if p["equal_layers"] != p["alpa_layers"]]
     same = [p for p in pairs if p["equal_layers"] == p["alpa_layers"]]
@@ -104,6 +146,9 @@ def _findings(ctx: Context, pairs: list[dict[str, Any]]) -> str:
         verdict = "faster" if faster else "not faster in every pair"
         lines.append(f"Where Alpa's cut differs from the equal one it is measured **{verdict}** "
                      f"(replayed): {detail}.")  # fmt: skip
+        slower = [p for p in differ if not p["replayed_ratio"] > 1]
+        if slower:
+            lines.append("Why not: " + "; ".join(map(_why_not_faster, slower)) + ".")
     if same:
         why = "; ".join(_why_equal(p) for p in same)
         ctx.finding("Alpa's slicing keeps the equal split where it is already Eq. 2's optimum "
@@ -126,13 +171,15 @@ def alpa_vs_equal(ctx: Context) -> str | None:
     max tᵢ, on those costs (transfers left out). *Replayed* is the measured step on the
     plan's dependency graph (each action its own profiled cost, transfers as probed);
     *wall clock* is this host's clock, distorted when ranks outnumber cores. Ratios are
-    equal ÷ alpa: above 1 means Alpa's cut is faster."""
+    equal ÷ alpa: above 1 means Alpa's cut is faster. Where a cut is not measured faster,
+    Eq. 2 is taken again on the stage costs the two cells profiled (each stage's compute
+    per micro-batch), to say whether the probe's layer costs or the schedule missed."""
     pairs = slicing_pairs(ctx.ok)
     if not pairs:
         return None
     ctx.headline["alpa_vs_equal"] = [
         {k: p[k] for k in ("schedule", "stages", "microbatches", "equal_layers", "alpa_layers",
-                           "predicted_ratio", "replayed_ratio", "wall_ratio")}
+                           "predicted_ratio", "profiled_ratio", "replayed_ratio", "wall_ratio")}
         for p in pairs
     ]  # fmt: skip
     for p in pairs:
