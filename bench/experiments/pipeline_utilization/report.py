@@ -203,15 +203,14 @@ def lecture_figure(ctx: Context) -> str:
 def how_measured(ctx: Context) -> str | None:
     """How utilization is measured
 
-    - **replayed**: the schedule's dependency graph, every rank running its list in order
-      as soon as its inputs exist, each compute action costing its measured thread CPU time
-      (the fastest of that stage's actions of that kind — F, B, I or W — across
-      micro-batches, in extra profiling steps — at least two, and enough for
-      `profile_samples` of each — during which a host-wide lock lets one rank compute at
-      a time, so no action shares a core) and each transfer the measured
-      cost of one activation, timed between each pair of neighbouring ranks while the other
-      ranks wait (half the fastest of 20 round trips: slower trips are a peer waiting for a
-      core): the timeline the plan would have if every rank had a device of its own.
+    - **replayed**: the schedule's dependency graph, every rank running its list in order as soon as
+      its inputs exist, each compute action costing its measured thread CPU time (the fastest of
+      that stage's actions of that kind — F, B, I or W — across micro-batches, in extra profiling
+      steps (at least two; `profile_samples` of each) in which a host-wide lock lets one rank
+      compute at a time, so no action shares a core) and each transfer the measured cost of one
+      activation, timed between each pair of neighbouring ranks while the other ranks wait (half the
+      fastest of 20 round trips: slower trips are a peer waiting for a core): the timeline the plan
+      would have if every rank had a device of its own.
     - **wall clock**: Σ compute time / (P × step makespan) on this host's clock. With more
       ranks than cores, ranks wait for a core as well as for each other, so it understates
       what the schedule achieves.
