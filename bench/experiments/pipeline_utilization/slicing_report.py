@@ -19,13 +19,18 @@ COSTS = ["embedding_s", "block_s", "head_s"]
 
 
 def eq2(costs: dict[str, float], layers: str, microbatches: int) -> float:
-    """Alpa's Eq. 2, Σ tᵢ + (B − 1) · max tᵢ, for the split `layers` ("4/4/4/4", blocks per
-    stage; the first stage also runs the embedding, the last the head)."""
+    """Alpa's Eq. 2 for the split `layers` ("4/4/4/4", blocks per stage; the first stage
+    also runs the embedding, the last the head) on the layer costs `costs`."""
     blocks = [int(b) for b in str(layers).split("/")]
     times = [b * costs["block_s"] for b in blocks]
     times[0] += costs["embedding_s"]
     times[-1] += costs["head_s"]
-    return sum(times) + (microbatches - 1) * max(times)
+    return _eq2_of(times, microbatches)
+
+
+def _eq2_of(times: list[float], microbatches: int) -> float:
+    """Alpa's Eq. 2, Σ tᵢ + (B − 1) · max tᵢ, over stage times tᵢ (NaN for none)."""
+    return sum(times) + (microbatches - 1) * max(times) if times else math.nan
 
 
 def stage_seconds(row: pd.Series) -> list[float]:
@@ -36,10 +41,6 @@ def stage_seconds(row: pd.Series) -> list[float]:
     except (TypeError, ValueError):
         return []
     return [float(sum(costs[stage].values())) for stage in sorted(costs, key=int)]
-
-
-def _eq2_of(times: list[float], microbatches: int) -> float:
-    return sum(times) + (microbatches - 1) * max(times) if times else math.nan
 
 
 def _number(row: pd.Series, column: str) -> float:
