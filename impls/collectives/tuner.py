@@ -228,10 +228,11 @@ class AllReduceTuner:
         Collective: every rank of `comm` calls it with the same arguments. Per size, as
         the benchmark harness times a cell: `warmup` calls of each algorithm, one count of
         calls per window for every algorithm (`_common_count` of each one's probe call, the
-        slowest rank's, so every rank runs as many), then `repeats` rounds in which each algorithm takes one barrier-started window in turn,
-        in the orders of `balanced_orders` (`bench.kit.timing.alternate`'s pattern: where
-        ranks share cores, a host drifts between fast and slow phases lasting seconds, and
-        taking turns lets a phase hit every algorithm alike). Each window's time becomes
+        slowest rank's, so every rank runs as many), then `repeats` rounds in which each
+        algorithm takes one barrier-started window in turn, in the orders of
+        `balanced_orders` (`bench.kit.timing.alternate`'s pattern: where ranks share cores,
+        a host drifts between fast and slow phases lasting seconds, and taking turns lets a
+        phase hit every algorithm alike). Each window's time becomes
         the slowest rank's; an algorithm's time at a size is `paired_times` over the
         rounds, and its times through the sizes are the table entry for
         (algorithm, comm.world_size). The calibration's own traffic, calls and simulated
@@ -307,7 +308,7 @@ def _common_count(counts: Sequence[int]) -> int:
     at 8 ranks on 2 cores the parameter server at 64 KiB read 2.50 ms per call at 7 calls
     and 3.85 ms at 3, and one probe call's luck scattered the counts from 1 to 12 between
     algorithms at one size. With one count those costs weigh alike on every algorithm, as
-    in the auto cell, where every side calls as often as auto (`bench.kit.collectives`)."""
+    in every paired cell of the benchmark (`bench.kit.timing.common_iters`)."""
     ordered = sorted(counts)
     return ordered[(len(ordered) - 1) // 2]
 

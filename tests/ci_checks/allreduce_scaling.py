@@ -60,8 +60,10 @@ def every_cell_measured_and_right(df: pd.DataFrame, headline: dict) -> None:
 
 def ring_keeps_pace_with_torch(df: pd.DataFrame, headline: dict) -> None:
     """The issue's ≥ 0.9× is stated at 64 MiB, which the CI grid does not reach; at its
-    largest size with one core per rank (N = 2) ring measured 0.6–1.0× torch's here. 0.4×
-    fails a ring that lost half its speed, and any ratio that is not a real measurement."""
+    largest size with one core per rank (N = 2) ring measured 0.79–1.04× torch's in seven
+    runs here once both sides shared a count of calls per window and a balanced order (CI
+    had read 0.36× when each side sized its own windows). 0.4× fails a ring that lost half
+    its speed, and any ratio that is not a real measurement."""
     ring = rows(ran(df), algorithm="ring", world_size=2)
     largest = ring[ring["message_bytes"] == ring["message_bytes"].max()]
     assert (largest["busbw_vs_torch"] >= 0.4).all(), largest["busbw_vs_torch"].tolist()
