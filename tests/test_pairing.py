@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
-from impls.pairing import balanced_orders, paired_times, turns
+from impls.pairing import balanced_orders, common_count, paired_times, turns
 
 
 @pytest.mark.parametrize("k", range(1, 10))
@@ -75,3 +75,11 @@ def test_paired_times_rank_sides_within_rounds_not_by_which_rounds_were_slow():
     torch.testing.assert_close(
         paired_times(steady), torch.tensor([2e-3, 1e-3], dtype=torch.float64)
     )
+
+
+def test_common_count_is_the_lower_median_of_the_sides_counts():
+    assert common_count([7]) == 7 and common_count([3, 1, 8, 2]) == 2
+    assert common_count({"time_s": 6, "torch_time_s": 59}.values()) == 6
+    assert common_count(iter([150, 3, 90, 120])) == 90
+    with pytest.raises(ValueError, match="no counts"):
+        common_count([])

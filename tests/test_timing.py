@@ -40,14 +40,6 @@ def test_calibrate_iters_sizes_the_window_from_the_median_probe_not_one_slow_cal
     assert timing.calibrate_iters(lambda: None, 0.02, 500) == 1  # a window is one call at least
 
 
-def test_common_iters_gives_every_side_the_lower_median_of_their_counts():
-    paired = {"time_s": 6, "torch_time_s": 59}
-    assert timing.common_iters(paired) == {"time_s": 6, "torch_time_s": 6}
-    counts = {"a": 150, "b": 3, "c": 90, "d": 120}
-    assert set(timing.common_iters(counts).values()) == {90}
-    assert timing.common_iters({"only": 7}) == {"only": 7}
-
-
 def test_a_paired_collective_cell_gives_both_sides_one_count_and_a_balanced_order(monkeypatch):
     """ring ÷ torch at N = 2, 4 MiB read 0.36x in CI and 0.79–1.04x in seven runs here
     once both sides ran one count of calls per window in turns AB, BA, …"""

@@ -2,7 +2,7 @@
 
 Per cell, on every rank: warm-up calls; `iters` calibrated once so a window lasts about
 `window_s` (agreed on by all ranks: the slowest rank's probe, the median of three calls;
-paired sides share one count, `bench.kit.timing.common_iters`); then `repeats` windows,
+paired sides share one count, `impls.pairing.common_count`); then `repeats` windows,
 the cell's own collective alternating with torch's on the same buffers when `paired`
 (`bench.kit.timing.alternate`, balanced: AB, BA, …). A window's time is the slowest
 rank's, per call; the reported time is the median window. Timed calls run on zeroed
@@ -34,9 +34,10 @@ import torch
 
 from bench.config import check_choice, check_number, check_positive
 from bench.kit.collective_specs import COLLECTIVES
-from bench.kit.timing import alternate, calibrate_iters, common_iters
+from bench.kit.timing import alternate, calibrate_iters
 from impls.collectives import AllReduceTuner
 from impls.comm import Communicator
+from impls.pairing import common_count
 
 __all__ = [
     "DTYPE_BYTES",
@@ -143,7 +144,7 @@ def measure_collective(cfg: TimedGridConfig, cell: Any) -> dict[str, Any]:
     # (AB, BA, … for two), so a window's fixed costs and whatever one side leaves behind
     # fall on each side alike. With their own counts and a fixed order, ring ÷ torch at
     # N = 2, 4 MiB read 0.36x in CI and 0.65x here; 0.79–1.04x in seven runs after.
-    iters = common_iters(iters)
+    iters = dict.fromkeys(sides, common_count(iters.values()))
     timed = alternate(sides, warmup=0, repeats=repeats, group=comm.group, iters=iters,
                       balanced=len(sides) > 1)  # fmt: skip
     bufs.fill(True)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from impls.pairing import turns
 
-__all__ = ["Timed", "alternate", "calibrate_iters", "common_iters", "slowest", "timed_step"]
+__all__ = ["Timed", "alternate", "calibrate_iters", "slowest", "timed_step"]
 
 
 def slowest(seconds: float, group: Any = None) -> float:
@@ -101,12 +101,3 @@ def calibrate_iters(
     alone can land on a rank waking up and read several times its usual time."""
     probe = statistics.median(timed_step(step, group)[1] for _ in range(max(1, probes)))
     return max(1, min(max_iters, math.ceil(window_s / max(probe, 1e-9))))
-
-
-def common_iters(counts: Mapping[str, int]) -> dict[str, int]:
-    """One count of calls per window for every side compared: the lower median of their
-    own counts. A window's fixed costs (ranks leaving the barrier apart, the first call's
-    wake-up) are then spread over as many calls on every side; with each side's own count
-    they weighed up to several times more on the side that happened to probe slow."""
-    common = statistics.median_low(counts.values())
-    return dict.fromkeys(counts, common)

@@ -46,7 +46,7 @@ from impls.comm import Communicator
 from impls.costmodel.comm import allreduce_seconds
 from impls.costmodel.hardware import Link
 from impls.costmodel.presets import hardware
-from impls.pairing import paired_times, turns
+from impls.pairing import common_count, paired_times, turns
 
 __all__ = [
     "DEFAULT_CALIBRATION_SIZES",
@@ -227,9 +227,9 @@ class AllReduceTuner:
 
         Collective: every rank of `comm` calls it with the same arguments. Per size, as
         the benchmark harness times a cell: `warmup` calls of each algorithm, one count of
-        calls per window for every algorithm (`_common_count` of each one's probe call, the
-        slowest rank's, so every rank runs as many), then `repeats` rounds in which each
-        algorithm takes one barrier-started window in turn, in the orders of
+        calls per window for every algorithm (`impls.pairing.common_count` of each one's
+        probe call, the slowest rank's, so every rank runs as many), then `repeats` rounds
+        in which each algorithm takes one barrier-started window in turn, in the orders of
         `balanced_orders` (`bench.kit.timing.alternate`'s pattern: where ranks share cores,
         a host drifts between fast and slow phases lasting seconds, and taking turns lets a
         phase hit every algorithm alike). Each window's time becomes
@@ -254,7 +254,7 @@ class AllReduceTuner:
             for j, nbytes in enumerate(points):
                 buf = torch.zeros(nbytes // itemsize, dtype=dtype, device=comm.device)
                 timers = [_Timer(ALGORITHMS[a], comm, buf, clock) for a in self.algorithms]
-                iters = _common_count(
+                iters = common_count(
                     [t.calls_per_window(warmup, window_s, max_iters) for t in timers]
                 )
                 for r, i in turns(len(timers), repeats):
@@ -297,20 +297,6 @@ class _Timer:
         probe = torch.tensor([self.window(1)], dtype=torch.float64)
         _slowest_rank(probe, self.comm)
         return max(1, min(max_iters, math.ceil(window_s / max(float(probe), 1e-9))))
-
-
-def _common_count(counts: Sequence[int]) -> int:
-    """The calls per window every algorithm takes at one size: the median of the counts
-    their probe calls asked for (the lower middle one of an even number).
-
-    A window's fixed costs (ranks leaving the barrier apart, the first call's wake-up) are
-    shared by its calls, so an algorithm given more calls per window reads faster per call:
-    at 8 ranks on 2 cores the parameter server at 64 KiB read 2.50 ms per call at 7 calls
-    and 3.85 ms at 3, and one probe call's luck scattered the counts from 1 to 12 between
-    algorithms at one size. With one count those costs weigh alike on every algorithm, as
-    in every paired cell of the benchmark (`bench.kit.timing.common_iters`)."""
-    ordered = sorted(counts)
-    return ordered[(len(ordered) - 1) // 2]
 
 
 def _slowest_rank(seconds: torch.Tensor, comm: Communicator) -> None:
