@@ -124,8 +124,12 @@ def model_states_are_one_copy_cut_k_ways(df: pd.DataFrame, headline: dict) -> No
 def pipeline_sits_at_its_bubble_bound(df: pd.DataFrame, headline: dict) -> None:
     """The replay of pp4 (P = M = 4) against GPipe's M/(M+P−1) = 4/7.
 
-    From above: the bound plus 2 points — only the optimizer's work after the pipeline,
-    which has no bubble, lifts the replay over it. From below: the bound's makespan with
+    From above, exactly: only the work after the pipeline (optimizer, dp all-reduce), which
+    has no bubble, lifts the replay over the bound. A pipeline whose stages take cᵢ per
+    micro-batch spans at least Σ cᵢ + (M − 1)·max cᵢ ≥ (M + P − 1)·mean cᵢ, so with the
+    row's compute after the pipeline A (mean over stages) and the longest stage's work
+    after it T: util ≤ C / ((C − A)·(M + P − 1)/M + T). (A fixed 2 points above the bound
+    had stood here; CI read 0.594 against 0.591 when the optimizer ran slow.) From below: the bound's makespan with
     what the replay adds to it, each measured in the row — the 2(P−1) transfers of the
     critical path at τ = α + β·bytes, and the step's own rounds (the loss broadcast) —
     so C / (C·(M+P−1)/M + 2(P−1)·τ + comm) for the replayed compute C; less 5 points for
@@ -143,7 +147,10 @@ def pipeline_sits_at_its_bubble_bound(df: pd.DataFrame, headline: dict) -> None:
     comm = pp["replayed_comm_latency_s"] + pp["replayed_comm_bandwidth_s"]
     assert compute > 0 and tau > 0 and comm >= 0, (compute, tau, comm)
     model = compute / (compute * (M + p - 1) / M + 2 * (p - 1) * tau + comm)
-    band = (model - 0.05, pp["util_theory"] + 0.02)
+    after, longest = pp["replayed_after_compute_s"], pp["replayed_after_s"]
+    assert 0 <= after < compute and longest >= after, (after, longest, compute)
+    ceiling = compute / ((compute - after) * (M + p - 1) / M + longest)
+    band = (model - 0.05, ceiling + 1e-9)
     assert band[0] <= pp["util_replayed"] <= band[1], (pp["util_replayed"], band)
     assert _layout(done, "dp4")["util_replayed"] > pp["util_replayed"]
     by_size = headline.get("by_world_size", {}).get("4", {})

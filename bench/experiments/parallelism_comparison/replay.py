@@ -88,13 +88,18 @@ def replay_columns(layout: Layout, per_rank: list[dict]) -> dict[str, float]:
     model = layout.gpt
     transfer = link[0] + link[1] * layout.micro_batch * model.seq_len * model.d_model * 4
     timeline = replay(layout.plan, lambda a: sum(typical[(a.stage, a.kind)]), transfer, layout.pp)
-    makespan = timeline.makespan + max(sum(t) for t in tails.values())
+    after = max(sum(t) for t in tails.values())
+    makespan = timeline.makespan + after
     compute, latency, bandwidth = (statistics.fmean(s[i] for s in stages) for i in range(3))
     return {
         "util_replayed": compute / makespan,
         "comm_fraction_replayed": (latency + bandwidth) / makespan,
         "replayed_step_time_s": makespan,
         "replayed_compute_s": compute,
+        # the work after the pipeline: a stage's compute in it (mean over stages, part of
+        # replayed_compute_s) and the longest stage's whole (part of the makespan)
+        "replayed_after_compute_s": statistics.fmean(t[0] for t in tails.values()),
+        "replayed_after_s": after,
         "replayed_comm_latency_s": latency,
         "replayed_comm_bandwidth_s": bandwidth,
         "link_alpha_s": link[0],
