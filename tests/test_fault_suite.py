@@ -66,8 +66,16 @@ def start(tmp: Path, cells: list[str], *, name: str = "run", timeout_s: float = 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_interruptible,
     )
     return proc, markers, scratch
+
+
+def _interruptible() -> None:
+    """The grid takes Ctrl-C as a foreground `python -m bench` does. A suite started in the
+    background of a shell without job control (`make test &`) inherits SIGINT ignored,
+    and so would the grid: the SIGINT test then saw the run go on to its next cell."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(proc: subprocess.Popen, markers: Path, scratch: Path) -> tuple[int, str]:
