@@ -530,3 +530,17 @@ def test_wall_clock_rows_of_several_ranks_pay_the_straggler_and_replays_do_not(m
     assert wall["predicted_without_straggler_step_time_s"] == pytest.approx(
         replayed["predicted_step_time_s"])  # the same rank, alone  # fmt: skip
     assert wall["predicted_dp_s"] == pytest.approx(replayed["predicted_dp_s"])  # links kept
+
+
+def test_a_runtime_cost_floored_at_zero_says_so_in_the_table():
+    """The executor's median excess came out ≤ 0 in one run: its 0 is a floor under the
+    noise, not a measured cost of nothing."""
+    from bench.experiments.planner_validation.report_calibration import _runtimes
+
+    ok = pd.DataFrame({"runtime": ["executor", "ledger"], "source": ["pc", "zm"],
+                       "cal_action_overhead_executor_s": [0.0, 0.0],
+                       "cal_action_overhead_ledger_s": [2.3e-4, 2.3e-4]})  # fmt: skip
+    ctx = SimpleNamespace(headline={})
+    table = _runtimes(ctx, ok)
+    assert "0 (median excess ≤ 0: under the noise)" in table and "230 µs" in table
+    assert ctx.headline["runtimes"]["executor"]["per_action_s"] == 0.0

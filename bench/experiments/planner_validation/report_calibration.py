@@ -81,7 +81,8 @@ def calibration(ctx: Context) -> str | None:
     cost is a few percent of a step, less than the host's drift between rounds); the
     median excess, halved, is that runtime's cost per compute action
     (`Hardware.action_overhead_s`), paid by each F and each backward action of a row that
-    runs under it, stretched and scaled like a kernel's overhead.
+    runs under it, stretched and scaled like a kernel's overhead. A median excess at or
+    below zero is a cost under this run's noise: it is floored at 0 and the table says so.
 
     Links are not measured in this run but read from two reports of this host (table
     "Links"): a wall-clock row of N ≥ 2 ranks is priced on the α (per round) and β fitted
@@ -146,7 +147,8 @@ def _runtimes(ctx: Context, ok: pd.DataFrame) -> str:
     for runtime, sub in ok.groupby("runtime"):
         first = sub.iloc[0]
         cost = float(first[f"cal_action_overhead_{runtime}_s"])
-        rows.append({"runtime": runtime, "per compute action": format_seconds(cost),
+        shown = format_seconds(cost) if cost > 0 else "0 (median excess ≤ 0: under the noise)"
+        rows.append({"runtime": runtime, "per compute action": shown,
                      "sources": ", ".join(sorted(sub["source"].unique())),
                      "rows priced on it": len(sub)})  # fmt: skip
         headline[str(runtime)] = {"per_action_s": cost, "rows": len(sub)}
