@@ -11,16 +11,18 @@ reference rounds):
 - `paired_times`: each round's phase is taken out before the sides are compared across
   rounds;
 - `turns`: the (round, side) turns of a whole run, round after round in those orders;
+- `calls_per_window`: how many calls fill a window, from a probe's time per call;
 - `common_count`: one count of calls per window for every side.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 
 import torch
 
-__all__ = ["balanced_orders", "common_count", "paired_times", "turns"]
+__all__ = ["balanced_orders", "calls_per_window", "common_count", "paired_times", "turns"]
 
 
 def balanced_orders(k: int) -> list[list[int]]:
@@ -48,6 +50,12 @@ def turns(k: int, rounds: int, *, balanced: bool = True) -> Iterator[tuple[int, 
     for r in range(rounds):
         for side in orders[r % len(orders)]:
             yield r, side
+
+
+def calls_per_window(probe_s: float, window_s: float, max_iters: int) -> int:
+    """The calls that fill `window_s` at `probe_s` seconds a call: at least one, at most
+    `max_iters`."""
+    return max(1, min(max_iters, math.ceil(window_s / max(probe_s, 1e-9))))
 
 
 def common_count(counts: Iterable[int]) -> int:

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
-from impls.pairing import balanced_orders, common_count, paired_times, turns
+from impls.pairing import balanced_orders, calls_per_window, common_count, paired_times, turns
 
 
 @pytest.mark.parametrize("k", range(1, 10))
@@ -83,3 +83,10 @@ def test_common_count_is_the_lower_median_of_the_sides_counts():
     assert common_count(iter([150, 3, 90, 120])) == 90
     with pytest.raises(ValueError, match="no counts"):
         common_count([])
+
+
+def test_calls_per_window_fill_the_window_within_one_and_max_iters():
+    assert calls_per_window(0.008, 0.02, 500) == 3
+    assert calls_per_window(1e-7, 0.02, 500) == 500
+    assert calls_per_window(1.0, 0.02, 500) == 1
+    assert calls_per_window(0.0, 0.02, 500) == 500  # a zero probe: the cap, not a division

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from impls.pairing import turns
+from impls.pairing import calls_per_window, turns
 
 __all__ = ["Timed", "alternate", "calibrate_iters", "slowest", "timed_step"]
 
@@ -100,4 +100,4 @@ def calibrate_iters(
     timed calls (each the slowest rank's, so every rank agrees on the count): one call
     alone can land on a rank waking up and read several times its usual time."""
     probe = statistics.median(timed_step(step, group)[1] for _ in range(max(1, probes)))
-    return max(1, min(max_iters, math.ceil(window_s / max(probe, 1e-9))))
+    return calls_per_window(probe, window_s, max_iters)

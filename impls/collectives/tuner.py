@@ -33,7 +33,6 @@ rank's (one MAX all-reduce of the whole table), so that every rank fits the same
 from __future__ import annotations
 
 import bisect
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from impls.comm import Communicator
 from impls.costmodel.comm import allreduce_seconds
 from impls.costmodel.hardware import Link
 from impls.costmodel.presets import hardware
-from impls.pairing import common_count, paired_times, turns
+from impls.pairing import calls_per_window, common_count, paired_times, turns
 
 __all__ = [
     "DEFAULT_CALIBRATION_SIZES",
@@ -232,11 +231,11 @@ class AllReduceTuner:
         in which each algorithm takes one barrier-started window in turn, in the orders of
         `balanced_orders` (`bench.kit.timing.alternate`'s pattern: where ranks share cores,
         a host drifts between fast and slow phases lasting seconds, and taking turns lets a
-        phase hit every algorithm alike). Each window's time becomes
-        the slowest rank's; an algorithm's time at a size is `paired_times` over the
-        rounds, and its times through the sizes are the table entry for
-        (algorithm, comm.world_size). The calibration's own traffic, calls and simulated
-        time are taken back out of `comm`'s counters.
+        phase hit every algorithm alike). Each window's time becomes the slowest rank's;
+        an algorithm's time at a size is `paired_times` over the rounds, and its times
+        through the sizes are the table entry for (algorithm, comm.world_size). The
+        calibration's own traffic, calls and simulated time are taken back out of
+        `comm`'s counters.
         """
         itemsize = torch.empty(0, dtype=dtype).element_size()
         points = sorted({int(s) for s in sizes})
@@ -296,7 +295,7 @@ class _Timer:
             self.run(self.buf, self.comm, "sum")
         probe = torch.tensor([self.window(1)], dtype=torch.float64)
         _slowest_rank(probe, self.comm)
-        return max(1, min(max_iters, math.ceil(window_s / max(float(probe), 1e-9))))
+        return calls_per_window(float(probe), window_s, max_iters)
 
 
 def _slowest_rank(seconds: torch.Tensor, comm: Communicator) -> None:

@@ -124,20 +124,20 @@ def model_states_are_one_copy_cut_k_ways(df: pd.DataFrame, headline: dict) -> No
 def pipeline_sits_at_its_bubble_bound(df: pd.DataFrame, headline: dict) -> None:
     """The replay of pp4 (P = M = 4) against GPipe's M/(M+P−1) = 4/7.
 
-    From above, exactly: only the work after the pipeline (optimizer, dp all-reduce), which
-    has no bubble, lifts the replay over the bound. A pipeline whose stages take cᵢ per
-    micro-batch spans at least Σ cᵢ + (M − 1)·max cᵢ ≥ (M + P − 1)·mean cᵢ, so with the
-    row's compute after the pipeline A (mean over stages) and the longest stage's work
-    after it T: util ≤ C / ((C − A)·(M + P − 1)/M + T). (A fixed 2 points above the bound
-    had stood here; CI read 0.594 against 0.591 when the optimizer ran slow.) From below: the bound's makespan with
-    what the replay adds to it, each measured in the row — the 2(P−1) transfers of the
-    critical path at τ = α + β·bytes, and the step's own rounds (the loss broadcast) —
-    so C / (C·(M+P−1)/M + 2(P−1)·τ + comm) for the replayed compute C; less 5 points for
-    unequal stages, which the model leaves out: the end stages' extra work (embedding; LM
-    head and loss) and each stage's CPU time, which varies by up to ±20% on a loaded
-    host. Four runs (load 3 to 13 on 2 cores) came −2.7 to +2.6 points from that model;
-    a schedule with a larger bubble, or a replay that serialised the stages (1/P = 25%),
-    misses by ten points or more."""
+    From above, exactly: only the work after the pipeline (optimizer, dp all-reduce),
+    which has no bubble, lifts the replay over the bound. A pipeline whose stages take cᵢ
+    per micro-batch spans at least Σ cᵢ + (M − 1)·max cᵢ ≥ (M + P − 1)·mean cᵢ, so with
+    the row's compute after the pipeline A (mean over stages) and the longest stage's
+    work after it T: util ≤ C / ((C − A)·(M + P − 1)/M + T). (A fixed 2 points above the
+    bound had stood here; CI read 0.594 against 0.591 when the optimizer ran slow.)
+    From below: the bound's makespan with what the replay adds to it, each measured in the
+    row — the 2(P−1) transfers of the critical path at τ = α + β·bytes, and the step's own
+    rounds (the loss broadcast) — so C / (C·(M+P−1)/M + 2(P−1)·τ + comm) for the replayed
+    compute C; less 5 points for unequal stages, which the model leaves out: the end stages'
+    extra work (embedding; LM head and loss) and each stage's CPU time, which varies by up
+    to ±20% on a loaded host. Four runs (load 3 to 13 on 2 cores) came −2.7 to +2.6 points
+    from that model; a schedule with a larger bubble, or a replay that serialised the stages
+    (1/P = 25%), misses by ten points or more."""
     done = ran(df)
     pp = _layout(done, "pp4")
     p = 4
