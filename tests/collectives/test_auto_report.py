@@ -37,6 +37,17 @@ def auto_frame() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def sides_beside_auto(auto_s: float, **alternatives: float) -> tuple[pd.DataFrame, pd.Series]:
+    """`auto_frame()` whose auto row at N = 2, 4 KiB carries its own time and each
+    alternative's, timed beside it (`alt_<algorithm>_s`); and the mask of that row."""
+    frame = auto_frame()
+    picks = (frame["algorithm"] == "auto") & (frame["world_size"] == 2) & (
+        frame["message_bytes"] == 4096)  # fmt: skip
+    columns = ["time_s", *(f"alt_{name}_s" for name in alternatives)]
+    frame.loc[picks, columns] = [auto_s, *alternatives.values()]
+    return frame, picks
+
+
 def test_auto_is_judged_against_each_cells_best(tmp_path: Path) -> None:
     headline = write_allreduce(auto_frame(), tmp_path)
     (target,) = [t for t in headline["targets"] if t["column"] == "auto_vs_best"]
@@ -118,11 +129,7 @@ def test_alternatives_timed_beside_auto_decide_its_best() -> None:
     cells: here the separate cells say parameter_server, the same cell says ring."""
     from bench.experiments.allreduce_scaling.auto import prepare
 
-    frame = auto_frame()
-    picks = (frame["algorithm"] == "auto") & (frame["world_size"] == 2) & (
-        frame["message_bytes"] == 4096)  # fmt: skip
-    frame.loc[picks, ["time_s", "alt_parameter_server_s", "alt_ring_s", "alt_tree_s"]] = [
-        2e-4, 2.5e-4, 1e-4, 4e-4]  # fmt: skip
+    frame, picks = sides_beside_auto(2e-4, parameter_server=2.5e-4, ring=1e-4, tree=4e-4)
     got = prepare(frame)
     auto = got[picks].iloc[0]
     assert auto["best_basis"] == "same cell" and auto["best_algorithm"] == "ring"
@@ -167,3 +174,25 @@ def test_rounds_pair_auto_with_each_alternative_and_bound_the_ratio() -> None:
     others = got[(got["algorithm"] == "auto") & ~picks]
     assert set(others["best_basis"]) == {"separate cells"}  # no rounds, no alternatives
     assert others["auto_vs_best_lo"].isna().all()
+
+
+def test_the_same_code_timed_twice_splits_a_shortfall_from_the_choice(tmp_path: Path) -> None:
+    """auto ÷ choice compares auto with its own choice's side (the same code): here auto
+    ran the parameter server, whose side read 1.25× faster than auto's, and ring was best,
+    so auto ÷ best = 0.5 = 0.8 (auto ÷ choice) × 0.625 (choice ÷ best), exactly. Rows judged
+    against separate cells have no same-code side and stay NaN."""
+    from bench.experiments.allreduce_scaling.auto import prepare
+
+    frame, picks = sides_beside_auto(2e-4, parameter_server=1.6e-4, ring=1e-4, tree=4e-4)
+    got = prepare(frame)
+    row = got[picks].iloc[0]
+    assert row["auto_vs_choice"] == pytest.approx(0.8)  # 1.6e-4 / 2e-4
+    assert row["choice_vs_best"] == pytest.approx(0.625)  # 1e-4 / 1.6e-4
+    assert row["auto_vs_best"] == pytest.approx(row["auto_vs_choice"] * row["choice_vs_best"])
+    assert got[(got["algorithm"] == "auto") & ~picks]["auto_vs_choice"].isna().all()
+    headline = write_allreduce(frame, tmp_path)
+    assert headline["auto_same_code_below_bound"] == 1
+    assert headline["auto_same_code_worst"] == pytest.approx(0.8)
+    report = (tmp_path / "report.md").read_text()
+    assert "read below 0.9× of itself in 1 of 1 cell (worst 0.80× at N = 2, 4 KiB)" in report
+    assert "auto ÷ choice" in report

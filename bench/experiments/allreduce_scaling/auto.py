@@ -10,10 +10,13 @@ auto chose, read from its own alternating side (`choice_vs_best`: the choice's q
 apart from the auto side's noise), whether it chose the best (`auto_chose_best`) and
 whether it chose the best or a side this host cannot tell from it (`auto_chose_tied`:
 with rounds, the 90% bootstrap interval of the choice's paired speed over the best's
-reaches 1), and whether the choice's traffic counters at that (N, M) equal the best's
+reaches 1), whether the choice's traffic counters at that (N, M) equal the best's
 (`choice_same_traffic`: as many rounds, messages and bytes per rank and in all, so that
-little but the two implementations' own overhead can separate them); `best_basis` says
-"same cell". With every round's times (`round_times_s`) the comparison is paired round by
+little but the two implementations' own overhead can separate them), and auto's busbw
+over its own choice's side (`auto_vs_choice`: the same code timed as two sides of one
+cell, an A/A control of what the host resolves; auto ÷ best = auto ÷ choice × choice ÷
+best exactly, so a shortfall splits into the timing of identical code and the cost of the
+choice); `best_basis` says "same cell". With every round's times (`round_times_s`) the comparison is paired round by
 round (basis "same cell, paired by round"): each alternative's speed relative to auto is
 the median over rounds of t_auto ÷ t_alternative in the same round, which cancels the
 host's drift between rounds that a ratio of two medians keeps; and `auto_vs_best_lo` /
@@ -74,11 +77,12 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """Add `best_algorithm`, `auto_vs_best` (with `_lo` / `_hi`), `choice_vs_best`,
-    `auto_chose_best`, `auto_chose_tied`, `choice_same_traffic` and `best_basis` to auto
+    `auto_vs_choice`, `auto_chose_best`, `auto_chose_tied`, `choice_same_traffic` and `best_basis` to auto
     rows (by position: a merged frame may repeat index labels)."""
     n = len(df)
-    numbers = ("auto_vs_best", "choice_vs_best", "auto_chose_best", "auto_chose_tied",
-               "auto_vs_best_lo", "auto_vs_best_hi", "choice_same_traffic")  # fmt: skip
+    numbers = ("auto_vs_best", "choice_vs_best", "auto_vs_choice", "auto_chose_best",
+               "auto_chose_tied", "auto_vs_best_lo", "auto_vs_best_hi",
+               "choice_same_traffic")  # fmt: skip
     out = {c: [math.nan] * n for c in numbers}
     out |= {"best_algorithm": [None] * n, "best_basis": ["—"] * n}
     if "algorithm" in df.columns and "busbw_vs_torch" in df.columns:
@@ -102,6 +106,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
             out["best_algorithm"][i], out["best_basis"][i] = best, basis
             out["auto_vs_best"][i] = own / speeds[best]
             out["choice_vs_best"][i] = speeds.get(choice, math.nan) / speeds[best]
+            if basis != "separate cells":  # the choice's side ran beside auto: same code
+                out["auto_vs_choice"][i] = own / speeds.get(choice, math.nan)
             out["auto_chose_best"][i] = float(choice == best)
             if rounds is not None:
                 out["auto_chose_tied"][i] = float(choice == best or _tied(rounds, choice, best))
@@ -230,6 +236,32 @@ def _separate(row: dict, ratios: pd.Series | None) -> tuple[dict[str, float], fl
     return ratios.to_dict(), _number(row.get("busbw_vs_torch")), "separate cells"
 
 
+def _same_code(judged: pd.DataFrame, short: pd.DataFrame) -> str:
+    """What the A/A control says: how often the same code, timed as two sides of one cell
+    (auto and its choice's side), read below the bound against itself, and how many of the
+    cells short of the bound had a choice within it (their shortfall is timing)."""
+    aa = judged["auto_vs_choice"].dropna()
+    if aa.empty:
+        return ""
+    bound = AUTO_VS_BEST.bound
+    worst = judged.loc[aa.idxmin()]
+    timing = short[short["choice_vs_best"] >= bound]
+    text = (
+        f" The same code timed as two sides of one cell (auto ÷ choice) read below {bound:g}× "
+        f"of itself in {int((aa < bound).sum())} of {_count(len(aa), 'cell')} (worst "
+        f"{format_ratio(aa.min())} at N = {int(worst['world_size'])}, "
+        f"{format_bytes(worst['message_bytes'])}): an A/A control of how finely this host "
+        "resolves a per-cell bound."
+    )
+    if len(short):
+        text += (
+            f" Of the {_count(len(short), 'cell')} below {bound:g}×, {len(timing)} had a "
+            f"choice within {bound:g}× of the best (choice ÷ best): there the shortfall is "
+            "the timing of identical code, not the choice."
+        )
+    return text
+
+
 def auto_choices(ctx: Context) -> str | None:
     """auto's choice per (N, M) against the measured best
 
@@ -246,6 +278,8 @@ def auto_choices(ctx: Context) -> str | None:
     *90% interval* over the rounds (bootstrap, the best re-chosen in every resample: how
     finely this host resolves the ratio); *choice ÷ best*: the chosen algorithm's own side
     against it, i.e. what the choice cost apart from the auto side's timing noise;
+    *auto ÷ choice*: auto against its own choice's side, the same code timed twice in one
+    cell (an A/A control; auto ÷ best is exactly auto ÷ choice times choice ÷ best);
     *tied*: whether the choice is the best or a side the rounds cannot tell from it (the
     90% bootstrap interval of the choice's paired speed ÷ the best's reaches 1); *same
     traffic*, where the choice was not the best: whether the two algorithms' traffic
@@ -271,6 +305,7 @@ def auto_choices(ctx: Context) -> str | None:
         "90% interval": [_format_interval(lo, hi) for lo, hi in zip(
             judged["auto_vs_best_lo"], judged["auto_vs_best_hi"], strict=True)],  # fmt: skip
         "choice ÷ best": judged["choice_vs_best"].map(format_ratio),
+        "auto ÷ choice": judged["auto_vs_choice"].map(format_ratio),
         "tied": judged["auto_chose_tied"].map(_yes_no),
         "same traffic": [_yes_no(same) if hit == 0 else "—" for hit, same in zip(
             judged["auto_chose_best"], judged["choice_same_traffic"], strict=True)],  # fmt: skip
@@ -322,9 +357,13 @@ def auto_choices(ctx: Context) -> str | None:
             f"reaching {AUTO_VS_BEST.bound:g}×: there this host's rounds do not resolve the "
             "ratio against the bound."
         )
+    summary += _same_code(judged, short)
     ctx.headline.update(auto_cells_below_bound=len(short),
                         auto_cells_below_bound_unresolved=len(unresolved),
-                        auto_misses_same_traffic=same)  # fmt: skip
+                        auto_misses_same_traffic=same,
+                        auto_same_code_below_bound=int((judged["auto_vs_choice"]
+                                                        < AUTO_VS_BEST.bound).sum()),
+                        auto_same_code_worst=float(judged["auto_vs_choice"].min()))  # fmt: skip
     if ctx.cores == ctx.cores and (rows["world_size"] > ctx.cores).any():
         summary += (
             f" Cells with more ranks than the host's {int(ctx.cores)} cores are judged "
