@@ -267,7 +267,7 @@ def gpt_rank_bytes(model: GPTConfig, sequences: int, copies: int = 2) -> int:
     """An upper bound on what one rank training `model` on `sequences` sequences holds:
     fp32 weights, gradients and Adam's two moments (16 bytes a parameter) for `copies`
     replicas (the model and its twin or reference), and the activations of the batch."""
-    from impls.costmodel.memory import activation_bytes
+    from impls.costmodel.activations import activation_bytes
 
     h, f, v = model.d_model, model.ff_dim, model.vocab_size
     params = model.n_layers * (4 * h * h + 2 * h * f) + v * h * (1 if model.tie_embeddings else 2)

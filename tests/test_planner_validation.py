@@ -18,7 +18,7 @@ import pytest
 from bench.experiments.planner_validation import calibration, experiment, ranks, rounds
 from bench.experiments.planner_validation.config import PROBE_LINK, PlannerValidationConfig
 from bench.experiments.planner_validation.report import prepare, spearman
-from impls.costmodel.memory import activation_bytes
+from impls.costmodel.activations import activation_bytes
 from impls.models import GPT, GPTConfig
 
 MODEL = {"d_model": 128, "n_layers": 8, "n_heads": 8, "seq_len": 64, "vocab_size": 256,

@@ -1,13 +1,18 @@
 """The theory side: what the formulas predict, for measured runs to be held against.
 
 `memory` gives per-device model-state bytes under ZeRO stages 0–3, the largest trainable
-model, per-step communication volume and saved activations (Rajbhandari et al. 2019; per
-transformer layer under TP/SP/recomputation, Korthikanti et al. 2022). `comm` prices
-collectives on α–β links (Thakur et al. 2005).
+model and per-step communication volume (Rajbhandari et al. 2019). `activations` gives the
+bytes saved for the backward (per transformer layer under TP/SP/recomputation, Korthikanti
+et al. 2022). `comm` prices collectives on α–β links (Thakur et al. 2005).
 `compute` counts a transformer step's FLOPs (model and hardware, under activation
 recomputation) and gives MFU / HFU (Narayanan et al. 2021; Korthikanti et al. 2022).
 """
 
+from impls.costmodel.activations import (
+    ACTIVATION_SP,
+    activation_bytes,
+    activation_bytes_per_layer,
+)
 from impls.costmodel.comm import (
     ALLREDUCE_ALGORITHMS,
     COLLECTIVES,
@@ -30,14 +35,11 @@ from impls.costmodel.compute import (
     step_flops,
 )
 from impls.costmodel.memory import (
-    ACTIVATION_SP,
     MIXED_PRECISION_ADAM,
     PRESETS,
     STAGES,
     BytesPerParam,
     ModelStateBytes,
-    activation_bytes,
-    activation_bytes_per_layer,
     bytes_per_param_for,
     comm_bytes_per_step,
     comm_psi_multiple,

@@ -34,9 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from impls.costmodel.activations import activation_bytes_per_layer
 from impls.costmodel.compute import TransformerSpec
 from impls.costmodel.hardware import Hardware
-from impls.costmodel.memory import activation_bytes_per_layer, model_state_bytes
+from impls.costmodel.memory import model_state_bytes
 from impls.pipeline import build_plan
 from impls.pipeline.replay import max_inflight_microbatches
 from impls.pipeline.schedules import SPLIT_BACKWARD  # zero-bubble schedules: I and W apart

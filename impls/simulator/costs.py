@@ -34,10 +34,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from impls.costmodel.activations import activation_bytes_per_layer
 from impls.costmodel.comm import collective_seconds
 from impls.costmodel.compute import TransformerSpec
 from impls.costmodel.hardware import Hardware
-from impls.costmodel.memory import activation_bytes_per_layer
 
 __all__ = [
     "DTYPE_BYTES",

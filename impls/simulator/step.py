@@ -31,10 +31,11 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
 
+from impls.costmodel.activations import activation_bytes_per_layer
 from impls.costmodel.comm import p2p_seconds
 from impls.costmodel.compute import TransformerSpec, hfu, mfu, step_flops
 from impls.costmodel.hardware import Hardware
-from impls.costmodel.memory import activation_bytes_per_layer, model_state_bytes
+from impls.costmodel.memory import model_state_bytes
 from impls.pipeline.schedules import SPLIT_BACKWARD  # zero-bubble schedules: I and W apart
 from impls.simulator.costs import DTYPE_BYTES, LayerPrice, layer_prices, logit_gradient_bytes
 from impls.simulator.memory import (

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from impls.costmodel.activations import activation_bytes_per_layer
 from impls.costmodel.compute import TransformerSpec
-from impls.costmodel.memory import activation_bytes_per_layer
 
 # s = 8, h = 16, a = 4, b = 2: sbh = 256, as²b = 512
 SMALL = TransformerSpec(n_layers=2, d_model=16, n_heads=4, vocab_size=32, seq_len=8)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impls.costmodel.compute import TransformerSpec
-from impls.costmodel.memory import (
+from impls.costmodel.activations import (
     activation_bytes_per_layer,
     implementation_activation_bytes_per_layer,
 )
+from impls.costmodel.compute import TransformerSpec
 from impls.memory.saved import SavedStorages, storage_key
 from impls.models import GPT, Block, GPTConfig, split_into_stages
 from tests.models.recompute_ranks import (

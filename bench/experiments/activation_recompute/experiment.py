@@ -27,11 +27,11 @@ from bench.charts import Chart
 from bench.experiments.activation_recompute import ranks, report
 from bench.experiments.activation_recompute.config import ActivationRecomputeConfig
 from bench.experiments.base import Cell, Experiment
-from impls.costmodel.compute import TransformerSpec, layer_forward_flops
-from impls.costmodel.memory import (
+from impls.costmodel.activations import (
     activation_bytes_per_layer,
     implementation_activation_bytes_per_layer,
 )
+from impls.costmodel.compute import TransformerSpec, layer_forward_flops
 
 __all__ = ["EXPERIMENT", "cells", "predicted_flops_overhead", "to_row"]
 

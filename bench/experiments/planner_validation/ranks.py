@@ -17,7 +17,7 @@ measured thread speedup.
 
 Memory is composed here, not by the simulator (whose model is GPU training with 2-byte
 activations, Korthikanti et al. 2022): the exact bytes autograd saves in this repo's GPT
-(`impls.costmodel.memory.activation_bytes`'s terms, split per stage and sharded by tp),
+(`impls.costmodel.activations.activation_bytes`'s terms, split per stage and sharded by tp),
 held for the in-flight micro-batches the schedule keeps
 (`impls.simulator.memory.held_activation_peak`), plus the model states of the rank's
 parameters under its ZeRO stage (`impls.costmodel.memory.model_state_bytes`) and, under
@@ -36,7 +36,7 @@ from impls.costmodel.comm import allreduce_rounds
 __all__ = ["activation_stage_bytes", "optimizer_params", "params_per_stage", "predict",
            "host_slowdown", "rank_rates", "round_alpha", "run", "stage_layers"]  # fmt: skip
 
-_STAT = 4  # LayerNorm / log-sum-exp statistics are fp32 (memory.activation_bytes)
+_STAT = 4  # LayerNorm / log-sum-exp statistics are fp32 (activations.activation_bytes)
 _INDEX = 8  # int64 positions
 
 
@@ -71,7 +71,7 @@ def params_per_stage(m: dict, stages: int, tp: int) -> list[float]:
 
 
 def activation_stage_bytes(m: dict, micro: int, stages: int, tp: int, elem: int) -> list[float]:
-    """Bytes saved per micro-batch by each stage: `memory.activation_bytes`'s terms, the
+    """Bytes saved per micro-batch by each stage: `activations.activation_bytes`'s terms, the
     LayerNorm inputs/outputs kept whole and the q/k/v, attention output, MLP and
     log-softmax sharded by tp (Megatron's column/row split)."""
     from impls.models.stages import stage_layer_ranges

@@ -305,7 +305,7 @@ REPORT = Report(
         "the simulator's (`impls.simulator`) prediction of its step time and peak memory "
         "per rank on this host, calibrated in this run (see Calibration). Step times come "
         "from the simulator; memory is composed from this repo's exact saved-tensor count "
-        "(`impls.costmodel.memory.activation_bytes`'s terms per stage, sharded by tp, held "
+        "(`impls.costmodel.activations.activation_bytes`'s terms per stage, sharded by tp, held "
         "for the in-flight micro-batches of the schedule) and the ZeRO model states, as the "
         "simulator's own memory model is for GPU training with 2-byte activations."
     ),
