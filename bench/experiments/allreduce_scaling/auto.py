@@ -16,12 +16,13 @@ little but the two implementations' own overhead can separate them), and auto's 
 over its own choice's side (`auto_vs_choice`: the same code timed as two sides of one
 cell, an A/A control of what the host resolves; auto ÷ best = auto ÷ choice × choice ÷
 best exactly, so a shortfall splits into the timing of identical code and the cost of the
-choice); `best_basis` says "same cell". With every round's times (`round_times_s`) the comparison is paired round by
-round (basis "same cell, paired by round"): each alternative's speed relative to auto is
-the median over rounds of t_auto ÷ t_alternative in the same round, which cancels the
-host's drift between rounds that a ratio of two medians keeps; and `auto_vs_best_lo` /
-`_hi` bound auto ÷ best with a 90% bootstrap over the rounds (the best re-chosen in every
-resample, so picking the best of six noisy sides is inside the interval). An auto row
+choice); `best_basis` says "same cell". With every round's times (`round_times_s`) the
+comparison is paired round by round (basis "same cell, paired by round"): each
+alternative's speed relative to auto is the median over rounds of t_auto ÷ t_alternative
+in the same round, which cancels the host's drift between rounds that a ratio of two
+medians keeps; and `auto_vs_best_lo` / `_hi` bound auto ÷ best with a 90% bootstrap over
+the rounds (the best re-chosen in every resample, so picking the best of six noisy sides
+is inside the interval). An auto row
 without alternatives (not paired, or an older results.csv) is judged as before, against
 the other algorithms' own cells by their `busbw_vs_torch` ("separate cells"), which on a
 2-core host run in other phases of it.
@@ -77,8 +78,8 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """Add `best_algorithm`, `auto_vs_best` (with `_lo` / `_hi`), `choice_vs_best`,
-    `auto_vs_choice`, `auto_chose_best`, `auto_chose_tied`, `choice_same_traffic` and `best_basis` to auto
-    rows (by position: a merged frame may repeat index labels)."""
+    `auto_vs_choice`, `auto_chose_best`, `auto_chose_tied`, `choice_same_traffic` and
+    `best_basis` to auto rows (by position: a merged frame may repeat index labels)."""
     n = len(df)
     numbers = ("auto_vs_best", "choice_vs_best", "auto_vs_choice", "auto_chose_best",
                "auto_chose_tied", "auto_vs_best_lo", "auto_vs_best_hi",
@@ -236,20 +237,25 @@ def _separate(row: dict, ratios: pd.Series | None) -> tuple[dict[str, float], fl
     return ratios.to_dict(), _number(row.get("busbw_vs_torch")), "separate cells"
 
 
-def _same_code(judged: pd.DataFrame, short: pd.DataFrame) -> str:
-    """What the A/A control says: how often the same code, timed as two sides of one cell
-    (auto and its choice's side), read below the bound against itself, and how many of the
-    cells short of the bound had a choice within it (their shortfall is timing)."""
-    aa = judged["auto_vs_choice"].dropna()
-    if aa.empty:
-        return ""
+def _same_code(ctx: Context, judged: pd.DataFrame, short: pd.DataFrame) -> str:
+    """What the A/A control says (and the headline records): how often the same code, timed
+    as two sides of one cell (auto and its choice's side), read below the bound against
+    itself, and how many of the cells short of the bound had a choice within it (their
+    shortfall is timing)."""
     bound = AUTO_VS_BEST.bound
-    worst = judged.loc[aa.idxmin()]
+    aa = judged["auto_vs_choice"].to_numpy(dtype=float)
+    measured = ~np.isnan(aa)
+    below = int((aa[measured] < bound).sum())
+    worst_aa = float(aa[measured].min()) if measured.any() else math.nan
+    ctx.headline.update(auto_same_code_below_bound=below, auto_same_code_worst=worst_aa)
+    if not measured.any():
+        return ""
+    worst = judged.iloc[int(np.nanargmin(aa))]  # by position: labels may repeat
     timing = short[short["choice_vs_best"] >= bound]
     text = (
         f" The same code timed as two sides of one cell (auto ÷ choice) read below {bound:g}× "
-        f"of itself in {int((aa < bound).sum())} of {_count(len(aa), 'cell')} (worst "
-        f"{format_ratio(aa.min())} at N = {int(worst['world_size'])}, "
+        f"of itself in {below} of {_count(int(measured.sum()), 'cell')} (worst "
+        f"{format_ratio(worst_aa)} at N = {int(worst['world_size'])}, "
         f"{format_bytes(worst['message_bytes'])}): an A/A control of how finely this host "
         "resolves a per-cell bound."
     )
@@ -357,13 +363,10 @@ def auto_choices(ctx: Context) -> str | None:
             f"reaching {AUTO_VS_BEST.bound:g}×: there this host's rounds do not resolve the "
             "ratio against the bound."
         )
-    summary += _same_code(judged, short)
+    summary += _same_code(ctx, judged, short)
     ctx.headline.update(auto_cells_below_bound=len(short),
                         auto_cells_below_bound_unresolved=len(unresolved),
-                        auto_misses_same_traffic=same,
-                        auto_same_code_below_bound=int((judged["auto_vs_choice"]
-                                                        < AUTO_VS_BEST.bound).sum()),
-                        auto_same_code_worst=float(judged["auto_vs_choice"].min()))  # fmt: skip
+                        auto_misses_same_traffic=same)  # fmt: skip
     if ctx.cores == ctx.cores and (rows["world_size"] > ctx.cores).any():
         summary += (
             f" Cells with more ranks than the host's {int(ctx.cores)} cores are judged "
