@@ -22,10 +22,9 @@ alternative's speed relative to auto is the median over rounds of t_auto ÷ t_al
 in the same round, which cancels the host's drift between rounds that a ratio of two
 medians keeps; and `auto_vs_best_lo` / `_hi` bound auto ÷ best with a 90% bootstrap over
 the rounds (the best re-chosen in every resample, so picking the best of six noisy sides
-is inside the interval). An auto row
-without alternatives (not paired, or an older results.csv) is judged as before, against
-the other algorithms' own cells by their `busbw_vs_torch` ("separate cells"), which on a
-2-core host run in other phases of it.
+is inside the interval). An auto row without alternatives (not paired, or an older
+results.csv) is judged as before, against the other algorithms' own cells by their
+`busbw_vs_torch` ("separate cells"), which on a 2-core host run in other phases of it.
 The share of cells where auto chose the best (≥ 80%) is one number over the grid, not a
 per-cell bound, so it is a headline figure and a finding, not a `Target`. It is judged
 strictly, as the issue words it. The share of cells where the choice is the best or tied
@@ -106,9 +105,10 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
             choice = row.get("auto_choice")
             out["best_algorithm"][i], out["best_basis"][i] = best, basis
             out["auto_vs_best"][i] = own / speeds[best]
-            out["choice_vs_best"][i] = speeds.get(choice, math.nan) / speeds[best]
+            chosen = speeds.get(choice, math.nan)
+            out["choice_vs_best"][i] = chosen / speeds[best]
             if basis != "separate cells":  # the choice's side ran beside auto: same code
-                out["auto_vs_choice"][i] = own / speeds.get(choice, math.nan)
+                out["auto_vs_choice"][i] = own / chosen
             out["auto_chose_best"][i] = float(choice == best)
             if rounds is not None:
                 out["auto_chose_tied"][i] = float(choice == best or _tied(rounds, choice, best))
