@@ -1,16 +1,20 @@
-"""`activation_bytes_per_layer` against Korthikanti et al. 2022 Table 2 by hand.
+"""The activation model: `activation_bytes_per_layer` against Korthikanti et al. 2022
+Table 2 by hand, and `activation_bytes` against what autograd saves.
 
 A failure means a row of the paper's table (no parallelism, TP, TP + SP, selective and
 full recomputation), its generalisation to a SwiGLU MLP or grouped-query attention, the
-Ulysses split, the dtype scaling or a refusal changed.
+Ulysses split, the dtype scaling or a refusal changed, or that the implementation's exact
+count disagrees with the tensors autograd keeps for backward.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from impls.costmodel.activations import activation_bytes_per_layer
+from impls.costmodel.activations import activation_bytes, activation_bytes_per_layer
 from impls.costmodel.compute import TransformerSpec
+from impls.models import GPT, MLP, GPTConfig, MLPConfig
 
 # s = 8, h = 16, a = 4, b = 2: sbh = 256, as²b = 512
 SMALL = TransformerSpec(n_layers=2, d_model=16, n_heads=4, vocab_size=32, seq_len=8)
@@ -79,3 +83,67 @@ def test_refusals_name_the_key(kwargs, message):
 def test_microbatch_must_be_positive():
     with pytest.raises(ValueError, match="microbatch"):
         activation_bytes_per_layer(SMALL, 0)
+
+
+def _saved_bytes(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    """What autograd saves for backward in forward + loss, as a saved_tensors_hooks count:
+    each storage once, the parameters, inputs and targets left out."""
+    held = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    held |= {inputs.untyped_storage().data_ptr(), targets.untyped_storage().data_ptr()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in held:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        type(model).loss(model(inputs), targets)
+    return sum(seen.values())
+
+
+GPT_CASES = [
+    (GPTConfig(), 2, None),
+    (GPTConfig(d_model=32, n_heads=2, n_layers=2, seq_len=16, vocab_size=64), 3, 16),
+    (GPTConfig(d_model=24, n_heads=3, n_layers=3, seq_len=32, vocab_size=40, d_ff=40,
+               bias=False, tie_embeddings=True), 1, 20),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("cfg, batch, seq_len", GPT_CASES)
+def test_gpt_activation_model_matches_autograd(cfg, batch, seq_len) -> None:
+    s = seq_len or cfg.seq_len
+    g = torch.Generator().manual_seed(0)
+    inputs = torch.randint(0, cfg.vocab_size, (batch, s), generator=g)
+    targets = torch.randint(0, cfg.vocab_size, (batch, s), generator=g)
+    measured = _saved_bytes(GPT(cfg), inputs, targets)
+    predicted = activation_bytes(cfg, batch, seq_len=seq_len)
+    # The model leaves out one 4-byte fp32 scalar the loss saves (nll_loss's total weight);
+    # every term that grows with the model or the batch must match to the byte.
+    torch.testing.assert_close(predicted, measured, rtol=0, atol=4)
+
+
+@pytest.mark.parametrize(
+    "cfg", [MLPConfig(), MLPConfig(n_layers=1), MLPConfig(in_dim=5, hidden_dim=7, n_layers=3)]
+)
+def test_mlp_activation_model_matches_autograd(cfg) -> None:
+    g = torch.Generator().manual_seed(0)
+    inputs, targets = torch.randn(6, cfg.in_dim, generator=g), torch.randn(6, cfg.out_dim)
+    measured = _saved_bytes(MLP(cfg), inputs, targets)
+    # Exact: the ReLU outputs and the output are all the MLP and its MSE loss keep.
+    torch.testing.assert_close(activation_bytes(cfg, 6), measured, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "call, needles",
+    [
+        (lambda: activation_bytes(GPTConfig(), 0), ["micro_batch=0"]),
+        (lambda: activation_bytes("gpt", 1), ["model=str", "GPTConfig, MLPConfig"]),
+    ],
+)
+def test_activation_bytes_refusals_name_the_key(call, needles) -> None:
+    with pytest.raises(ValueError) as error:
+        call()
+    for needle in needles:
+        assert needle in str(error.value)
