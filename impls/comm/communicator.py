@@ -149,7 +149,9 @@ class Round:
     def __init__(self, comm: Communicator) -> None:
         self._comm = comm
         self._queued: list[dist.P2POp] = []
-        self._works: list[dist.Work | None] = []
+        self._works: list[dist.Work | None] = []  # None once waited on
+        self._sends: list[bool] = []  # per operation, in posting order: a send?
+        self._tensors: list[torch.Tensor] = []  # per operation: its buffer
         self._ops = 0
         self._sent = self._recv = 0  # this round's bytes, for the simulated network
         self._done = False
@@ -173,6 +175,8 @@ class Round:
             raise ValueError("point-to-point buffers must be contiguous")
         comm, self._ops = self._comm, self._ops + 1
         peer = comm.global_rank(peer)
+        self._sends.append(fn is dist.isend)
+        self._tensors.append(tensor)
         if comm.deferred_posting:
             self._queued.append(dist.P2POp(fn, tensor, peer, comm.group, tag))
         else:
@@ -184,12 +188,18 @@ class Round:
             self._works.extend(dist.batch_isend_irecv(self._queued))
             self._queued = []
 
-    def wait(self) -> None:
-        """Block until every operation of the round completed; counts the round."""
+    def wait(self, *, sends: bool = True, receives: bool = True) -> None:
+        """Block until every operation of the round completed; counts the round.
+
+        `sends=False` / `receives=False` leave those operations in flight: the round is
+        counted (and held for the simulated link) now, a receive's buffer is read only
+        after `wait_received(buffer)`, a send's buffer stays unchanged until a later
+        `wait()`. A pipeline rank so goes on computing while its messages move (gloo moves
+        a message only once both ends have posted it, and a round waited on as a whole
+        makes a rank wait for the slower of its messages, even one its next compute does
+        not need)."""
         self.post()
-        for work in self._works:
-            if work is not None:
-                work.wait()
+        self._block([i for i, send in enumerate(self._sends) if (sends if send else receives)])
         if self._ops and not self._done:
             self._comm.counters.rounds += 1
             network = self._comm.network
@@ -199,6 +209,23 @@ class Round:
                     time.sleep(delay)
                 self._comm.simulated_s += delay
         self._done = True
+
+    def wait_received(self, buffer: torch.Tensor) -> None:
+        """Block until the receive into `buffer`, posted on this round, completed."""
+        self.post()
+        mine = [i for i, t in enumerate(self._tensors) if t is buffer and not self._sends[i]]
+        if not mine:
+            raise ValueError("no receive into this buffer was posted on this round")
+        self._block(mine)
+
+    def _block(self, indices: list[int]) -> None:
+        """Wait for the operations at `indices`, each once (a second wait on a completed
+        gloo receive never returns)."""
+        for i in indices:
+            work = self._works[i]
+            if work is not None:
+                work.wait()
+                self._works[i] = None
 
     def __enter__(self) -> Round:
         return self

@@ -3,9 +3,14 @@
 One executor for every schedule, as torch.distributed.pipelining does it: the schedule is
 data (a `Plan`), `insert_communication` adds its transfers, and the executor walks this
 rank's list. A compute action runs the stage; consecutive `SEND_*`/`RECV_*` actions form
-one round, posted together and waited on together — exactly the semantics under which the
-dry run (`impls.pipeline.validate`) proved the plan free of deadlock, gloo's rendezvous
-sends included.
+one round. Its sends are posted there and stay in flight until the end of the step; its
+receives are posted a round earlier (so they are in place while this rank computes in
+between: gloo moves a message only once both ends have posted it), and each is waited for
+just before the compute that reads it. So a rank never waits for a message its next
+compute does not need, nor for its receiver to take a send. The dry run
+(`impls.pipeline.validate`) proves the plan free of deadlock with each round posted and
+waited on together, rendezvous sends included; here every message is posted no later and
+every wait comes no earlier, so none can deadlock either.
 
 Per action (stage s, micro-batch m):
 
@@ -48,7 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from impls.collectives import barrier
-from impls.comm import Communicator
+from impls.comm import Communicator, Round
 from impls.memory import SavedStorages, storage_key
 from impls.pipeline.actions import Action, Plan
 from impls.pipeline.dataflow import StageRanks, message_peer, rank_of
@@ -71,6 +76,9 @@ class _Held:
     slot: WeightGradSlot  # the linear layers' weight GEMMs, deferred by I until W
 
 
+_Receives = tuple[Round, list[tuple[Action, Tensor]]]  # a round and its receive buffers
+
+
 @dataclass
 class _StepState:
     batch: list[Tensor] | None  # micro-batch inputs of stage 0
@@ -86,6 +94,9 @@ class _StepState:
     held_bytes: int = 0
     peak_bytes: int = 0
     max_inflight: int = 0
+    posted: dict[int, _Receives] = field(default_factory=dict)  # round segment -> receives
+    arriving: dict[int, tuple[Round, Action]] = field(default_factory=dict)  # by id(buffer)
+    sending: list[tuple[Round, list[Tensor]]] = field(default_factory=list)  # in flight
 
 
 class PipelineExecutor:
@@ -147,6 +158,8 @@ class PipelineExecutor:
         if self._splits:
             reroute_linears(*stage_modules.values())  # at once: a weight two stages share
         self._segments = segments(self.actions)
+        rounds = [i for i, seg in enumerate(self._segments) if not isinstance(seg, Action)]
+        self._next_round = dict(zip(rounds, rounds[1:], strict=False))
         self._params = {
             s: [p for p in m.parameters() if p.requires_grad] for s, m in stage_modules.items()
         }
@@ -188,13 +201,16 @@ class PipelineExecutor:
         given = {storage_key(t) for t in (inputs, targets) if t is not None}
         with self.comm.measure() as traffic:
             state = _StepState(batch, targets_mb, compute_guard or nullcontext, given)
-            for segment in self._segments:
+            for i, segment in enumerate(self._segments):
                 if isinstance(segment, Action):
                     self._compute(state, segment)
                 else:
-                    self._round(state, segment)
+                    self._round(state, i)
+            for rnd, _buffers in state.sending:  # the step ends when its messages are out
+                rnd.wait()
             step_time = state.timer.elapsed()
         leftover = list(state.held) + list(state.outbox) + list(state.ready_grads)
+        leftover += [action for _, action in state.arriving.values()]
         if leftover:
             raise PlanError(f"rank {self.rank} ended the step still holding {leftover[:4]}")
         loss = float(torch.stack(state.losses).sum()) if state.losses else None
@@ -224,6 +240,7 @@ class PipelineExecutor:
         return list(batch.tensor_split(self.microbatches))
 
     def _compute(self, state: _StepState, action: Action) -> None:
+        self._await_input(state, action)
         with state.guard():
             with state.timer.compute(action):
                 if action.kind == "F":
@@ -293,24 +310,52 @@ class PipelineExecutor:
             del state.held[key]
             state.held_bytes -= held.saved_bytes
 
-    def _round(self, state: _StepState, actions: tuple[Action, ...]) -> None:
-        """Post every send and receive of the round, then wait for all of them."""
-        with state.timer.round(actions):
-            rnd = self.comm.round()
-            arriving: list[tuple[Action, Tensor]] = []
-            for action in actions:
+    def _await_input(self, state: _StepState, action: Action) -> None:
+        """Wait for the received tensor `action` reads (an F's input, a B's or I's output
+        gradient), if it is still arriving; outside the action's timing."""
+        key = (action.stage, action.microbatch)
+        ready = {"F": state.ready_inputs, "B": state.ready_grads, "I": state.ready_grads}
+        tensor = ready[action.kind].get(key) if action.kind in ready else None
+        if tensor is not None and id(tensor) in state.arriving:
+            rnd, receive = state.arriving.pop(id(tensor))
+            rnd.wait_received(tensor)
+            state.timer.received(receive)
+
+    def _receives(self, i: int) -> _Receives:
+        """A round for segment i with its receives posted, each into a new buffer."""
+        rnd = self.comm.round()
+        buffers: list[tuple[Action, Tensor]] = []
+        for action in self._segments[i]:
+            if action.kind.startswith("RECV"):
+                size, dtype = self._shapes[boundary(action)]
+                buffer = torch.empty(size, dtype=dtype, device=self.comm.device)
                 peer = message_peer(action, self.ranks, self.stage_ranks)
-                tag = message_tag(action, self.microbatches)
+                rnd.recv(buffer, peer, message_tag(action, self.microbatches))
+                buffers.append((action, buffer))
+        return rnd, buffers
+
+    def _round(self, state: _StepState, i: int) -> None:
+        """Segment i's transfers: post its sends (its receives were posted a round
+        earlier) and the next round's receives; count the round; leave every message in
+        flight (`_await_input` waits for each receive, the step's end for the sends)."""
+        actions = self._segments[i]
+        with state.timer.round(actions):
+            rnd, arriving = state.posted.pop(i, None) or self._receives(i)
+            sent: list[Tensor] = []  # kept alive until their sends complete
+            for action in actions:
                 if action.kind.startswith("SEND"):
-                    rnd.send(state.outbox.pop(action), peer, tag)
-                else:
-                    size, dtype = self._shapes[boundary(action)]
-                    buffer = torch.empty(size, dtype=dtype, device=self.comm.device)
-                    rnd.recv(buffer, peer, tag)
-                    arriving.append((action, buffer))
-            rnd.wait()
+                    sent.append(state.outbox.pop(action))
+                    peer = message_peer(action, self.ranks, self.stage_ranks)
+                    rnd.send(sent[-1], peer, message_tag(action, self.microbatches))
+            following = self._next_round.get(i)
+            if following is not None:
+                state.posted[following] = self._receives(following)
+            rnd.wait(sends=False, receives=False)
+            if sent:
+                state.sending.append((rnd, sent))
             for action, buffer in arriving:
                 key = (action.stage, action.microbatch)
+                state.arriving[id(buffer)] = (rnd, action)
                 if action.kind == "RECV_F":
                     state.ready_inputs[key] = buffer.requires_grad_()
                 else:

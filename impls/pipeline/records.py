@@ -4,8 +4,9 @@ one origin, and the step's `StepResult`.
 The origin is the step's start after the opening barrier, so the records of every rank
 share one clock (`impls.pipeline.trace` draws them on one timeline and replays them).
 A compute action's `cpu_s` is the thread's CPU time, which a descheduled rank does not
-accrue; a transfer's is the wall time of its whole round, since its actions are posted
-together and waited on together and no share of the wait belongs to one of them.
+accrue; a transfer's is its wall time: a send's, its round's (posting it, and any wait the
+round made); a receive's, from its round's start until its data was waited for, just
+before the compute that reads it (`ActionTimer.received`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class ActionRecord:
     kind: str  # F B I W SEND_F RECV_F SEND_B RECV_B
     start_s: float  # time.perf_counter() since the post-barrier start of the step
     end_s: float
-    cpu_s: float  # compute: thread CPU time; transfer: wall time of its whole round
+    cpu_s: float  # compute: thread CPU time; transfer: its wall time (end − start)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class ActionTimer:
     def __init__(self) -> None:
         self.origin = time.perf_counter()
         self.records: list[ActionRecord] = []
+        self._index: dict[str, int] = {}  # action -> its record
 
     def elapsed(self) -> float:
         """Wall seconds since the origin."""
@@ -72,7 +74,15 @@ class ActionTimer:
         for action in actions:
             self._add(action, start, end, end - start)
 
+    def received(self, action: Action) -> None:
+        """End the record of receive `action` (timed with its round) now, when its data
+        has been waited for."""
+        record = self.records[self._index[str(action)]]
+        record.end_s = max(record.end_s, time.perf_counter() - self.origin)
+        record.cpu_s = record.end_s - record.start_s
+
     def _add(self, action: Action, start: float, end: float, cpu: float) -> None:
+        self._index[str(action)] = len(self.records)
         self.records.append(
             ActionRecord(str(action), action.kind, start - self.origin, end - self.origin, cpu)
         )

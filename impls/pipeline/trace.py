@@ -11,10 +11,10 @@ The design reports utilization twice, and the two must never be confused:
   rank computes on one thread (`torch.get_num_threads() == 1`), as distbench's CPU ranks
   do on a shared host.
 
-A transfer's cost is read off both ends of the message: the sender's and the receiver's
-rounds overlap from the moment the later of the two was posted until the earlier one
-finished, and that overlap is the message's own time — the rest of either round is
-waiting for the peer, which is bubble, not transfer. Times share an origin across ranks
+A transfer's cost is read off both ends of the message: from the moment the later of the
+two ends was posted until the receiver had the data (a send's round ends when it has
+handed the message over, which says nothing of its delivery); the rest of the receive's
+span is waiting for the peer, which is bubble, not transfer. Times share an origin across ranks
 only up to the skew of the barrier that opened the step.
 """
 
@@ -93,8 +93,8 @@ def utilization_wall(records_by_rank: Records) -> float:
 def transfer_costs(records_by_rank: Records) -> dict[Action, float]:
     """Each transfer's measured seconds, keyed by its send action (`0SEND_F3`).
 
-    The overlap of the two ends' rounds: min(ends) − max(starts), floored at 0 (the
-    barrier's clock skew can push a short overlap below zero).
+    The receive's end − max(starts), floored at 0 (the barrier's clock skew can push a
+    short one below zero).
     """
     spans: dict[Action, tuple[float, float]] = {}
     for rank_records in records_by_rank.values():
@@ -102,13 +102,13 @@ def transfer_costs(records_by_rank: Records) -> dict[Action, float]:
             if record.kind not in COMPUTE_KINDS:
                 spans[Action.parse(record.action)] = (record.start_s, record.end_s)
     costs: dict[Action, float] = {}
-    for action, (start, end) in spans.items():
+    for action, (start, _end) in spans.items():
         if not action.kind.startswith("SEND"):
             continue
         other = spans.get(partner(action))
         if other is None:
             raise ValueError(f"{action} was recorded but its partner {partner(action)} was not")
-        costs[action] = max(0.0, min(end, other[1]) - max(start, other[0]))
+        costs[action] = max(0.0, other[1] - max(start, other[0]))
     return costs
 
 

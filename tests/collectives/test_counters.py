@@ -121,3 +121,39 @@ def test_each_collective_is_counted_once_whatever_it_runs_inside(ranks8):
     # all-reduce is one call, not its reduce-scatter and all-gather phases.
     for got in ranks8.run(count_calls, 4)[:4]:
         assert got == {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "barrier": 1}
+
+
+def round_in_flight() -> dict | None:
+    """Two ranks swap a tensor on one round left in flight, then wait for its parts."""
+    comm = prefix_communicator(2)
+    if comm is None:
+        return None
+    peer = 1 - comm.rank
+    mine, theirs = torch.full((4,), float(comm.rank)), torch.empty(4)
+    with comm.measure() as traffic:
+        rnd = comm.round()
+        rnd.send(mine, peer)
+        rnd.recv(theirs, peer)
+        rnd.wait(sends=False, receives=False)  # counts the round, waits for nothing
+        rnd.wait_received(theirs)
+        got = theirs.tolist()
+        try:
+            rnd.wait_received(mine)  # a send's buffer, not a receive's
+            refused = False
+        except ValueError:
+            refused = True
+        rnd.wait()  # the send; the receive already waited for is not waited for again
+    return {"got": got, "refused": refused, "traffic": traffic.as_dict()}
+
+
+def test_a_round_left_in_flight_counts_once_and_waits_for_each_part_once(ranks8) -> None:
+    """What a pipeline rank does with its messages (`impls.pipeline.executor`): count the
+    round when it is posted, wait for a receive when its data is needed, for the sends at
+    the step's end. A second wait on a completed gloo receive would never return."""
+    outs = [out for out in ranks8.run(round_in_flight) if out is not None]
+    assert len(outs) == 2
+    for rank, out in enumerate(outs):
+        assert out["got"] == [float(1 - rank)] * 4
+        assert out["refused"]
+        assert out["traffic"]["rounds"] == 1
+        assert out["traffic"]["messages_sent"] == out["traffic"]["messages_recv"] == 1

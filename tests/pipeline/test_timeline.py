@@ -56,7 +56,7 @@ def test_wall_utilization_counts_compute_only() -> None:
     assert utilization_wall(_naive_two_ranks()) == pytest.approx(6.4 / 14.0)
 
 
-def test_transfer_cost_is_the_overlap_of_both_ends() -> None:
+def test_transfer_cost_runs_from_both_ends_posted_to_the_data_received() -> None:
     costs = {str(a): c for a, c in transfer_costs(_naive_two_ranks()).items()}
     # 0SEND_F0 [1.0, 1.5] vs 1RECV_F0 [0.0, 1.5]; 1SEND_B0 [4.5, 4.7] vs 0RECV_B0 [1.5, 4.6].
     assert costs == {"0SEND_F0": pytest.approx(0.5), "1SEND_B0": pytest.approx(0.1)}

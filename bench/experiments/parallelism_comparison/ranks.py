@@ -28,9 +28,8 @@ Narayanan et al. 2021, arXiv 2104.04473). On each rank a cell:
    between two ranks while the others wait (`bench.kit.host.probe_pairs`).
 
 Rounds are timed by giving the mesh's three communicators (the instances this cell built,
-nothing global) a `round_type` that clocks each round from its creation to the end of its
-wait: every collective and transfer in `impls` posts its messages through
-`Communicator.round`.
+nothing global) a `round_type` that clocks each round's posting and each of its waits:
+every collective and transfer in `impls` posts its messages through `Communicator.round`.
 """
 
 from __future__ import annotations
@@ -102,9 +101,10 @@ class _Turns:
 
 
 class _RoundClock:
-    """Wall and thread-CPU seconds this rank spends in rounds of `comms`, each round from
-    its creation (posting its messages) to the end of its wait; while `turns` is set, the
-    host's compute lock is handed back for the duration of each wait."""
+    """Wall and thread-CPU seconds this rank spends in rounds of `comms`: posting their
+    messages and waiting for them, each period clocked on its own (a pipeline posts a
+    round's receives a round ahead and waits for each just before the compute that reads
+    it); while `turns` is set, the host's compute lock is handed back for each wait."""
 
     def __init__(self, comms: list[Communicator]) -> None:
         self.wall_s = 0.0
@@ -113,24 +113,37 @@ class _RoundClock:
         for comm in comms:
             comm.round_type = partial(_ClockedRound, clock=self)  # this instance only
 
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            self.wall_s += time.perf_counter() - wall
+            self.cpu_s += time.thread_time() - cpu
+
 
 class _ClockedRound(Round):
     def __init__(self, comm: Communicator, clock: _RoundClock) -> None:
         super().__init__(comm)
         self._clock = clock
-        self._start = (time.perf_counter(), time.thread_time())
 
-    def wait(self) -> None:
-        turns = self._clock.turns
-        if turns is not None:
-            turns.give()
-        try:
-            super().wait()
-        finally:
+    def _add(self, fn, tensor: torch.Tensor, peer: int, tag: int) -> None:
+        with self._clock.timed():
+            super()._add(fn, tensor, peer, tag)
+
+    def _block(self, indices: list[int]) -> None:
+        if not indices:  # nothing to wait for: keep the compute lock
+            return
+        with self._clock.timed():
+            turns = self._clock.turns
             if turns is not None:
-                turns.take()
-            self._clock.wall_s += time.perf_counter() - self._start[0]
-            self._clock.cpu_s += time.thread_time() - self._start[1]
+                turns.give()
+            try:
+                super()._block(indices)
+            finally:
+                if turns is not None:
+                    turns.take()
 
 
 def _adamw(lr: float) -> Callable[[list], torch.optim.Optimizer]:
