@@ -151,7 +151,7 @@ class Round:
         self._queued: list[dist.P2POp] = []
         self._works: list[dist.Work | None] = []  # None once waited on
         self._sends: list[bool] = []  # per operation, in posting order: a send?
-        self._tensors: list[torch.Tensor] = []  # per operation: its buffer
+        self._tensors: list[torch.Tensor | None] = []  # per operation: its buffer, until waited
         self._ops = 0
         self._sent = self._recv = 0  # this round's bytes, for the simulated network
         self._done = False
@@ -220,12 +220,13 @@ class Round:
 
     def _block(self, indices: list[int]) -> None:
         """Wait for the operations at `indices`, each once (a second wait on a completed
-        gloo receive never returns)."""
+        gloo receive never returns); the round holds each buffer until then."""
         for i in indices:
             work = self._works[i]
             if work is not None:
                 work.wait()
                 self._works[i] = None
+            self._tensors[i] = None
 
     def __enter__(self) -> Round:
         return self

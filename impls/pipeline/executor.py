@@ -96,7 +96,7 @@ class _StepState:
     max_inflight: int = 0
     posted: dict[int, _Receives] = field(default_factory=dict)  # round segment -> receives
     arriving: dict[int, tuple[Round, Action]] = field(default_factory=dict)  # by id(buffer)
-    sending: list[tuple[Round, list[Tensor]]] = field(default_factory=list)  # in flight
+    sending: list[Round] = field(default_factory=list)  # rounds whose sends are in flight
 
 
 class PipelineExecutor:
@@ -206,7 +206,7 @@ class PipelineExecutor:
                     self._compute(state, segment)
                 else:
                     self._round(state, i)
-            for rnd, _buffers in state.sending:  # the step ends when its messages are out
+            for rnd in state.sending:  # the step ends when its messages are out
                 rnd.wait()
             step_time = state.timer.elapsed()
         leftover = list(state.held) + list(state.outbox) + list(state.ready_grads)
@@ -341,18 +341,16 @@ class PipelineExecutor:
         actions = self._segments[i]
         with state.timer.round(actions):
             rnd, arriving = state.posted.pop(i, None) or self._receives(i)
-            sent: list[Tensor] = []  # kept alive until their sends complete
-            for action in actions:
-                if action.kind.startswith("SEND"):
-                    sent.append(state.outbox.pop(action))
-                    peer = message_peer(action, self.ranks, self.stage_ranks)
-                    rnd.send(sent[-1], peer, message_tag(action, self.microbatches))
+            sends = [action for action in actions if action.kind.startswith("SEND")]
+            for action in sends:  # the round holds each tensor until its send completes
+                peer = message_peer(action, self.ranks, self.stage_ranks)
+                rnd.send(state.outbox.pop(action), peer, message_tag(action, self.microbatches))
             following = self._next_round.get(i)
             if following is not None:
                 state.posted[following] = self._receives(following)
             rnd.wait(sends=False, receives=False)
-            if sent:
-                state.sending.append((rnd, sent))
+            if sends:
+                state.sending.append(rnd)
             for action, buffer in arriving:
                 key = (action.stage, action.microbatch)
                 state.arriving[id(buffer)] = (rnd, action)

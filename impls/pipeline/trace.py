@@ -14,8 +14,8 @@ The design reports utilization twice, and the two must never be confused:
 A transfer's cost is read off both ends of the message: from the moment the later of the
 two ends was posted until the receiver had the data (a send's round ends when it has
 handed the message over, which says nothing of its delivery); the rest of the receive's
-span is waiting for the peer, which is bubble, not transfer. Times share an origin across ranks
-only up to the skew of the barrier that opened the step.
+span is waiting for the peer, which is bubble, not transfer. Times share an origin across
+ranks only up to the skew of the barrier that opened the step.
 """
 
 from __future__ import annotations
