@@ -277,6 +277,8 @@ BUILD_CASES = {
         (["reports_root=/nonexistent/reports"], ["reports_root", "results.csv does not exist"]),
         (["timeout_s=nan"], ["timeout_s=nan"]),
         (["reference_window_s=-1"], ["reference_window_s=-1"]),
+        (["meeting_segment_s=0"], ["meeting_segment_s=0"]),
+        (["meeting_rounds=0"], ["meeting_rounds=[0]"]),
     ],
     "parallelism_comparison": [
         (["world_sizes=[4]", "layouts=[{dp:4},{dp:4}]"], ["layouts", "repeats"]),

@@ -218,10 +218,20 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
     def fake_rounds(count, window_s):  # fastest 0.7 m; the jitter of one window of three
         return {key: [1.3 * m, 0.7 * m, m] for key, m in median.items()}, [0.7, 1.0, 1.3]
 
+    probed = []
+
+    def fake_meeting(ranks_, segment_s, rounds_, timeout_s):
+        probed.append((ranks_, segment_s, rounds_))
+        return {"after_compute_s": 2e-3, "world_size": ranks_}
+
     monkeypatch.setattr(rounds, "reference_rounds", fake_rounds)
+    monkeypatch.setattr(calibration, "measure_meeting", fake_meeting)
+    monkeypatch.setattr(calibration.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(calibration, "_CALIBRATIONS", {})
-    cfg = SimpleNamespace(gemm_sizes=[8, 16], copy_mib=1, repeats=1, reference_window_s=0.0)
+    cfg = SimpleNamespace(gemm_sizes=[8, 16], copy_mib=1, repeats=1, reference_window_s=0.0,
+                          meeting_segment_s=1e-3, meeting_rounds=2, timeout_s=60.0)  # fmt: skip
     cal = calibration.calibrate(cfg, 1)
+    assert probed == [(2, 1e-3, 2)] and cal["meeting"]["after_compute_s"] == 2e-3
     assert cal["host_probe_s"] == 2e-2  # the probe's median over the rounds
     assert cal["step_jitter"] == (0.7, 1.0, 1.3)
     # each runtime's cost per action: its median excess over the plain step, ÷ its F and B
@@ -544,3 +554,62 @@ def test_a_runtime_cost_floored_at_zero_says_so_in_the_table():
     table = _runtimes(ctx, ok)
     assert "0 (median excess ≤ 0: under the noise)" in table and "230 µs" in table
     assert ctx.headline["runtimes"]["executor"]["per_action_s"] == 0.0
+
+
+def test_collective_meeting_is_the_probe_call_less_the_links_price_of_it():
+    """The probe's ring all-reduce of 4 bytes after compute, less what the row's link
+    charges for it (2(N − 1) rounds of α, 2(N − 1)/N · 4 bytes of β), at least 0; nothing
+    on a rank count the probe did not run on, or without a probe."""
+    cal = {"meeting": {"after_compute_s": 3e-3, "world_size": 2}}
+    alpha, beta = LINK
+    assert calibration.collective_meeting(cal, 2, LINK) == pytest.approx(
+        3e-3 - (2 * alpha + 4 * beta))  # fmt: skip
+    assert calibration.collective_meeting(cal, 2, (2e-3, beta)) == 0.0  # a link dearer than it
+    assert calibration.collective_meeting(cal, 4, LINK) == 0.0
+    assert calibration.collective_meeting({}, 2, LINK) == 0.0
+
+
+def test_a_wall_clock_zero_row_on_two_ranks_pays_each_meeting(monkeypatch):
+    """A ZeRO-3 row of 2 ranks on 2 cores, on the wall clock: each unit meets at its forward
+    and its backward gather, each meeting priced at the probe's excess over the link. The
+    same row replayed, or one rank, or more ranks than cores, pays none."""
+    cal = {**RUN_CAL, "meeting": {"after_compute_s": 5e-3, "call_s": 1e-4,
+                                  "segment_s": 4e-3, "world_size": 2}}  # fmt: skip
+    monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: cal)
+    monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
+    units = MODEL["n_layers"] + 1
+    truth = {**_truth(2, zero_stage=3), "dp_collectives": units}
+    row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
+    meet = calibration.collective_meeting(cal, 2, LINK)
+    assert row["collective_meeting_s"] == pytest.approx(meet) and meet > 0
+    assert row["cal_meeting_after_compute_s"] == 5e-3 and row["cal_meeting_world_size"] == 2
+    monkeypatch.setattr(calibration, "collective_meeting", lambda *args: 0.0)
+    without = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
+    assert row["predicted_dp_s"] - without["predicted_dp_s"] == pytest.approx(2 * units * meet)
+    monkeypatch.setattr(calibration, "collective_meeting", lambda *args: 1.0)
+    crowded = "wall clock, 4 ranks on 2 cores (modelled core sharing)"
+    for other in ({**truth, "ground_truth": "replayed"},
+                  {**truth, "ranks": 4, "dp": 4, "ground_truth": crowded}):  # fmt: skip
+        row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=other))
+        assert row["collective_meeting_s"] == 0.0
+
+
+def test_the_meetings_table_counts_the_rows_that_pay_and_names_the_probe():
+    """Only rows with collectives pay a meeting (a pipeline row on the same link has none);
+    the text gives the probe's segment, the call after it and the call back to back."""
+    from bench.experiments.planner_validation.report_calibration import _meetings
+
+    probe = {"cal_meeting_after_compute_s": 2e-3, "cal_meeting_call_s": 1e-4,
+             "cal_meeting_segment_s": 4e-3, "cal_meeting_world_size": 2}  # fmt: skip
+    ok = pd.DataFrame({"link_source": ["ring, N=2"] * 3 + ["probe"],
+                       "collective_meeting_s": [1.5e-3, 1.5e-3, 1.5e-3, 0.0],
+                       "predicted_dp_s": [0.01, 0.0, 0.02, 0.0],
+                       **{k: [v] * 4 for k, v in probe.items()}})  # fmt: skip
+    ctx = SimpleNamespace(headline={})
+    text = _meetings(ctx, ok)
+    assert "took 4 ms" in text and "added 2 ms" in text and "took 100 µs" in text
+    assert "| ring, N=2 | 1.5 ms" in text.replace("  ", " ").replace("  ", " ")
+    assert ctx.headline["meetings"]["rows"] == 2
+    assert ctx.headline["meetings"]["per_link"] == {"ring, N=2": 1.5e-3}
+    unprobed = ok.assign(cal_meeting_after_compute_s=float("nan"))
+    assert "not probed" in _meetings(SimpleNamespace(headline={}), unprobed)

@@ -83,6 +83,13 @@ class Hardware:
     kernels: its bookkeeping, the saved-activation accounting, autograd's entry. It adds
     to the step where the host waits for each action (a CPU); 0 where the host runs ahead
     of asynchronous kernels (the GPU presets)."""
+    collective_meeting_s: float = 0.0
+    """Seconds a blocking collective costs beyond its α–β where the ranks computed before
+    it (`comm_overlap` False): the ranks meet there, the first to arrive waits for the
+    others, and a rank that waited long enough to leave its core idle wakes slowly. Paid
+    once per meeting: calls issued back to back meet once. Measured on this repo's host
+    (`bench.kit.meeting`); 0 on the GPU presets, whose collectives run beside
+    compute."""
     comm_overlap: bool = True
     """Whether data-parallel collectives run beside compute (a GPU's communication
     stream, NCCL) and hide under the backward; False: each collective blocks the thread
@@ -113,7 +120,7 @@ class Hardware:
                              "points")  # fmt: skip
         if list(points) != sorted(points):
             raise ValueError(f"{owner}.gemm_efficiency: points must be sorted by FLOPs")
-        for key in ("kernel_overhead_s", "action_overhead_s"):
+        for key in ("kernel_overhead_s", "action_overhead_s", "collective_meeting_s"):
             value = getattr(self, key)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{owner}.{key}={value!r}: must be a finite number ≥ 0")

@@ -19,7 +19,14 @@ When each happens (assumptions, stated):
 A collective of t seconds under a window of w seconds of compute exposes
 min(t, max(0, t − w) + t_bucket): the last bucket (25 MB, DDP's `bucket_cap_mb` default)
 cannot start before the compute that fills it ends. On hardware whose collectives block
-the computing thread (`Hardware.comm_overlap` False) nothing hides: the whole t is exposed.
+the computing thread (`Hardware.comm_overlap` False) nothing hides: the whole t is exposed,
+and each meeting of the ranks after compute adds `Hardware.collective_meeting_s` (the first
+rank to arrive waits for the last; calls issued back to back meet once). Meetings, as
+`impls.zero` issues its calls: ZeRO-3 one per unit at its forward gather and one per unit
+at its backward gather (the unit's reduce-scatter follows the backward it reduces, back to
+back with the next unit's gather); ZeRO-2 one per unit at its reduce-scatter; at the end of
+the step one for the gradient reduction (ZeRO-0/1) and one for ZeRO-1/2's gathers after
+the optimizer.
 
 `collectives` splits a stage's volume into that many calls of each kind (ZeRO / FSDP
 units, one gather or reduce-scatter each, as `impls.zero` issues them): every call pays
@@ -48,16 +55,16 @@ def dp_group(plan: ParallelPlan) -> tuple[int, int]:
 
 
 def exposed(kind: str, nbytes: float, plan: ParallelPlan, hw: Hardware, window: float,
-            collectives: int = 1) -> float:  # fmt: skip
+            collectives: int = 1, meetings: int = 1) -> float:  # fmt: skip
     """Seconds of a bucketed collective left over after `window` seconds of compute, the
-    volume sent as `collectives` calls of equal size."""
+    volume sent as `collectives` calls of equal size, `meetings` of them after compute."""
     size, stride = dp_group(plan)
     if size == 1 or nbytes <= 0:
         return 0.0
     each = nbytes / collectives
     total = collectives * collective_seconds(kind, each, size, hw, stride=stride)
     if not hw.comm_overlap:
-        return total
+        return total + meetings * hw.collective_meeting_s
     bucket = collective_seconds(kind, min(BUCKET_BYTES, each), size, hw, stride=stride)
     return min(total, max(0.0, total - window) + bucket)
 
@@ -86,14 +93,15 @@ def per_action(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: fl
         return StageDataParallel()
     backward = input_s + weight_s
     reduce_window = weight_s if split else backward
-    scatter = exposed("reduce_scatter", params * grad_bytes, plan, hw, reduce_window, collectives)
+    gather, grads = params * weight_bytes, params * grad_bytes
     if plan.zero_stage == 2:
-        return StageDataParallel(weight=scatter)
-    gather = params * weight_bytes
+        return StageDataParallel(weight=exposed("reduce_scatter", grads, plan, hw, reduce_window,
+                                                collectives, collectives))  # fmt: skip
+    before_backward = input_s if split else backward
     return StageDataParallel(
-        forward=exposed("all_gather", gather, plan, hw, forward_s, collectives),
-        input=exposed("all_gather", gather, plan, hw, input_s if split else backward, collectives),
-        weight=scatter,
+        forward=exposed("all_gather", gather, plan, hw, forward_s, collectives, collectives),
+        input=exposed("all_gather", gather, plan, hw, before_backward, collectives, collectives),
+        weight=exposed("reduce_scatter", grads, plan, hw, reduce_window, collectives, 0),
     )
 
 

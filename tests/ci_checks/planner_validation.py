@@ -176,6 +176,29 @@ def rows_pay_their_runtime_and_stragglers(df: pd.DataFrame, headline: dict) -> N
     assert shown == {n: f for n, f in factors.items() if f > 1}, (shown, factors)
 
 
+def meetings_are_paid_only_on_the_probed_wall_clock(df: pd.DataFrame, headline: dict) -> None:
+    """Where the meeting probe ran, a wall-clock row on as many ranks as it (and no more
+    than the cores) pays the probe's call after compute less its link's price of that call
+    (≥ 0, the same for rows on the same link); every other row pays nothing. On a host of
+    two cores or more every row records the probe: two ranks, its loops' times > 0."""
+    done = ran(df)
+    for _, row in done.iterrows():
+        if int(row["host_cores"]) >= 2:
+            assert row["cal_meeting_world_size"] == 2, row["config"]
+            for key in ("segment_s", "call_s"):
+                assert row[f"cal_meeting_{key}"] > 0, (row["config"], key)
+            assert math.isfinite(row["cal_meeting_after_compute_s"]), row["config"]
+        meet, probed = float(row["collective_meeting_s"]), float(row["cal_meeting_world_size"])
+        n, wall = int(row["ranks"]), row["ground_truth"] == "wall clock"
+        if not (wall and n >= 2 and n == probed):
+            assert meet == 0.0, (row["config"], meet)
+            continue
+        rounds = 2 * (n - 1)
+        price = rounds * row["round_alpha_s"] + rounds / n * 4 * row["link_beta_s_per_byte"]
+        want = max(0.0, float(row["cal_meeting_after_compute_s"]) - price)
+        assert math.isclose(meet, want, rel_tol=1e-9, abs_tol=1e-15), (row["config"], meet, want)
+
+
 CHECKS = (
     errors_are_the_ratios_of_each_row,
     ground_truth_is_labelled_by_the_rule,
@@ -185,4 +208,5 @@ CHECKS = (
     index_shows_errors_as_gaps,
     rows_are_priced_at_their_host_speed,
     rows_pay_their_runtime_and_stragglers,
+    meetings_are_paid_only_on_the_probed_wall_clock,
 )

@@ -71,14 +71,14 @@ def test_host_hardware_shares_the_host():
         host_hardware(ranks=0, **common)
 
 
-@pytest.mark.parametrize("key", ["kernel_overhead_s", "action_overhead_s"])
+@pytest.mark.parametrize("key", ["kernel_overhead_s", "action_overhead_s", "collective_meeting_s"])
 @pytest.mark.parametrize("value", [-1e-6, float("nan"), float("inf"), "1ms"])
 def test_overheads_must_be_finite_and_not_negative(key, value):
     """A per-kernel or per-action overhead that is negative, not finite or not a number is
-    refused naming the field; the GPU presets carry none per action."""
+    refused naming the field; the GPU presets carry none per action or per meeting."""
     from dataclasses import replace
 
     base = hardware("a100_80gb")
-    assert base.action_overhead_s == 0.0
+    assert base.action_overhead_s == 0.0 and base.collective_meeting_s == 0.0
     with pytest.raises(ValueError, match=f"{key}="):
         replace(base, **{key: value})

@@ -102,3 +102,33 @@ def test_simulate_prices_units_and_refuses_a_bad_count():
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="dp_collectives"):
             simulate(TINY, plan, HW, dp_collectives=bad)
+
+
+@pytest.mark.parametrize(
+    ("stage", "forward", "input_", "weight", "end"),
+    [(0, 0, 0, 0, 1), (1, 0, 0, 0, 2), (2, 0, 0, 7, 1), (3, 7, 7, 0, 0)],
+)  # fmt: skip
+def test_each_meeting_after_compute_pays_the_meeting_once(stage, forward, input_, weight, end):
+    """Where collectives block the computing thread, each meeting of the ranks after compute
+    adds `collective_meeting_s` on top of the calls' α–β (counted by hand from the order
+    `impls.zero` issues its 7 units' calls in): ZeRO-3 meets at each unit's forward gather
+    and at its backward gather (its reduce-scatter follows the backward back to back with
+    the next gather); ZeRO-2 at each unit's reduce-scatter; the end of the step once for
+    ZeRO-0's all-reduce, once for ZeRO-1's reduce-scatters and once for ZeRO-1/2's gathers
+    after the optimizer. Overlapping hardware pays none; one rank meets nobody."""
+    k, meet = 7, 3e-3
+    plan = _plan(zero_stage=stage)
+    plain = replace(HW, comm_overlap=False)
+    met = replace(plain, collective_meeting_s=meet)
+    args = (BIG / 2, 2, 2, 1.0, 1.0, 1.0, False, k)
+    base, paid = per_action(plan, plain, *args), per_action(plan, met, *args)
+    assert paid.forward - base.forward == pytest.approx(forward * meet)
+    assert paid.input - base.input == pytest.approx(input_ * meet)
+    assert paid.weight - base.weight == pytest.approx(weight * meet)
+    tail = (BIG / 2, 2, 2, 1.0, 1.0, k)
+    assert end_of_step(plan, met, *tail) - end_of_step(plan, plain, *tail) == pytest.approx(
+        end * meet)  # fmt: skip
+    overlapping = replace(HW, collective_meeting_s=meet)
+    assert per_action(plan, overlapping, *args) == per_action(plan, HW, *args)
+    assert end_of_step(plan, overlapping, *tail) == end_of_step(plan, HW, *tail)
+    assert end_of_step(_plan(zero_stage=stage, dp=1), met, *tail) == 0

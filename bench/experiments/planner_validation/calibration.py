@@ -33,6 +33,12 @@ count a rank runs at).
 - the step-to-step spread: each fp32 b = 1 reference step of those rounds ÷ the median of
   its window (`step_jitter`); the slowest of N ranks that vary as it does is priced at its
   quantile 0.5^(1/N) (`straggler`, for wall-clock rows of N ≥ 2 ranks).
+- the ranks' meeting at a collective after compute (`bench.kit.meeting`, on a fresh pool
+  of two ranks, where the host has two cores or more): a one-element ring all-reduce
+  after `meeting_segment_s` of matmuls, against the matmuls alone. What that call costs
+  beyond a link's price of it (`collective_meeting`) is paid at each meeting of a
+  wall-clock row's collectives on two ranks (`Hardware.collective_meeting_s`): the links
+  are fitted to calls made back to back, where no rank waits for a computing one.
 
 The microbenchmarks give the table its shape and keep their fastest repeat (the least
 disturbed); the reference fit sets its level, and it is fitted twice, once per statistic
@@ -70,17 +76,20 @@ import torch
 
 from bench.experiments.planner_validation import rounds
 from bench.experiments.planner_validation.rounds import PROBE, REFERENCE, REFERENCE_MICRO, RUNTIMES
+from bench.kit.meeting import measure as measure_meeting
 from bench.kit.workloads import reference_step
 
-__all__ = ["REFERENCE", "REFERENCE_MICRO", "RUNTIMES", "STATISTICS", "action_overhead",
-           "calibrate", "fit_for", "fit_reference", "host_hardware", "rank_calibration",
-           "reference_plan", "straggler", "thread_speedup"]  # fmt: skip
+__all__ = ["MEETING_RANKS", "REFERENCE", "REFERENCE_MICRO", "RUNTIMES", "STATISTICS",
+           "action_overhead", "calibrate", "collective_meeting", "fit_for", "fit_reference",
+           "host_hardware", "rank_calibration", "reference_plan", "straggler",
+           "thread_speedup"]  # fmt: skip
 
 _CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
 _RANK_CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
 ROWS = 8  # calibration GEMMs are (8n × n)·(n × n): tall, as tokens × width are
 CHAIN = 50  # tiny ops in the per-kernel overhead probe (each runs forward and backward)
 SPEEDUP_ROUNDS = 3  # alternating one-thread / rank-thread rounds of the speedup probe
+MEETING_RANKS = 2  # the meeting probe's pool: the wall-clock rows of N ≥ 2 ranks ≤ cores
 STATISTICS: dict[str, Callable[[list[float]], float]] = {"median": statistics.median,
                                                          "fastest": min}  # fmt: skip
 """The statistics of a ground-truth row's time, each with a reference fit of its own."""
@@ -98,6 +107,20 @@ def action_overhead(cal: dict[str, Any], runtime: str | None) -> float:
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime={runtime!r}: expected one of {RUNTIMES} or None")
     return cal.get(f"action_overhead_{runtime}_s", 0.0)
+
+
+def collective_meeting(cal: dict[str, Any], ranks: int, link: tuple[float, float]) -> float:
+    """Seconds each meeting of `ranks` ranks at a collective after compute costs beyond
+    what `link` (α per round, β per byte) charges (`Hardware.collective_meeting_s`): the
+    meeting probe's call after compute less that link's price of the same call (a ring
+    all-reduce of 4 bytes: 2(N − 1) rounds), at least 0. 0 where the probe did not run or
+    ran on another rank count."""
+    probe = cal.get("meeting")
+    if not probe or probe["world_size"] != ranks:
+        return 0.0
+    alpha, beta = link
+    rounds_ = 2 * (ranks - 1)
+    return max(0.0, probe["after_compute_s"] - (rounds_ * alpha + rounds_ / ranks * 4 * beta))
 
 
 def straggler(cal: dict[str, Any], ranks: int) -> float:
@@ -151,7 +174,8 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
     """This host's GEMM table, peaks, bandwidth and per-kernel overhead at `threads`, and
     the reference fit per dtype (see the module docstring)."""
     window = cfg.reference_window_s
-    key = (tuple(cfg.gemm_sizes), cfg.copy_mib, cfg.repeats, window, threads)
+    key = (tuple(cfg.gemm_sizes), cfg.copy_mib, cfg.repeats, window, threads,
+           cfg.meeting_segment_s, cfg.meeting_rounds)  # fmt: skip
     if key in _CALIBRATIONS:
         return _CALIBRATIONS[key]
     before = torch.get_num_threads()
@@ -186,6 +210,10 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
         "host_probe_s": statistics.median(reference[PROBE]),
         "step_jitter": tuple(sorted(jitter)),
     }
+    if (os.cpu_count() or 1) >= MEETING_RANKS:  # two ranks, each on a core of its own
+        result["meeting"] = measure_meeting(
+            MEETING_RANKS, cfg.meeting_segment_s, cfg.meeting_rounds, timeout_s=cfg.timeout_s
+        )
     for runtime in RUNTIMES:  # per action: the F and the B of a micro-batch
         excess = statistics.median(reference[(runtime, REFERENCE_MICRO[0])])
         result[f"action_overhead_{runtime}_s"] = max(0.0, excess / 2)
@@ -201,11 +229,12 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
 
 def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 1.0, *,
                   overhead_s: float | None = None, p2p_blocking: bool = False,
-                  action_overhead_s: float = 0.0) -> Any:  # fmt: skip
+                  action_overhead_s: float = 0.0, meeting_s: float = 0.0) -> Any:  # fmt: skip
     """The calibrated host as the simulator's `Hardware`: the microbenchmarks' FLOP/s and
     bandwidth × `rate`, `overhead_s` per kernel (None: the microbenchmark's); with
     `p2p_blocking`, a pipeline send holds its rank (the wall clock: the executor waits out
-    each round on the rank's one thread), else it is a latency (a replay's convention)."""
+    each round on the rank's one thread), else it is a latency (a replay's convention);
+    `meeting_s` per meeting of the ranks at a collective after compute."""
     from impls.costmodel.hardware import Hardware, Link
 
     alpha, beta = link
@@ -227,6 +256,7 @@ def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 
         elementwise_efficiency=1.0,  # the copy's achieved bandwidth is already the rate
         kernel_overhead_s=overhead,
         action_overhead_s=action_overhead_s,
+        collective_meeting_s=meeting_s,
         comm_overlap=False,
         p2p_blocking=p2p_blocking,
         sources={"all": "measured on this host in this run (planner_validation.calibration)"},

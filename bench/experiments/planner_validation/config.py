@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.config import check_choices, check_number, check_positive, check_unique
+from bench.kit.meeting import MEETING_SEGMENT_S
 
 __all__ = ["PROBE_LINK", "SOURCES", "PlannerValidationConfig", "repository_reports"]
 
@@ -47,6 +48,11 @@ class PlannerValidationConfig:
     probe's step and the two runtimes, `rounds.reference_rounds`) steps per round, the
     configurations taking turns for `repeats` rounds (≈ 7 × repeats × this seconds in
     all); 0: one step each per round."""
+    meeting_segment_s: float = MEETING_SEGMENT_S
+    """Seconds of matmuls before each call of the meeting probe (`bench.kit.meeting`):
+    about what a ZeRO rank of `zero_memory` computes between two of its collectives."""
+    meeting_rounds: int = 8
+    """Rounds of the meeting probe (each: its three loops of 20 iterations in turn)."""
     timeout_s: float = 300.0
     """A cell not finished by then is recorded as failed."""
 
@@ -66,6 +72,8 @@ class PlannerValidationConfig:
         check_positive("copy_mib", [self.copy_mib])
         check_positive("repeats", [self.repeats])
         check_number("reference_window_s", self.reference_window_s, inclusive=True)
+        check_number("meeting_segment_s", self.meeting_segment_s)
+        check_positive("meeting_rounds", [self.meeting_rounds])
         check_number("timeout_s", self.timeout_s)
         for name in dict.fromkeys(("parallelism_comparison", *self.sources)):  # link + truth
             if not (self.root() / name / "results.csv").is_file():

@@ -220,6 +220,10 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
     probe, cal_probe = truth.get("host_probe_s", math.nan), cal.get("host_probe_s", math.nan)
     slowdown = host_slowdown(probe, cal_probe)
     action = calibration.action_overhead(cal, truth.get("runtime"))
+    # the ranks' meetings after compute: on the wall clock, each rank on a core of its own
+    meets = wall_clock and 2 <= truth["ranks"] <= truth["host_cores"]
+    meeting = calibration.collective_meeting(cal, truth["ranks"], (alpha, truth["link"][1]))
+    meeting = meeting if meets else 0.0
 
     def predicted(slower: float) -> dict[str, Any]:
         """The row priced on a host `slower` times slower than the calibration's."""
@@ -227,7 +231,8 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
                                        rate / fit["scale"] / slower,
                                        overhead_s=fit["overhead_s"] * stretch * slower,
                                        p2p_blocking=wall_clock,
-                                       action_overhead_s=action * stretch * slower)  # fmt: skip
+                                       action_overhead_s=action * stretch * slower,
+                                       meeting_s=meeting)  # fmt: skip
         adamw = local["adamw_s_per_param"] / min(rate, 1.0)  # a core share stretches it
         return predict(truth, hw, adamw * slower)
 
@@ -260,6 +265,9 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
         "link_alpha_s": truth["link"][0], "link_beta_s_per_byte": truth["link"][1],
         "tp_call_cpu_s": call_cpu, "round_alpha_s": alpha,
         "runtime": truth.get("runtime"), "action_overhead_s": action,
+        "collective_meeting_s": meeting,
+        **{f"cal_meeting_{k}": (cal.get("meeting") or {}).get(k, math.nan)
+           for k in ("after_compute_s", "call_s", "segment_s", "world_size")},
         **{f"cal_action_overhead_{name}_s": calibration.action_overhead(cal, name)
            for name in calibration.RUNTIMES},
     })  # fmt: skip

@@ -100,7 +100,21 @@ def calibration(ctx: Context) -> str | None:
     reduce-scatter per unit (the GPT's blocks and its root unit, `dp_collectives`). A
     pipeline send, likewise, holds the sending rank on the wall clock (the executor waits
     out each round, `Hardware.p2p_blocking`); a replayed row keeps its replay's
-    convention, a send as a latency between the two ranks' actions."""
+    convention, a send as a latency between the two ranks' actions.
+
+    Meetings (table "Meetings"): those links are fitted to calls made back to back, in
+    which neither rank waits for a computing one. A collective after compute is a meeting:
+    the first rank to arrive waits for the last, and on this host a rank that waited long
+    enough for its core to go idle is slow to run again. This run times it on a fresh pool
+    of two ranks (`bench.kit.meeting`): a one-element ring all-reduce after a segment of
+    matmuls, against the segment alone and the call alone, in alternating rounds. What
+    the call after compute costs beyond the row's link's price of the same call is paid at
+    each meeting of a wall-clock row's collectives on two ranks
+    (`Hardware.collective_meeting_s`: ZeRO-3 at each unit's forward and backward gather,
+    ZeRO-2 at each unit's reduce-scatter, and once per back-to-back run of calls at the
+    end of a step). Rows with more ranks than cores, replayed rows and pipeline transfers
+    pay none (their ranks share cores and never idle, or their receive is posted a round
+    early)."""
     ok = ctx.ok
     if ok.empty or "fit_scale" not in ok.columns:
         return None
@@ -120,7 +134,36 @@ def calibration(ctx: Context) -> str | None:
     ctx.headline["calibration"] = {"host": headline, "link": link}
     table = pd.DataFrame(rows).set_index("dtype").T.rename_axis("measured").reset_index()
     return (markdown_table(table, numparse=False) + _per_thread(ctx, ok) + _runtimes(ctx, ok)
-            + _links(ctx, ok))  # fmt: skip
+            + _links(ctx, ok) + _meetings(ctx, ok))  # fmt: skip
+
+
+def _meetings(ctx: Context, ok: pd.DataFrame) -> str:
+    """The meeting probe's loops, and what each link's rows pay per meeting."""
+    if "cal_meeting_after_compute_s" not in ok.columns:
+        return ""
+    first = ok.iloc[0]
+    after = float(first["cal_meeting_after_compute_s"])
+    if pd.isna(after):
+        return "\n\nMeetings: not probed in this run (the host has fewer than two cores)."
+    probe = {"after_compute_s": after, "call_s": float(first["cal_meeting_call_s"]),
+             "segment_s": float(first["cal_meeting_segment_s"]),
+             "ranks": int(first["cal_meeting_world_size"])}  # fmt: skip
+    text = (f"\n\nMeetings (probe on {probe['ranks']} ranks, one thread each): a segment of "
+            f"matmuls took {format_seconds(probe['segment_s'])}; the one-element ring "
+            f"all-reduce after it added {format_seconds(after)}, the same call back to back "
+            f"took {format_seconds(probe['call_s'])}.")  # fmt: skip
+    meets = pd.to_numeric(ok["collective_meeting_s"], errors="coerce") > 0
+    paying = ok[meets & (pd.to_numeric(ok["predicted_dp_s"], errors="coerce") > 0)]
+    rows, per_link = [], {}
+    for source, sub in paying.groupby("link_source", sort=False):
+        per_link[str(source)] = meet = float(sub["collective_meeting_s"].iloc[0])
+        rows.append({"link": source, "per meeting, beyond the link's price of the call":
+                     format_seconds(meet), "rows paying it": len(sub)})  # fmt: skip
+    ctx.headline["meetings"] = {**probe, "rows": len(paying), "per_link": per_link}
+    if not rows:
+        return text + (" No row pays a meeting (none is a wall-clock row of collectives "
+                       "on as many ranks as the probe's).")  # fmt: skip
+    return text + "\n\n" + markdown_table(pd.DataFrame(rows), numparse=False)
 
 
 def _links(ctx: Context, ok: pd.DataFrame) -> str:
