@@ -106,6 +106,10 @@ def auto_judged_against_the_best_in_every_cell(df: pd.DataFrame, headline: dict)
     tied, best = judged["auto_chose_tied"], judged["auto_chose_best"]
     assert tied.isin([0.0, 1.0]).all() and (tied >= best).all(), list(zip(best, tied, strict=True))
     assert headline["auto_best_or_tied_share"] >= share, headline["auto_best_or_tied_share"]
+    # how reproducible each cell's best is: a share of the splits of its rounds in halves
+    agree = judged["best_split_agreement"]
+    assert agree.between(0, 1).all(), list(agree)
+    assert headline["auto_best_split_agreement_mean"] == agree.mean()
 
 
 CHECKS = (

@@ -196,3 +196,20 @@ def test_the_same_code_timed_twice_splits_a_shortfall_from_the_choice(tmp_path: 
     report = (tmp_path / "report.md").read_text()
     assert "read below 0.9× of itself in 1 of 1 cell (worst 0.80× at N = 2, 4 KiB)" in report
     assert "auto ÷ choice" in report
+
+
+def test_split_halves_say_how_reproducible_the_measured_best_is() -> None:
+    """A side faster in every round is named best by every half of the rounds (100%); two
+    sides with identical times but for a coin-flip per round are named by the halves about
+    as often as a coin agrees with itself (well below 100%); one round cannot be split."""
+    import numpy as np
+
+    from bench.experiments.allreduce_scaling.auto import _split_agreement
+
+    own = np.full(24, 1e-3)
+    clear = {"ring": own * 0.5, "tree": own * 0.9}
+    assert _split_agreement((own, clear)) == 1.0
+    flips = np.random.default_rng(1).integers(0, 2, 24)
+    coin = {"ring": own * np.where(flips, 0.9, 1.1), "tree": own * np.where(flips, 1.1, 0.9)}
+    assert 0.2 < _split_agreement((own, coin)) < 0.9
+    assert np.isnan(_split_agreement((own[:1], {"ring": own[:1]})))

@@ -77,12 +77,13 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """Add `best_algorithm`, `auto_vs_best` (with `_lo` / `_hi`), `choice_vs_best`,
-    `auto_vs_choice`, `auto_chose_best`, `auto_chose_tied`, `choice_same_traffic` and
-    `best_basis` to auto rows (by position: a merged frame may repeat index labels)."""
+    `auto_vs_choice`, `auto_chose_best`, `auto_chose_tied`, `choice_same_traffic`,
+    `best_split_agreement` (`_split_agreement`) and `best_basis` to auto rows (by
+    position: a merged frame may repeat index labels)."""
     n = len(df)
     numbers = ("auto_vs_best", "choice_vs_best", "auto_vs_choice", "auto_chose_best",
                "auto_chose_tied", "auto_vs_best_lo", "auto_vs_best_hi",
-               "choice_same_traffic")  # fmt: skip
+               "choice_same_traffic", "best_split_agreement")  # fmt: skip
     out = {c: [math.nan] * n for c in numbers}
     out |= {"best_algorithm": [None] * n, "best_basis": ["—"] * n}
     if "algorithm" in df.columns and "busbw_vs_torch" in df.columns:
@@ -98,6 +99,7 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
                 (row["world_size"], row["message_bytes"])))  # fmt: skip
             if rounds is not None:
                 out["auto_vs_best_lo"][i], out["auto_vs_best_hi"][i] = _interval(rounds)
+                out["best_split_agreement"][i] = _split_agreement(rounds)
             if judged is None:
                 continue
             speeds, own, basis = judged  # speeds: algorithm -> busbw-like (higher is better)
@@ -191,6 +193,25 @@ def _interval(rounds: Rounds, level: float = 0.9) -> tuple[float, float]:
     own, alts = rounds
     ratios = np.stack([t / own for t in alts.values()])  # alternative ÷ auto time, per round
     return _two_sided(_resampled_medians(ratios).min(axis=0), level)  # auto ÷ best
+
+
+def _split_agreement(rounds: Rounds, splits: int = 200) -> float:
+    """How reproducible the cell's measured best is: over `splits` seeded random splits of
+    its rounds into two halves, the share in which both halves name the same best (each
+    half's paired median over its rounds, as `_paired` picks it). 1: every half names one
+    algorithm; near 1/k: k sides the rounds cannot order. NaN with fewer than 2 rounds."""
+    own, alts = rounds
+    count = len(own)
+    if count < 2:
+        return math.nan
+    speeds = np.stack([own / t for t in alts.values()])  # alternative's speed ÷ auto's
+    rng, same = np.random.default_rng(0), 0
+    for _ in range(splits):
+        order = rng.permutation(count)
+        first, second = order[: count // 2], order[count // 2 :]
+        same += np.argmax(np.median(speeds[:, first], axis=1)) == np.argmax(
+            np.median(speeds[:, second], axis=1))  # fmt: skip
+    return same / splits
 
 
 def _tied(rounds: Rounds, choice: str, best: str, level: float = 0.9) -> bool:
@@ -292,6 +313,8 @@ def auto_choices(ctx: Context) -> str | None:
     counters (rounds, messages and bytes per rank, from their own cells) are equal there,
     so that they move as many messages and bytes in as many rounds and differ mostly in
     their own code's overhead.
+    *halves agree*: over 200 random splits of the cell's rounds into two halves, the
+    share in which both halves name the same best (how reproducible the measured best is);
     *predicted*: the tuner's time for its choice."""
     rows = ctx.ok[(ctx.ok["algorithm"] == "auto")] if "algorithm" in ctx.ok else ctx.ok
     if rows.empty or "auto_chose_best" not in rows.columns:
@@ -315,6 +338,8 @@ def auto_choices(ctx: Context) -> str | None:
         "tied": judged["auto_chose_tied"].map(_yes_no),
         "same traffic": [_yes_no(same) if hit == 0 else "—" for hit, same in zip(
             judged["auto_chose_best"], judged["choice_same_traffic"], strict=True)],  # fmt: skip
+        "halves agree": judged["best_split_agreement"].map(
+            lambda v: "—" if pd.isna(v) else format_percent(v, 0)),  # fmt: skip
         "auto time": judged["time_s"].map(format_seconds),
         "predicted": judged["auto_predicted_s"].map(format_seconds),
     })  # fmt: skip
@@ -344,6 +369,19 @@ def auto_choices(ctx: Context) -> str | None:
             f" In {tied_cells} the choice was the best or a side the rounds cannot tell from "
             "it (*tied*); that share is context, not the target, since a noisier host ties "
             "more cells."
+        )
+    halves = judged["best_split_agreement"].dropna()
+    if len(halves):
+        steady = int((halves >= BEST_SHARE_BOUND).sum())
+        ctx.headline.update(auto_best_split_agreement_mean=float(halves.mean()),
+                            auto_best_split_agreement_cells=steady)  # fmt: skip
+        summary += (
+            f" The measured best is itself noisy: split a cell's rounds into two random "
+            f"halves and the halves name the same best in {format_percent(halves.mean(), 0)} "
+            f"of splits, on average over {_count(len(halves), 'cell')} (*halves agree*; "
+            f"{steady} cells reach {format_percent(BEST_SHARE_BOUND, 0)}): a choice made "
+            "from half of a cell's own rounds would name the best of its other half about "
+            "that often. Context, not the target."
         )
     misses = judged[judged["auto_chose_best"] == 0]
     same = int((misses["choice_same_traffic"] == 1).sum())
