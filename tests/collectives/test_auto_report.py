@@ -204,12 +204,12 @@ def test_split_halves_say_how_reproducible_the_measured_best_is() -> None:
     as often as a coin agrees with itself (well below 100%); one round cannot be split."""
     import numpy as np
 
-    from bench.experiments.allreduce_scaling.auto import _split_agreement
+    from bench.experiments.allreduce_scaling.paired_rounds import split_agreement
 
     own = np.full(24, 1e-3)
     clear = {"ring": own * 0.5, "tree": own * 0.9}
-    assert _split_agreement((own, clear)) == 1.0
+    assert split_agreement((own, clear)) == 1.0
     flips = np.random.default_rng(1).integers(0, 2, 24)
     coin = {"ring": own * np.where(flips, 0.9, 1.1), "tree": own * np.where(flips, 1.1, 0.9)}
-    assert 0.2 < _split_agreement((own, coin)) < 0.9
-    assert np.isnan(_split_agreement((own[:1], {"ring": own[:1]})))
+    assert 0.2 < split_agreement((own, coin)) < 0.9
+    assert np.isnan(split_agreement((own[:1], {"ring": own[:1]})))

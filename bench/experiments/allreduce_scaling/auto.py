@@ -34,12 +34,18 @@ cells, so that share rises with noise.
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 import pandas as pd
 
+from bench.experiments.allreduce_scaling.paired_rounds import (
+    Rounds,
+    interval,
+    read_rounds,
+    split_agreement,
+    tied,
+)
 from bench.report import (
     Context,
     Target,
@@ -78,7 +84,7 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """Add `best_algorithm`, `auto_vs_best` (with `_lo` / `_hi`), `choice_vs_best`,
     `auto_vs_choice`, `auto_chose_best`, `auto_chose_tied`, `choice_same_traffic`,
-    `best_split_agreement` (`_split_agreement`) and `best_basis` to auto rows (by
+    `best_split_agreement` (`paired_rounds.split_agreement`) and `best_basis` to auto rows (by
     position: a merged frame may repeat index labels)."""
     n = len(df)
     numbers = ("auto_vs_best", "choice_vs_best", "auto_vs_choice", "auto_chose_best",
@@ -94,12 +100,12 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
         for i, row in enumerate(records):
             if not ok[i] or row["algorithm"] != "auto":
                 continue
-            rounds = _rounds(row)
+            rounds = read_rounds(row)
             judged = _paired(rounds) or _same_cell(row) or _separate(row, by_cell.get(
                 (row["world_size"], row["message_bytes"])))  # fmt: skip
             if rounds is not None:
-                out["auto_vs_best_lo"][i], out["auto_vs_best_hi"][i] = _interval(rounds)
-                out["best_split_agreement"][i] = _split_agreement(rounds)
+                out["auto_vs_best_lo"][i], out["auto_vs_best_hi"][i] = interval(rounds)
+                out["best_split_agreement"][i] = split_agreement(rounds)
             if judged is None:
                 continue
             speeds, own, basis = judged  # speeds: algorithm -> busbw-like (higher is better)
@@ -113,7 +119,7 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
                 out["auto_vs_choice"][i] = own / chosen
             out["auto_chose_best"][i] = float(choice == best)
             if rounds is not None:
-                out["auto_chose_tied"][i] = float(choice == best or _tied(rounds, choice, best))
+                out["auto_chose_tied"][i] = float(choice == best or tied(rounds, choice, best))
             cell = (row["world_size"], row["message_bytes"])
             if (*cell, choice) in traffic and (*cell, best) in traffic:
                 same = traffic[(*cell, choice)] == traffic[(*cell, best)]
@@ -140,28 +146,6 @@ def _number(value) -> float:
     return float(number) if pd.notna(number) else math.nan
 
 
-Rounds = tuple[np.ndarray, dict[str, np.ndarray]]
-"""auto's time per round and each alternative's (`_rounds`)."""
-
-
-def _rounds(row: dict) -> Rounds | None:
-    """auto's time per round and each alternative's, from `round_times_s`; None without."""
-    text = row.get("round_times_s")
-    if not isinstance(text, str) or not text.strip():
-        return None
-    rounds = {k: np.asarray(v, dtype=float) for k, v in json.loads(text).items()}
-    own = rounds.get("time_s")
-    if own is None or not len(own):
-        return None
-    alts = {k[len("alt_"):-len("_s")]: v for k, v in rounds.items()
-            if k.startswith("alt_") and k.endswith("_s") and len(v) == len(own)}  # fmt: skip
-    if not alts:
-        return None
-    if not all(np.all(v > 0) for v in (own, *alts.values())):
-        return None
-    return own, alts
-
-
 def _paired(rounds: Rounds | None) -> tuple[dict[str, float], float, str] | None:
     """Each alternative's speed relative to auto (auto = 1): the median over rounds of
     t_auto ÷ t_alternative, timed in the same round; None without rounds."""
@@ -170,58 +154,6 @@ def _paired(rounds: Rounds | None) -> tuple[dict[str, float], float, str] | None
     own, alts = rounds
     speeds = {name: float(np.median(own / t)) for name, t in alts.items()}
     return speeds, 1.0, "same cell, paired by round"
-
-
-def _resampled_medians(ratios: np.ndarray, resamples: int = 1000) -> np.ndarray:
-    """The median over rounds (the last axis of `ratios`) in each of `resamples` bootstrap
-    resamples of the rounds, seeded (the same rows give the same numbers):
-    shape `(*ratios.shape[:-1], resamples)`."""
-    count = ratios.shape[-1]
-    picks = np.random.default_rng(0).integers(0, count, size=(resamples, count))
-    return np.median(ratios[..., picks], axis=-1)
-
-
-def _two_sided(stats: np.ndarray, level: float) -> tuple[float, float]:
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(stats, [tail, 100 - tail])
-    return float(low), float(high)
-
-
-def _interval(rounds: Rounds, level: float = 0.9) -> tuple[float, float]:
-    """A bootstrap interval of auto ÷ best over the rounds, the best re-chosen in every
-    resample."""
-    own, alts = rounds
-    ratios = np.stack([t / own for t in alts.values()])  # alternative ÷ auto time, per round
-    return _two_sided(_resampled_medians(ratios).min(axis=0), level)  # auto ÷ best
-
-
-def _split_agreement(rounds: Rounds, splits: int = 200) -> float:
-    """How reproducible the cell's measured best is: over `splits` seeded random splits of
-    its rounds into two halves, the share in which both halves name the same best (each
-    half's paired median over its rounds, as `_paired` picks it). 1: every half names one
-    algorithm; near 1/k: k sides the rounds cannot order. NaN with fewer than 2 rounds."""
-    own, alts = rounds
-    count = len(own)
-    if count < 2:
-        return math.nan
-    speeds = np.stack([own / t for t in alts.values()])  # alternative's speed ÷ auto's
-    rng, same = np.random.default_rng(0), 0
-    for _ in range(splits):
-        order = rng.permutation(count)
-        first, second = order[: count // 2], order[count // 2 :]
-        same += np.argmax(np.median(speeds[:, first], axis=1)) == np.argmax(
-            np.median(speeds[:, second], axis=1))  # fmt: skip
-    return same / splits
-
-
-def _tied(rounds: Rounds, choice: str, best: str, level: float = 0.9) -> bool:
-    """Whether the rounds leave `choice` possibly as fast as `best`: the upper end of a
-    bootstrap interval of the median over rounds of t_best ÷ t_choice reaches 1."""
-    _, alts = rounds
-    if choice not in alts or best not in alts:
-        return False
-    ratio = alts[best] / alts[choice]  # < 1: the best was faster in that round
-    return _two_sided(_resampled_medians(ratio), level)[1] >= 1.0
 
 
 def _same_cell(row: dict) -> tuple[dict[str, float], float, str] | None:
