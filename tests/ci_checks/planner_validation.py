@@ -193,7 +193,7 @@ def meetings_are_paid_only_on_the_probed_wall_clock(df: pd.DataFrame, headline: 
         if not (wall and n >= 2 and n == probed):
             assert meet == 0.0, (row["config"], meet)
             continue
-        rounds = 2 * (n - 1)
+        rounds = allreduce_rounds(n)
         price = rounds * row["round_alpha_s"] + rounds / n * 4 * row["link_beta_s_per_byte"]
         want = max(0.0, float(row["cal_meeting_after_compute_s"]) - price)
         assert math.isclose(meet, want, rel_tol=1e-9, abs_tol=1e-15), (row["config"], meet, want)

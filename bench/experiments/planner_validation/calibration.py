@@ -78,6 +78,7 @@ from bench.experiments.planner_validation import rounds
 from bench.experiments.planner_validation.rounds import PROBE, REFERENCE, REFERENCE_MICRO, RUNTIMES
 from bench.kit.meeting import measure as measure_meeting
 from bench.kit.workloads import reference_step
+from impls.costmodel.comm import allreduce_rounds
 
 __all__ = ["MEETING_RANKS", "REFERENCE", "REFERENCE_MICRO", "RUNTIMES", "STATISTICS",
            "action_overhead", "calibrate", "collective_meeting", "fit_for", "fit_reference",
@@ -119,7 +120,7 @@ def collective_meeting(cal: dict[str, Any], ranks: int, link: tuple[float, float
     if not probe or probe["world_size"] != ranks:
         return 0.0
     alpha, beta = link
-    rounds_ = 2 * (ranks - 1)
+    rounds_ = allreduce_rounds(ranks)
     return max(0.0, probe["after_compute_s"] - (rounds_ * alpha + rounds_ / ranks * 4 * beta))
 
 

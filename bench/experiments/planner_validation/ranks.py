@@ -222,8 +222,8 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
     action = calibration.action_overhead(cal, truth.get("runtime"))
     # the ranks' meetings after compute: on the wall clock, each rank on a core of its own
     meets = wall_clock and 2 <= truth["ranks"] <= truth["host_cores"]
-    meeting = calibration.collective_meeting(cal, truth["ranks"], (alpha, truth["link"][1]))
-    meeting = meeting if meets else 0.0
+    link = (alpha, truth["link"][1])
+    meeting = calibration.collective_meeting(cal, truth["ranks"], link) if meets else 0.0
 
     def predicted(slower: float) -> dict[str, Any]:
         """The row priced on a host `slower` times slower than the calibration's."""
