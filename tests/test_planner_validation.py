@@ -161,6 +161,20 @@ def test_wall_clock_rows_use_the_ring_fitted_at_their_rank_count(tmp_path):
     assert experiment.ring_links(tmp_path / "elsewhere") == {}
 
 
+def test_the_ring_fit_is_a_median_regression_that_one_outlying_size_does_not_drag():
+    n, alpha, beta = 4, 1e-3, 4e-10
+    sizes = [4096 << 2 * i for i in range(8)]
+    times = [2 * (n - 1) * alpha + 2 * (n - 1) / n * m * beta for m in sizes]
+    assert experiment.fit_ring(n, sizes, times) == pytest.approx((alpha, beta), rel=1e-6)
+    times[2] /= 3  # one size timed in a fast phase of the host
+    robust = experiment.fit_ring(n, sizes, times)
+    squares = experiment.fit_ring(n, sizes, times, robust=False)
+    assert robust == pytest.approx((alpha, beta), rel=1e-6)  # the other seven still fit
+    assert squares[0] < 0.8 * alpha  # least squares is pulled towards the outlier
+    # a time that falls with size: β floored at a positive minimum, never negative
+    assert experiment.fit_ring(2, [1e3, 1e6], [2e-3, 1e-3])[1] == 1e-15
+
+
 def test_params_per_stage_match_the_model_and_the_tp_hand_count():
     cfg = GPTConfig(**MODEL)
     assert ranks.params_per_stage(MODEL, 1, 1) == [sum(p.numel() for p in GPT(cfg).parameters())]

@@ -17,10 +17,10 @@ predicted on (`calibration`): the median, but the fastest for `pipeline_utilizat
 replay, which prices each action at the fastest of its stage's.
 
 Which link a row is priced on (`link_source`): a wall-clock row of N ≥ 2 ranks uses the
-α–β fitted to `allreduce_scaling`'s ring all-reduce at the same N, run on this host (N
-ranks sharing its cores: a round waits for a descheduled rank, so α grows with N/cores,
-which a two-rank probe cannot see); a replayed row, or an N that run lacks, uses
-`parallelism_comparison`'s two-rank probe.
+α–β fitted (`fit_ring`, a median regression on relative error) to `allreduce_scaling`'s
+ring all-reduce at the same N, run on this host (N ranks sharing its cores: a round waits
+for a descheduled rank, so α grows with N/cores, which a two-rank probe cannot see); a
+replayed row, or an N that run lacks, uses `parallelism_comparison`'s two-rank probe.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import math
 import statistics
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
@@ -176,16 +178,43 @@ def _link(root: Path) -> tuple[float, float]:
     return statistics.median(alphas), statistics.median(betas)
 
 
-def ring_links(root: Path) -> dict[int, tuple[float, float]]:
-    """{N: (α s per round, β s per byte)} fitted to `allreduce_scaling`'s ring rows at each
-    N ≥ 2 with ≥ 2 message sizes; {} when that experiment has not run.
+def fit_ring(n: int, sizes: Any, times: Any, *, robust: bool = True) -> tuple[float, float]:
+    """(α s per round, β s per byte) of a ring all-reduce on `n` ranks, fitted to its
+    times at ≥ 2 message sizes, on relative error (each time weighted by 1/t, so the small
+    messages that set α count as much as the large ones that set β), α, β > 0.
 
-    A ring all-reduce of M bytes on N ranks is 2(N − 1) rounds carrying 2(N − 1)/N · M bytes
-    per rank (`impls.costmodel.comm`); the fit is least squares on relative error (each
-    row weighted by 1/t, so the small messages that set α count as much as the large
-    ones that set β), clamped to α, β > 0."""
-    import numpy as np
+    A ring all-reduce of M bytes is 2(n − 1) rounds carrying 2(n − 1)/n · M bytes per rank
+    (`impls.costmodel.comm`). `robust` (the default) minimises the sum of absolute
+    relative errors, a median regression (`scipy.optimize.linprog`); otherwise least
+    squares. Each time is one cell's median, and on this host a cell that ran in another
+    phase of it is an outlier: at f26124e the N = 4 ring at 64 KiB read 2.27 ms between
+    neighbours of 5.9–9.3 ms, and least squares put α at 606 µs where the median
+    regression puts it at 962 µs; on the six committed draws before it the two α agreed
+    within 17% at every N."""
+    m, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
+    design = np.stack([np.full_like(m, 2.0 * (n - 1)), 2.0 * (n - 1) / n * m], axis=1)
+    design /= t[:, None]
+    if not robust:
+        (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+        return max(float(alpha), 1e-9), max(float(beta), 1e-15)
+    from scipy.optimize import linprog
 
+    scale = design.max(axis=0)  # unknowns of order 1: α and β differ by 10⁶
+    k = len(t)
+    # minimise Σ eᵢ over (x, e) ≥ 0 with −eᵢ ≤ (design · x)ᵢ − 1 ≤ eᵢ
+    a_ub = np.block([[design / scale, -np.eye(k)], [-design / scale, -np.eye(k)]])
+    b_ub = np.concatenate([np.ones(k), -np.ones(k)])
+    cost = np.concatenate([np.zeros(2), np.ones(k)])
+    solved = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
+    if not solved.success:
+        raise RuntimeError(f"the ring fit on N={n} did not solve: {solved.message}")
+    alpha, beta = solved.x[:2] / scale
+    return max(float(alpha), 1e-9), max(float(beta), 1e-15)
+
+
+def ring_links(root: Path, *, robust: bool = True) -> dict[int, tuple[float, float]]:
+    """{N: (α s per round, β s per byte)}: `fit_ring` on `allreduce_scaling`'s ring rows
+    at each N ≥ 2 with ≥ 2 message sizes; {} when that experiment has not run."""
     if not (root / "allreduce_scaling" / "results.csv").is_file():
         return {}
     by_n: dict[int, list[tuple[float, float]]] = {}
@@ -197,10 +226,8 @@ def ring_links(root: Path) -> dict[int, tuple[float, float]]:
     for n, points in sorted(by_n.items()):
         if n < 2 or len({m for m, _ in points}) < 2:
             continue
-        m, t = np.array(points).T
-        design = np.stack([np.full_like(m, 2.0 * (n - 1)), 2.0 * (n - 1) / n * m], axis=1)
-        (alpha, beta), *_ = np.linalg.lstsq(design / t[:, None], np.ones_like(t), rcond=None)
-        links[n] = (max(float(alpha), 1e-9), max(float(beta), 1e-15))
+        sizes, times = zip(*points, strict=True)
+        links[n] = fit_ring(n, sizes, times, robust=robust)
     return links
 
 
@@ -214,12 +241,13 @@ def ground_truth(cfg: PlannerValidationConfig) -> list[dict[str, Any]]:
     """Every ground-truth configuration of `cfg.sources`, with the link it is priced on."""
     root = cfg.root()
     probe, rings = _link(root), ring_links(root)
+    squares = ring_links(root, robust=False) if rings else {}
     out = []
     for source in cfg.sources:
         for t in _spread(_PARSERS[source](_read(root, source)), cfg.max_rows):
             n = t["ranks"]
             if t["ground_truth"] != "replayed" and n in rings:
-                out.append({**t, "link": rings[n],
+                out.append({**t, "link": rings[n], "link_least_squares": squares[n],
                             "link_source": f"allreduce_scaling ring, N={n}"})  # fmt: skip
             else:
                 out.append({**t, "link": probe, "link_source": PROBE_LINK})
@@ -253,6 +281,9 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
         "ground_truth": t["ground_truth"], "statistic": t.get("statistic", "median"),
         "source_git_sha": t["source_git_sha"],
         "link_source": t.get("link_source", PROBE_LINK),
+        # the same ring rows fitted by least squares: context beside the robust fit used
+        "link_lsq_alpha_s": t.get("link_least_squares", (math.nan, math.nan))[0],
+        "link_lsq_beta_s_per_byte": t.get("link_least_squares", (math.nan, math.nan))[1],
         "dp_collectives": t.get("dp_collectives", 1),
         "measured_step_time_s": measured_step,
         "predicted_step_time_s": p["predicted_step_time_s"],

@@ -4,6 +4,8 @@ on, and the TP call work replayed rows carry."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from bench.experiments.planner_validation.config import PROBE_LINK
@@ -87,7 +89,9 @@ def calibration(ctx: Context) -> str | None:
     Links are not measured in this run but read from two reports of this host (table
     "Links"): a wall-clock row of N ≥ 2 ranks is priced on the α (per round) and β fitted
     to `allreduce_scaling`'s ring all-reduce at the same N (2(N − 1) rounds carrying
-    2(N − 1)/N · M bytes, least squares on relative error over its message sizes): with
+    2(N − 1)/N · M bytes, the least absolute relative error over its message sizes: a
+    median regression, which one size timed in another phase of the host does not drag,
+    as it dragged least squares, shown beside for context): with
     more ranks than cores a round waits for descheduled ranks, which a two-rank probe
     does not see. Replayed rows, and any N that report lacks, use the median of
     `parallelism_comparison`'s own probe (the fastest 4-byte and 1 MiB exchanges between
@@ -174,12 +178,22 @@ def _links(ctx: Context, ok: pd.DataFrame) -> str:
     for source, sub in ok.groupby("link_source", sort=False):
         first = sub.iloc[0]
         alpha, beta = float(first["link_alpha_s"]), float(first["link_beta_s_per_byte"])
+        lsq_alpha = float(first.get("link_lsq_alpha_s", math.nan))
+        lsq_beta = float(first.get("link_lsq_beta_s_per_byte", math.nan))
         rows.append({"link": source, "α (per round)": format_seconds(alpha),
-                     "1/β": f"{1 / beta / 1e9:.2f} GB/s" if beta > 0 else "—",
+                     "1/β": _bandwidth(beta),
+                     "least squares (not used): α, 1/β": "—" if math.isnan(lsq_alpha)
+                     else f"{format_seconds(lsq_alpha)}, {_bandwidth(lsq_beta)}",
                      "rows priced on it": len(sub)})  # fmt: skip
         headline[str(source)] = {"alpha_s": alpha, "beta_s_per_byte": beta, "rows": len(sub)}
+        if not math.isnan(lsq_alpha):
+            headline[str(source)]["least_squares_alpha_s"] = lsq_alpha
     ctx.headline["links"] = headline
     return "\n\nLinks:\n\n" + markdown_table(pd.DataFrame(rows), numparse=False) + _tp_calls(ok)
+
+
+def _bandwidth(beta: float) -> str:
+    return f"{1 / beta / 1e9:.2f} GB/s" if beta > 0 else "—"
 
 
 def _runtimes(ctx: Context, ok: pd.DataFrame) -> str:
