@@ -5,7 +5,8 @@ for the last, and on this repo's host (2 vCPUs under KVM) a rank that waited lon
 for its core to go idle is slow to run again. Back-to-back calls measure neither: both
 ranks arrive together and never idle. `probe` times, on every rank of a pool, in rounds
 of `per_round` iterations each, three loops taking turns in every round (each started
-after a barrier):
+after a barrier; the rounds in `impls.pairing.turns`' balanced orders, whole designs of
+three sides every six rounds):
 
 - *segment*: `gemms` 128 × 128 fp32 matmuls on one thread (≈ `segment_s` seconds; the
   count agreed over the ranks), the ranks computing side by side without meeting;
@@ -38,6 +39,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from impls.pairing import turns
+
 __all__ = ["CALL", "MEETING_SEGMENT_S", "measure", "probe"]
 
 MEETING_SEGMENT_S = 0.004
@@ -49,7 +52,7 @@ CALL = "ring all-reduce of one float32"
 2(N − 1)·α + 2(N − 1)/N · 4 bytes · β."""
 
 
-def probe(segment_s: float = MEETING_SEGMENT_S, rounds: int = 8, per_round: int = 20) -> dict:
+def probe(segment_s: float = MEETING_SEGMENT_S, rounds: int = 12, per_round: int = 20) -> dict:
     """The meeting's cost on this pool (collective: every rank calls it; see the module
     docstring). Returns every rank the same dict: `after_compute_s`, the medians over the
     rounds of each loop's seconds per iteration (`segment_s`, `iteration_s`, `call_s`),
@@ -90,14 +93,12 @@ def probe(segment_s: float = MEETING_SEGMENT_S, rounds: int = 8, per_round: int 
             loop()
         names = list(loops)
         times = torch.zeros(len(names), rounds, dtype=torch.float64)
-        for r in range(rounds):
-            for k in range(len(names)):
-                i = (k + r) % len(names)  # each loop first, second and last in turn
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(per_round):
-                    loops[names[i]]()
-                times[i, r] = (time.perf_counter() - start) / per_round
+        for r, i in turns(len(names), rounds):  # the project's balanced orders of turns
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(per_round):
+                loops[names[i]]()
+            times[i, r] = (time.perf_counter() - start) / per_round
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # each loop: the slowest rank's
     finally:
         torch.set_num_threads(before)
@@ -115,7 +116,7 @@ def _check(segment_s: float, rounds: int, per_round: int) -> None:
                          "need segment_s > 0 and at least one round of one iteration")  # fmt: skip
 
 
-def measure(world_size: int = 2, segment_s: float = MEETING_SEGMENT_S, rounds: int = 8,
+def measure(world_size: int = 2, segment_s: float = MEETING_SEGMENT_S, rounds: int = 12,
             per_round: int = 20, timeout_s: float = 300.0) -> dict:  # fmt: skip
     """`probe` on a fresh pool of `world_size` gloo ranks, in a child interpreter."""
     if world_size < 2:
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--segment-s", type=float, default=MEETING_SEGMENT_S)
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--per-round", type=int, default=20)
     args = parser.parse_args(argv)
     from bench.launch import run_on_ranks

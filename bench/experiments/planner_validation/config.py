@@ -51,8 +51,9 @@ class PlannerValidationConfig:
     meeting_segment_s: float = MEETING_SEGMENT_S
     """Seconds of matmuls before each call of the meeting probe (`bench.kit.meeting`):
     about what a ZeRO rank of `zero_memory` computes between two of its collectives."""
-    meeting_rounds: int = 8
-    """Rounds of the meeting probe (each: its three loops of 20 iterations in turn)."""
+    meeting_rounds: int = 12
+    """Rounds of the meeting probe (each: its three loops of 20 iterations in turn; six
+    rounds make one whole balanced design of the three, `impls.pairing.balanced_orders`)."""
     timeout_s: float = 300.0
     """A cell not finished by then is recorded as failed."""
 
