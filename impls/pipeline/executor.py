@@ -77,6 +77,7 @@ class _Held:
 
 
 _Receives = tuple[Round, list[tuple[Action, Tensor]]]  # a round and its receive buffers
+_READS = {"F": "F", "B": "B", "I": "B"}  # what each compute action reads that may arrive
 
 
 @dataclass
@@ -95,7 +96,9 @@ class _StepState:
     peak_bytes: int = 0
     max_inflight: int = 0
     posted: dict[int, _Receives] = field(default_factory=dict)  # round segment -> receives
-    arriving: dict[int, tuple[Round, Action]] = field(default_factory=dict)  # by id(buffer)
+    # receives still in flight, by what they fill: ("F", stage, mb) an F's input, ("B", stage,
+    # mb) a backward's output gradient
+    arriving: dict[tuple[str, int, int], tuple[Round, Action]] = field(default_factory=dict)
     sending: list[Round] = field(default_factory=list)  # rounds whose sends are in flight
 
 
@@ -313,12 +316,12 @@ class PipelineExecutor:
     def _await_input(self, state: _StepState, action: Action) -> None:
         """Wait for the received tensor `action` reads (an F's input, a B's or I's output
         gradient), if it is still arriving; outside the action's timing."""
-        key = (action.stage, action.microbatch)
-        ready = {"F": state.ready_inputs, "B": state.ready_grads, "I": state.ready_grads}
-        tensor = ready[action.kind].get(key) if action.kind in ready else None
-        if tensor is not None and id(tensor) in state.arriving:
-            rnd, receive = state.arriving.pop(id(tensor))
-            rnd.wait_received(tensor)
+        reads = _READS.get(action.kind)  # None: a W reads nothing that arrives
+        pending = reads and state.arriving.pop((reads, action.stage, action.microbatch), None)
+        if pending:
+            rnd, receive = pending
+            ready = state.ready_inputs if reads == "F" else state.ready_grads
+            rnd.wait_received(ready[(action.stage, action.microbatch)])
             state.timer.received(receive)
 
     def _receives(self, i: int) -> _Receives:
@@ -353,7 +356,7 @@ class PipelineExecutor:
                 state.sending.append(rnd)
             for action, buffer in arriving:
                 key = (action.stage, action.microbatch)
-                state.arriving[id(buffer)] = (rnd, action)
+                state.arriving[("F" if action.kind == "RECV_F" else "B", *key)] = (rnd, action)
                 if action.kind == "RECV_F":
                     state.ready_inputs[key] = buffer.requires_grad_()
                 else:
