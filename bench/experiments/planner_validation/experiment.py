@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +179,8 @@ def _link(root: Path) -> tuple[float, float]:
     return statistics.median(alphas), statistics.median(betas)
 
 
-def fit_ring(n: int, sizes: Any, times: Any, *, robust: bool = True) -> tuple[float, float]:
+def fit_ring(n: int, sizes: Sequence[float], times: Sequence[float], *,
+             robust: bool = True) -> tuple[float, float]:  # fmt: skip
     """(α s per round, β s per byte) of a ring all-reduce on `n` ranks, fitted to its
     times at ≥ 2 message sizes, on relative error (each time weighted by 1/t, so the small
     messages that set α count as much as the large ones that set β), α, β > 0.
@@ -215,20 +217,21 @@ def fit_ring(n: int, sizes: Any, times: Any, *, robust: bool = True) -> tuple[fl
 def ring_links(root: Path, *, robust: bool = True) -> dict[int, tuple[float, float]]:
     """{N: (α s per round, β s per byte)}: `fit_ring` on `allreduce_scaling`'s ring rows
     at each N ≥ 2 with ≥ 2 message sizes; {} when that experiment has not run."""
+    return {n: fit_ring(n, *points, robust=robust) for n, points in _ring_points(root).items()}
+
+
+def _ring_points(root: Path) -> dict[int, tuple[list[float], list[float]]]:
+    """{N: (message sizes, times)} of `allreduce_scaling`'s ring rows, for each N ≥ 2 with
+    ≥ 2 distinct sizes; {} when that experiment has not run."""
     if not (root / "allreduce_scaling" / "results.csv").is_file():
         return {}
-    by_n: dict[int, list[tuple[float, float]]] = {}
+    by_n: dict[int, tuple[list[float], list[float]]] = {}
     for r in _read(root, "allreduce_scaling"):
         if r.get("algorithm") == "ring" and float(r.get("time_s") or "nan") > 0:
-            n = int(float(r["world_size"]))
-            by_n.setdefault(n, []).append((float(r["message_bytes"]), float(r["time_s"])))
-    links = {}
-    for n, points in sorted(by_n.items()):
-        if n < 2 or len({m for m, _ in points}) < 2:
-            continue
-        sizes, times = zip(*points, strict=True)
-        links[n] = fit_ring(n, sizes, times, robust=robust)
-    return links
+            sizes, times = by_n.setdefault(int(float(r["world_size"])), ([], []))
+            sizes.append(float(r["message_bytes"]))
+            times.append(float(r["time_s"]))
+    return {n: p for n, p in sorted(by_n.items()) if n >= 2 and len(set(p[0])) >= 2}
 
 
 def _spread(items: list, k: int | None) -> list:
@@ -240,8 +243,9 @@ def _spread(items: list, k: int | None) -> list:
 def ground_truth(cfg: PlannerValidationConfig) -> list[dict[str, Any]]:
     """Every ground-truth configuration of `cfg.sources`, with the link it is priced on."""
     root = cfg.root()
-    probe, rings = _link(root), ring_links(root)
-    squares = ring_links(root, robust=False) if rings else {}
+    probe, points = _link(root), _ring_points(root)
+    rings = {n: fit_ring(n, *p) for n, p in points.items()}
+    squares = {n: fit_ring(n, *p, robust=False) for n, p in points.items()}  # for context
     out = []
     for source in cfg.sources:
         for t in _spread(_PARSERS[source](_read(root, source)), cfg.max_rows):
@@ -282,8 +286,8 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
         "source_git_sha": t["source_git_sha"],
         "link_source": t.get("link_source", PROBE_LINK),
         # the same ring rows fitted by least squares: context beside the robust fit used
-        "link_lsq_alpha_s": t.get("link_least_squares", (math.nan, math.nan))[0],
-        "link_lsq_beta_s_per_byte": t.get("link_least_squares", (math.nan, math.nan))[1],
+        **dict(zip(("link_lsq_alpha_s", "link_lsq_beta_s_per_byte"),
+                   t.get("link_least_squares", (math.nan, math.nan)), strict=True)),
         "dp_collectives": t.get("dp_collectives", 1),
         "measured_step_time_s": measured_step,
         "predicted_step_time_s": p["predicted_step_time_s"],
