@@ -227,8 +227,7 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
 
     def predicted(slower: float) -> dict[str, Any]:
         """The row priced on a host `slower` times slower than the calibration's."""
-        hw = calibration.host_hardware(cal, (alpha, truth["link"][1]),
-                                       rate / fit["scale"] / slower,
+        hw = calibration.host_hardware(cal, link, rate / fit["scale"] / slower,
                                        overhead_s=fit["overhead_s"] * stretch * slower,
                                        p2p_blocking=wall_clock,
                                        action_overhead_s=action * stretch * slower,
