@@ -1,0 +1,52 @@
+"""The published-run comparison and its error bar: a failure means the sign convention of
+the error, the interval's quantiles or the leave-one-source-out split is wrong."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from impls.costmodel.published import PUBLISHED_RUNS
+from impls.simulator.validation import (
+    Interval,
+    leave_one_source_out,
+    predict_run,
+    predict_runs,
+    ratio_interval,
+)
+
+
+def test_error_is_signed_optimistic_above_zero():
+    p = predict_run(PUBLISHED_RUNS[0])
+    assert math.isclose(p.ratio, p.predicted / p.published)
+    assert math.isclose(p.error, p.ratio - 1.0)
+    assert p.plan.gpus == p.run.gpus
+
+
+def test_interval_quantiles_in_log_space():
+    # ln r = 0, 1, 2, 3, 4 → the 5th percentile interpolates 0.2 of the way from 0 to 1.
+    ratios = [math.exp(k) for k in range(5)]
+    interval = ratio_interval(ratios, 0.9)
+    assert math.isclose(math.log(interval.low), 0.2)
+    assert math.isclose(math.log(interval.high), 3.8)
+    assert interval.rows == 5
+    low, high = Interval(0.8, 1.25, 10).around(100.0)
+    assert math.isclose(low, 80.0) and math.isclose(high, 125.0)
+
+
+@pytest.mark.parametrize("coverage", [0.0, 1.0, -0.1])
+def test_interval_refuses_bad_coverage(coverage):
+    with pytest.raises(ValueError, match="coverage"):
+        ratio_interval([1.0, 1.1], coverage)
+
+
+def test_leave_one_source_out_never_sees_its_own_rows():
+    predictions = predict_runs()
+    checks = leave_one_source_out(predictions)
+    assert sum(c.rows for c in checks) == len(predictions)
+    for check in checks:
+        others = [p.ratio for p in predictions if p.run.source != check.source]
+        assert check.interval == ratio_interval(others)
+        mine = [p for p in predictions if p.run.source == check.source]
+        assert check.covered == sum(check.interval.covers(p.ratio) for p in mine)
