@@ -80,6 +80,8 @@ class _Stage:
     """Parameters of its largest layer (ZeRO-3 gathers one layer at a time)."""
     transformer_layers: int
     has_head: bool
+    layers: int
+    """Layers of the stage, embedding and head counted: its ZeRO / FSDP units by default."""
 
 
 def _stage(prices: Sequence[LayerPrice], start: int, stop: int, total: int) -> _Stage:
@@ -95,6 +97,7 @@ def _stage(prices: Sequence[LayerPrice], start: int, stop: int, total: int) -> _
         largest_layer=max(p.params for p in chunk),
         transformer_layers=len(range(max(start, 1), min(stop, total - 1))),
         has_head=stop == total,
+        layers=stop - start,
     )
 
 
@@ -142,16 +145,17 @@ def simulate(
     optimizer: str = "adam",
     stage_costs: Sequence[tuple[float, float, float]] | None = None,
     workspace_bytes: float = WORKSPACE_BYTES,
-    dp_collectives: int = 1,
+    dp_collectives: int | None = None,
 ) -> Prediction:
     """Predict one step of `plan` (see the module docstring).
 
     `stage_costs` overrides the pricing for tests: (F, I, W) compute seconds per (virtual)
     stage, TP communication then zero; memory and DP still come from the model.
     `dp_collectives`: the calls each ZeRO gather / reduce-scatter of a stage is split
-    into (its ZeRO / FSDP units, `zero_comm`); 1 prices each as one call.
+    into (its ZeRO / FSDP units, `zero_comm`); None: one unit per layer of the stage (FSDP
+    and `impls.zero` wrap each transformer block; the embedding and head are units too).
     """
-    if type(dp_collectives) is not int or dp_collectives < 1:  # bool is refused too
+    if dp_collectives is not None and (type(dp_collectives) is not int or dp_collectives < 1):
         raise ValueError(f"dp_collectives={dp_collectives!r}: must be an integer ≥ 1")
     validate_plan(spec, plan)
     hw.peak(dtype)
@@ -183,7 +187,7 @@ def simulate(
             st.input,
             st.weight,
             split,
-            dp_collectives,
+            dp_collectives or st.layers,
         )  # fmt: skip
         for st in stages
     ]
@@ -223,7 +227,8 @@ def _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule, free, real,
         after = real.ends[r] + end_of_step(
             plan, hw, params, bpp.weights, bpp.gradients,
             sum(stages[s].forward for s in own),
-            sum(stages[s].input + stages[s].weight for s in own), dp_collectives,
+            sum(stages[s].input + stages[s].weight for s in own),
+            dp_collectives or sum(stages[s].layers for s in own),
         )  # fmt: skip
         dp_end = max(dp_end, after)
         step = max(step, after + _optimizer_seconds(params, plan, hw, dtype))

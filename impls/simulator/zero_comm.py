@@ -16,33 +16,56 @@ When each happens (assumptions, stated):
   DeepSpeed re-gather under gradient accumulation), prefetched under the same compute;
 - ZeRO-1/2 all-gather the updated weights under the next step's first forward (Megatron's
   distributed optimizer with `overlap_param_gather`), charged to this step.
-A collective of t seconds under a window of w seconds of compute exposes
-min(t, max(0, t − w) + t_bucket): the last bucket (25 MB, DDP's `bucket_cap_mb` default)
-cannot start before the compute that fills it ends. On hardware whose collectives block
-the computing thread (`Hardware.comm_overlap` False) nothing hides: the whole t is exposed,
-and each meeting of the ranks after compute adds `Hardware.collective_meeting_s` (the first
-rank to arrive waits for the last; calls issued back to back meet once). Meetings, as
+How much is exposed (links as resources, prefetch one unit ahead). A rank sends each kind
+of collective as `units` equal calls (FSDP / ZeRO-3 units, one per layer by default; DDP's
+25 MB buckets, `BUCKET_BYTES`, PyTorch's `bucket_cap_mb` default) and the compute they
+hide under is split evenly among the units. Every call of one unit goes over the rank's
+one link, so the collectives that overlap the same compute share it: ZeRO-3's backward
+all-gather of the next unit and the reduce-scatter of the unit just done queue on the same
+NIC (per unit ℓ = t_gather + t_reduce_scatter, not the larger of the two). A unit's
+transfer is issued one unit ahead of the compute that needs it (FSDP's default backward
+prefetch and its implicit forward prefetch: Zhao et al. 2023, PyTorch FSDP,
+arXiv 2304.11277, "communication optimizations"), so the first unit's
+transfer is never hidden and each later one hides only under one unit of compute:
+
+    exposed = ℓ + (units − 1) · max(0, ℓ − window ÷ units)
+
+(at most units · ℓ, the whole transfer). With ℓ below a unit's compute only the first unit
+is exposed; with ℓ above it the link is the bottleneck and the compute hides (units − 1)
+of its units. On hardware whose collectives block the computing thread
+(`Hardware.comm_overlap` False) nothing hides: the whole transfer is exposed, and each
+meeting of the ranks after compute adds `Hardware.collective_meeting_s` (the first rank to
+arrive waits for the last; calls issued back to back meet once). Meetings, as
 `impls.zero` issues its calls: ZeRO-3 one per unit at its forward gather and one per unit
 at its backward gather (the unit's reduce-scatter follows the backward it reduces, back to
 back with the next unit's gather); ZeRO-2 one per unit at its reduce-scatter; at the end of
 the step one for the gradient reduction (ZeRO-0/1) and one for ZeRO-1/2's gathers after
 the optimizer.
 
-`collectives` splits a stage's volume into that many calls of each kind (ZeRO / FSDP
-units, one gather or reduce-scatter each, as `impls.zero` issues them): every call pays
-its own rounds of α, the bytes are the same. The default, one, prices the volume as one
-call (its latency counted once: bandwidth-bound at scale).
+`collectives` is how many calls each kind is sent as: every call pays its own rounds of α,
+the bytes are the same. The simulator's default is one ZeRO / FSDP unit per layer of the
+stage (`impls.zero` and FSDP wrap each transformer block); a bucketed reduction (ZeRO-0/1)
+is sent as at least one call per 25 MB bucket on overlapping hardware.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from impls.costmodel.comm import collective_seconds
 from impls.costmodel.hardware import Hardware
 from impls.simulator.plan import ParallelPlan
 
-__all__ = ["BUCKET_BYTES", "StageDataParallel", "dp_group", "end_of_step", "exposed", "per_action"]
+__all__ = [
+    "BUCKET_BYTES",
+    "StageDataParallel",
+    "bucketed",
+    "dp_group",
+    "end_of_step",
+    "exposed",
+    "per_action",
+]
 
 BUCKET_BYTES = 25 * 2**20
 
@@ -54,19 +77,37 @@ def dp_group(plan: ParallelPlan) -> tuple[int, int]:
     return plan.dp, plan.tp
 
 
-def exposed(kind: str, nbytes: float, plan: ParallelPlan, hw: Hardware, window: float,
+Transfer = tuple[str, float]
+"""(kind, bytes of the full buffer) of one collective, as `collective_seconds` takes it."""
+
+
+def exposed(transfers: tuple[Transfer, ...], plan: ParallelPlan, hw: Hardware, window: float,
             collectives: int = 1, meetings: int = 1) -> float:  # fmt: skip
-    """Seconds of a bucketed collective left over after `window` seconds of compute, the
-    volume sent as `collectives` calls of equal size, `meetings` of them after compute."""
+    """Seconds of `transfers`, sharing the rank's link, left after `window` seconds of
+    compute: each kind sent as `collectives` equal calls, pipelined one unit ahead of the
+    compute (module docstring); `meetings` of the calls meet the ranks after compute."""
     size, stride = dp_group(plan)
-    if size == 1 or nbytes <= 0:
+    transfers = tuple((kind, nbytes) for kind, nbytes in transfers if nbytes > 0)
+    if size == 1 or not transfers:
         return 0.0
-    each = nbytes / collectives
-    total = collectives * collective_seconds(kind, each, size, hw, stride=stride)
+    per_unit = sum(collective_seconds(kind, nbytes / collectives, size, hw, stride=stride)
+                   for kind, nbytes in transfers)  # fmt: skip
+    total = collectives * per_unit
     if not hw.comm_overlap:
         return total + meetings * hw.collective_meeting_s
-    bucket = collective_seconds(kind, min(BUCKET_BYTES, each), size, hw, stride=stride)
-    return min(total, max(0.0, total - window) + bucket)
+    hidden_under = window / collectives
+    return min(total, per_unit + (collectives - 1) * max(0.0, per_unit - hidden_under))
+
+
+def bucketed(
+    kind: str, nbytes: float, plan: ParallelPlan, hw: Hardware, window: float, collectives: int = 1
+) -> float:
+    """A gradient reduction or weight gather sent in DDP-style buckets: at least one call per
+    `BUCKET_BYTES` on overlapping hardware (as `collectives` calls where calls block)."""
+    calls = collectives
+    if hw.comm_overlap:
+        calls = max(collectives, math.ceil(nbytes / BUCKET_BYTES))
+    return exposed(((kind, nbytes),), plan, hw, window, calls)
 
 
 @dataclass(frozen=True)
@@ -92,17 +133,20 @@ def per_action(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: fl
     if plan.zero_stage < 2:
         return StageDataParallel()
     backward = input_s + weight_s
-    reduce_window = weight_s if split else backward
-    gather, grads = params * weight_bytes, params * grad_bytes
+    gather = (("all_gather", params * weight_bytes),)
+    reduce = (("reduce_scatter", params * grad_bytes),)
+    k = collectives
     if plan.zero_stage == 2:
-        return StageDataParallel(weight=exposed("reduce_scatter", grads, plan, hw, reduce_window,
-                                                collectives, collectives))  # fmt: skip
-    before_backward = input_s if split else backward
-    return StageDataParallel(
-        forward=exposed("all_gather", gather, plan, hw, forward_s, collectives, collectives),
-        input=exposed("all_gather", gather, plan, hw, before_backward, collectives, collectives),
-        weight=exposed("reduce_scatter", grads, plan, hw, reduce_window, collectives, 0),
-    )
+        return StageDataParallel(
+            weight=exposed(reduce, plan, hw, weight_s if split else backward, k, k)
+        )
+    forward = exposed(gather, plan, hw, forward_s, k, k)
+    if split:  # the gathers before I, the reduce-scatters after W: two windows, two queues
+        return StageDataParallel(forward=forward, input=exposed(gather, plan, hw, input_s, k, k),
+                                 weight=exposed(reduce, plan, hw, weight_s, k, 0))  # fmt: skip
+    # One backward: each unit's gather (prefetched) and reduce-scatter share the link.
+    shared = exposed(gather + reduce, plan, hw, backward, k, k)
+    return StageDataParallel(forward=forward, input=shared)
 
 
 def end_of_step(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: float,
@@ -113,9 +157,10 @@ def end_of_step(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: f
     forward (`forward_s`); ZeRO-3 has done all of its communication per micro-batch."""
     seconds = 0.0
     if plan.zero_stage == 0:
-        seconds += exposed("all_reduce", params * grad_bytes, plan, hw, backward_s)
+        seconds += bucketed("all_reduce", params * grad_bytes, plan, hw, backward_s)
     if plan.zero_stage == 1:
-        seconds += exposed("reduce_scatter", params * grad_bytes, plan, hw, backward_s, collectives)
+        seconds += bucketed("reduce_scatter", params * grad_bytes, plan, hw, backward_s,
+                            collectives)  # fmt: skip
     if plan.zero_stage in (1, 2):
-        seconds += exposed("all_gather", params * weight_bytes, plan, hw, forward_s, collectives)
+        seconds += bucketed("all_gather", params * weight_bytes, plan, hw, forward_s, collectives)
     return seconds

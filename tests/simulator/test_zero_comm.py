@@ -13,7 +13,7 @@ import pytest
 
 from impls.costmodel.comm import collective_seconds
 from impls.simulator import ParallelPlan
-from impls.simulator.zero_comm import BUCKET_BYTES, dp_group, end_of_step, exposed, per_action
+from impls.simulator.zero_comm import bucketed, dp_group, end_of_step, exposed, per_action
 from tests.simulator import flat_hardware
 
 HW = flat_hardware(alpha_s=1e-4, bandwidth=1e10, per_node=4)
@@ -34,15 +34,34 @@ def test_groups_follow_the_layout():
     assert dp_group(_plan(sp="ulysses")) == (8, 1)  # Ulysses reduces over dp·tp
 
 
-def test_exposed_is_what_the_window_cannot_hide_plus_the_last_bucket():
+def test_buckets_hide_one_unit_of_compute_each_and_the_first_never():
+    """DDP's 16 buckets of 400 MiB: the first bucket's all-reduce waits for the compute that
+    fills it; each later one hides only under one bucket's share of the window."""
     plan = _plan()
-    total, bucket = _t("all_reduce", BIG, plan), _t("all_reduce", BUCKET_BYTES, plan)
-    assert exposed("all_reduce", BIG, plan, HW, 0.0) == pytest.approx(total)
-    assert exposed("all_reduce", BIG, plan, HW, 1e9) == pytest.approx(bucket)
-    assert exposed("all_reduce", BIG, plan, HW, total / 2) == pytest.approx(total / 2 + bucket)
+    bucket = _t("all_reduce", BIG / 16, plan)
+    assert bucketed("all_reduce", BIG, plan, HW, 0.0) == pytest.approx(16 * bucket)
+    assert bucketed("all_reduce", BIG, plan, HW, 1e9) == pytest.approx(bucket)
+    half = 16 * bucket / 2  # each bucket's compute is half its transfer
+    assert bucketed("all_reduce", BIG, plan, HW, half) == pytest.approx(bucket + 15 * bucket / 2)
     small = _t("all_reduce", 1e6, plan)
-    assert exposed("all_reduce", 1e6, plan, HW, 1e9) == pytest.approx(small)
-    assert exposed("all_reduce", BIG, _plan(dp=1), HW, 0.0) == 0
+    assert bucketed("all_reduce", 1e6, plan, HW, 1e9) == pytest.approx(small)
+    assert bucketed("all_reduce", BIG, _plan(dp=1), HW, 0.0) == 0
+
+
+def test_collectives_under_one_backward_share_the_link():
+    """ZeRO-3's backward: each unit's gather and reduce-scatter queue on one link, so once
+    the link is the bottleneck the exposure is their sum less the compute, not the larger."""
+    plan, k = _plan(), 8
+    gather, reduce = (("all_gather", BIG),), (("reduce_scatter", BIG),)
+    t_g, t_rs = _t("all_gather", BIG / k, plan), _t("reduce_scatter", BIG / k, plan)
+    unit = t_g + t_rs
+    assert exposed(gather + reduce, plan, HW, 1e9, k) == pytest.approx(unit)  # first unit only
+    assert exposed(gather + reduce, plan, HW, 0.0, k) == pytest.approx(k * unit)
+    window = k * 1.5 * t_g  # each unit's compute outlasts either transfer, not both
+    shared = exposed(gather + reduce, plan, HW, window, k)
+    assert shared == pytest.approx(unit + (k - 1) * (unit - 1.5 * t_g))
+    apart = exposed(gather, plan, HW, window, k) + exposed(reduce, plan, HW, window, k)
+    assert apart == pytest.approx(unit) and shared > 2 * apart
 
 
 @pytest.mark.parametrize(
@@ -52,8 +71,8 @@ def test_exposed_is_what_the_window_cannot_hide_plus_the_last_bucket():
 )  # fmt: skip
 def test_end_of_step(stage, collectives):
     plan = _plan(zero_stage=stage)
-    params = BIG / 2
-    expected = sum(_t(kind, params * per, plan) for kind, per in collectives)
+    params = BIG / 2  # BIG bytes at 2 bytes a parameter: 16 DDP buckets of 25 MiB each
+    expected = sum(16 * _t(kind, params * per / 16, plan) for kind, per in collectives)
     assert end_of_step(plan, HW, params, 2, 2, 0.0, 0.0) == pytest.approx(expected)
 
 
@@ -77,12 +96,13 @@ def test_units_pay_their_own_latency_and_blocking_links_hide_nothing():
     plan, k = _plan(), 7
     one, many = _t("all_gather", BIG, plan), k * _t("all_gather", BIG / k, plan)
     latency = _t("all_gather", 1e-9, plan)  # the rounds' α, no bytes to speak of
-    assert exposed("all_gather", BIG, plan, HW, 0.0, k) == pytest.approx(many)
+    gather = (("all_gather", BIG),)
+    assert exposed(gather, plan, HW, 0.0, k) == pytest.approx(many)
     assert many - one == pytest.approx((k - 1) * latency, rel=1e-6)
-    assert exposed("all_gather", BIG, plan, HW, 1e9, k) < many  # overlapped: hidden
+    assert exposed(gather, plan, HW, 1e9, k) < many  # overlapped: hidden
     blocking = replace(HW, comm_overlap=False)
-    assert exposed("all_gather", BIG, plan, blocking, 1e9, k) == pytest.approx(many)
-    assert exposed("all_reduce", BIG, plan, blocking, 1e9) == pytest.approx(
+    assert exposed(gather, plan, blocking, 1e9, k) == pytest.approx(many)
+    assert bucketed("all_reduce", BIG, plan, blocking, 1e9) == pytest.approx(
         _t("all_reduce", BIG, plan))  # fmt: skip
     # end of step and per action pass the unit count through
     z1 = _plan(zero_stage=1)
@@ -97,8 +117,10 @@ def test_simulate_prices_units_and_refuses_a_bad_count():
     from tests.simulator import TINY
 
     plan = ParallelPlan(dp=4, tp=1, pp=1, zero_stage=3)
-    one = simulate(TINY, plan, HW).exposed_dp_s
+    one = simulate(TINY, plan, HW, dp_collectives=1).exposed_dp_s
     assert simulate(TINY, plan, HW, dp_collectives=3).exposed_dp_s > one
+    per_layer = simulate(TINY, plan, HW, dp_collectives=TINY.n_layers + 2)  # embedding, head
+    assert simulate(TINY, plan, HW) == per_layer  # default: one unit per layer
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="dp_collectives"):
             simulate(TINY, plan, HW, dp_collectives=bad)
