@@ -14,6 +14,7 @@ from impls.simulator.plan import (
     SEQUENCE_PARALLEL,
     ParallelPlan,
     Prediction,
+    megatron_stage_layers,
     stage_slices,
     validate_plan,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "ParallelPlan",
     "Prediction",
     "layer_costs",
+    "megatron_stage_layers",
     "simulate",
     "simulate_data_parallel",
     "stage_slices",

@@ -4,7 +4,8 @@ The GPUs form a dp × tp × pp grid laid out with tp innermost, then dp, then pp
 global rank = tp_index + tp · (dp_index + dp · pp_index), the layout of Megatron-LM
 (Narayanan et al. 2021, §3: tensor parallelism inside a node, pipeline across nodes). The
 model is the embedding, `n_layers` transformer layers and the LM head, `n_layers + 2`
-"layers" in a row; pipeline stage s holds a contiguous run of them (`stage_layers`).
+"layers" in a row; pipeline stage s holds a contiguous run of them (`stage_layers`): equal
+slicing by default, Megatron-LM's own layout with `megatron_stage_layers`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = [
     "SEQUENCE_PARALLEL",
     "ParallelPlan",
     "Prediction",
+    "megatron_stage_layers",
     "stage_slices",
     "validate_plan",
 ]
@@ -151,6 +153,29 @@ def stage_slices(n_layers: int, plan: ParallelPlan) -> tuple[tuple[int, int], ..
         bounds.append((start, start + count))
         start += count
     return tuple(bounds)
+
+
+def megatron_stage_layers(n_layers: int, stages: int) -> tuple[int, ...]:
+    """`ParallelPlan.stage_layers` for Megatron-LM's layout over `stages` (virtual) stages.
+
+    Megatron-LM builds n_layers / stages transformer blocks on every (virtual) stage
+    (`megatron/core/transformer/transformer_block.py`, `get_num_layers_to_build`: the
+    blocks per pipeline rank, then ÷ the virtual size) and refuses a count that does not
+    divide ("num_layers must be divisible by transformer_pipeline_model_parallel_size",
+    `megatron/model/transformer.py`, `_get_num_layers`). The embedding sits on the first
+    stage (`pre_process`) and the LM head on the last (`post_process`), on top of their
+    blocks: counts (L/S + 1, L/S, …, L/S, L/S + 1), which sum to L + 2. With S = 1 the one
+    stage holds everything, L + 2.
+    """
+    _count("n_layers", n_layers)
+    _count("stages", stages)
+    if n_layers % stages:
+        raise ValueError(f"stages={stages}: Megatron-LM's layout needs it to divide "
+                         f"n_layers={n_layers} (L/S blocks per stage)")  # fmt: skip
+    counts = [n_layers // stages] * stages
+    counts[0] += 1  # the embedding
+    counts[-1] += 1  # the LM head
+    return tuple(counts)
 
 
 @dataclass(frozen=True, kw_only=True)

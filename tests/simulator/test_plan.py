@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from impls.costmodel.compute import TransformerSpec
-from impls.simulator import ParallelPlan, simulate, stage_slices
+from impls.simulator import ParallelPlan, megatron_stage_layers, simulate, stage_slices
 from tests.simulator import TINY, flat_hardware
 
 GQA = TransformerSpec(n_layers=4, d_model=64, n_heads=8, kv_heads=2, vocab_size=128, seq_len=16)
@@ -77,3 +77,26 @@ def test_equal_slicing_gives_the_first_stages_the_remainder():
     plan = ParallelPlan(dp=1, tp=1, pp=2, stage_layers=[1, 3])
     assert plan.stage_layers == (1, 3)
     assert stage_slices(2, plan) == ((0, 1), (1, 4))
+
+
+def test_megatron_layout_puts_the_embedding_and_head_on_the_end_stages():
+    # GPT-3 175B on pp = 8 (Narayanan et al. 2021): 12 blocks per stage, + embedding, + head.
+    counts = megatron_stage_layers(96, 8)
+    assert counts == (13,) + (12,) * 6 + (13,)
+    assert sum(counts) == 96 + 2
+    assert megatron_stage_layers(4, 1) == (6,)
+    # pp = 2 × 2 virtual stages of a 4-layer model: one block per chunk.
+    plan = ParallelPlan(dp=1, tp=1, pp=2, schedule="interleaved_1f1b", virtual_stages=2,
+                        num_microbatches=2, stage_layers=megatron_stage_layers(4, 4))  # fmt: skip
+    assert stage_slices(4, plan) == ((0, 2), (2, 3), (3, 4), (4, 6))
+    simulate(GQA, plan, flat_hardware())  # a layout the simulator takes as it is
+    # Equal slicing of L + 2 puts the extra layers elsewhere: the layouts differ.
+    equal = stage_slices(96, ParallelPlan(dp=1, tp=1, pp=8))
+    assert tuple(b - a for a, b in equal) != counts
+
+
+@pytest.mark.parametrize(("layers", "stages", "key"), [(96, 7, "stages=7"), (4, 0, "stages=0"),
+                                                       (0, 1, "n_layers=0")])  # fmt: skip
+def test_megatron_layout_refuses_stages_that_do_not_divide_the_layers(layers, stages, key):
+    with pytest.raises(ValueError, match=key):
+        megatron_stage_layers(layers, stages)
