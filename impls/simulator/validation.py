@@ -40,9 +40,11 @@ __all__ = [
     "predict_run",
     "predict_runs",
     "published_interval",
+    "published_predictions",
     "ratio_interval",
     "run_hardware",
     "run_plan",
+    "source_label",
 ]
 
 COVERAGE = 0.9
@@ -182,8 +184,16 @@ def leave_one_source_out(predictions: Sequence[RunPrediction],
 
 
 @lru_cache(maxsize=1)
-def published_interval(coverage: float = COVERAGE) -> Interval:
-    """The interval every new prediction carries: all published rows' residuals.
+def published_predictions() -> tuple[RunPrediction, ...]:
+    """Every run of `PUBLISHED_RUNS` priced once per process (runs and model are fixed)."""
+    return predict_runs()
 
-    Cached per process: the published runs and the model are fixed while it runs."""
-    return ratio_interval([p.ratio for p in predict_runs()], coverage)
+
+def published_interval(coverage: float = COVERAGE) -> Interval:
+    """The interval every new prediction carries: all published rows' residuals."""
+    return ratio_interval([p.ratio for p in published_predictions()], coverage)
+
+
+def source_label(source: str) -> str:
+    """A citation shortened to its first clause, for tables grouped by source."""
+    return source.split(",")[0].split(" (")[0].split(" '")[0].strip()

@@ -66,35 +66,23 @@ def _cluster(name: str, per_node: int | None = None) -> Any:
 
 
 def _published(name: str) -> dict[str, Any]:
-    from impls.costmodel.compute import step_flops
-    from impls.costmodel.models import model
-    from impls.costmodel.published import PUBLISHED_RUNS
-    from impls.simulator import ParallelPlan, simulate
+    """The run priced in its source's metric, with the interval the other sources' residuals
+    give it (leave-one-source-out: its own source's rows never widen or centre it)."""
+    from impls.simulator.validation import leave_one_source_out, published_predictions, source_label
 
-    run = next(r for r in PUBLISHED_RUNS if r.name == name)
-    spec = replace(model(run.model), seq_len=run.seq_len)
-    hw = _cluster(run.hardware, run.gpus_per_node)
-    plan = ParallelPlan(dp=run.dp, tp=run.tp, pp=run.pp, sp=run.sp, zero_stage=run.zero_stage,
-                        microbatch_size=run.microbatch_size,
-                        num_microbatches=run.global_batch // (run.dp * run.microbatch_size),
-                        schedule=run.schedule if run.pp > 1 else "1f1b",
-                        virtual_stages=run.virtual_stages, recompute=run.recompute)  # fmt: skip
-    p = simulate(spec, plan, hw, dtype=run.dtype)
+    predictions = published_predictions()
+    mine = next(p for p in predictions if p.run.name == name)
+    run = mine.run
+    check = next(c for c in leave_one_source_out(predictions) if c.source == run.source)
+    low, high = check.interval.around(mine.predicted)
     columns = {"model": run.model, "hardware": run.hardware, "gpus": run.gpus,
                "global_batch": run.global_batch, "seq_len": run.seq_len,
-               "assumed": ", ".join(getattr(run, "assumed", ()) or ()) or "—",
-               **_plan_columns(plan, p)}  # fmt: skip
-    if getattr(run, "tflops_per_gpu", None):
-        full = run.flops_convention != "model"
-        flops = step_flops(spec, run.global_batch, recompute="full" if full else "none")
-        per_step = flops.hardware if full else flops.model
-        predicted = per_step / p.step_time_s / run.gpus / 1e12
-        metric = "TFLOP/s per GPU" + (" (counting full recomputation)" if full else "")
-        return _row(metric, "TFLOP/s", predicted, run.tflops_per_gpu, run.source, **columns)
-    if getattr(run, "mfu", None):
-        return _row("MFU", "fraction", p.mfu, run.mfu, run.source, **columns)
-    per_gpu = p.tokens_per_s / run.gpus
-    return _row("tokens/s per GPU", "tokens/s", per_gpu, run.tokens_per_s, run.source, **columns)
+               "assumed": ", ".join(run.assumed) or "—", "source_label": source_label(run.source),
+               "error": mine.error, "interval_low": low, "interval_high": high,
+               "interval_covers": bool(low <= mine.published <= high),
+               "source_median_abs_error": check.median_abs_error,
+               **_plan_columns(mine.plan, mine.prediction)}  # fmt: skip
+    return _row(mine.metric, mine.unit, mine.predicted, mine.published, run.source, **columns)
 
 
 def _best(spec: Any, hw: Any, gpus: int, batch: int, dtype: str = "bf16") -> tuple[Any, Any]:

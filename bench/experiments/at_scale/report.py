@@ -21,12 +21,16 @@ from bench.report import (
 __all__ = ["PUBLISHED_TARGET", "REPORT", "SUMMIT_TARGET"]
 
 ISSUE = "issue #14"
+HONEST = "issue #33"
 PUBLISHED_TARGET = Target(
     figure="published runs: |simulator ÷ published throughput − 1| (no fitting to them)",
-    column="abs_error", op="<=", bound=0.15, where={"kind": "published"},
-    source=f"{ISSUE}: median error ≤ 15% over ≥ 10 rows; judged here on every row",
+    column="abs_error", op="<=", bound=0.25, where={"kind": "published"},
+    source=f"{HONEST}: every row ≤ 25% (and the median ≤ 10%, judged below)",
     fmt=format_percent,
 )  # fmt: skip
+MEDIAN_BOUND = 0.10  # issue #33: median |error| ≤ 10% over ≥ 40 rows from ≥ 8 sources
+LOSO_BOUND = 0.12  # issue #33: leave-one-source-out median ≤ 12%
+OPTIMISTIC_BAND = (0.35, 0.65)  # issue #33: optimistic rows between 35% and 65% of all
 SUMMIT_TARGET = Target(
     figure="SUMMIT TSM data-parallel scaling efficiency: |simulator − lecture| (points)",
     column="efficiency_gap_points", op="<=", bound=10.0,
@@ -135,49 +139,114 @@ def _lecture_findings(ctx: Context, rows: pd.DataFrame) -> None:
 def published(ctx: Context) -> str | None:
     """Published runs
 
-    Each run's model, GPUs, parallel layout and batch as its paper states them (fields the
-    paper leaves out are listed under "assumed"), priced by the simulator and compared in
-    the paper's own convention (Megatron-LM's TFLOP/s count the recomputed forward). The
+    Each run's model, GPUs, parallel layout and batch as its source states them (fields the
+    source leaves out are listed under "assumed"), priced by the simulator and compared in
+    the source's own convention (Megatron-LM's TFLOP/s count the recomputed forward). The
     simulator's inputs are datasheets and microbenchmarks only: no published throughput
-    was used to set any of them."""
+    was used to set any of them. The error is signed: above zero the model is optimistic
+    (it promises more than the run achieved). Each row's 90% interval is built from the
+    other sources' residuals only (the 5th–95th percentile of ln(predicted ÷ published)
+    over every row of every other source), so it is an interval the row's own source never
+    shaped; "covered" says whether the published number falls inside it."""
     rows = _rows(ctx, "published")
     if rows.empty:
         return None
+    error = rows["ratio"] - 1
     table = pd.DataFrame({
         "run": rows["name"], "GPUs": rows["gpus"].map(format_count),
         "layout (dp·tp·pp)": rows.apply(
             lambda r: "·".join(format_count(r[k]) for k in ("dp", "tp", "pp")), axis=1),
         "metric": rows["metric"], "published": rows["published"].map(_fmt),
         "simulator": rows["predicted"].map(_fmt),
-        "error": (rows["ratio"] - 1).map(lambda v: f"{100 * v:+.1f}%"),
+        "error": error.map(lambda v: f"{100 * v:+.1f}%"),
+        "90% interval (other sources)": rows.apply(_interval_text, axis=1),
         "assumed": rows["assumed"], "source": rows["source"],
     })  # fmt: skip
     median = float(rows["abs_error"].median())
-    ctx.figure(
-        f"published runs: median |simulator ÷ published − 1| over {len(rows)} rows",
-        theory="≤ 15%",
-        source=f"{ISSUE}",
-        model=format_percent(median),
-    )
+    optimistic = float((error > 0).mean())
+    ctx.figure(f"published runs: median |simulator ÷ published − 1| over {len(rows)} rows",
+               theory=f"≤ {format_percent(MEDIAN_BOUND)}", source=HONEST,
+               model=format_percent(median))  # fmt: skip
+    ctx.figure(f"published runs: share of optimistic rows (simulator above published) "
+               f"over {len(rows)} rows", theory=f"{format_percent(OPTIMISTIC_BAND[0])}–"
+               f"{format_percent(OPTIMISTIC_BAND[1])}", source=HONEST,
+               model=format_percent(optimistic))  # fmt: skip
     ctx.headline["published_median_error"] = median
     ctx.headline["published_rows"] = len(rows)
+    ctx.headline["published_optimistic_share"] = optimistic
+    per_source, covered = _per_source(ctx, rows)
+    ctx.finding(f"median |error| ≤ {format_percent(MEDIAN_BOUND)} over the published rows",
+                holds=median <= MEDIAN_BOUND, detail=f"{format_percent(median)} over "
+                f"{len(rows)} rows from {rows['source'].nunique()} sources")  # fmt: skip
+    ctx.finding("optimistic rows between 35% and 65% of all (errors not of one sign)",
+                holds=OPTIMISTIC_BAND[0] <= optimistic <= OPTIMISTIC_BAND[1],
+                detail=f"{int((error > 0).sum())} of {len(rows)} optimistic")  # fmt: skip
+    return "\n".join([markdown_table(table, numparse=False), "",
+                      f"Median |error| {format_percent(median)} over {len(rows)} rows; "
+                      f"{int((error > 0).sum())} optimistic, {int((error <= 0).sum())} "
+                      f"pessimistic; {covered} of {len(rows)} inside the interval the other "
+                      "sources give them.", "", per_source, "", _plot(ctx, rows)])  # fmt: skip
+
+
+def _interval_text(row: pd.Series) -> str:
+    low, high = row.get("interval_low"), row.get("interval_high")
+    if low is None or not math.isfinite(float(low)):
+        return "—"
+    mark = "" if bool(row.get("interval_covers")) else " (not covered)"
+    return f"{_fmt(low)}–{_fmt(high)}{mark}"
+
+
+def _per_source(ctx: Context, rows: pd.DataFrame) -> tuple[str, int]:
+    """The per-source table and how many rows the other sources' interval covers.
+
+    No term of the simulator is fitted to a published run, so a row's error is the same
+    whether or not its source is held out: the leave-one-source-out median |error| equals
+    the plain median, and what holding a source out tests is the interval."""
+    covers = rows["interval_covers"].astype(str).isin(["True", "true", "1"])
+    error = pd.to_numeric(rows["ratio"], errors="coerce") - 1
+    grouped = rows.assign(covered=covers, optimistic=error > 0, error=error).groupby(
+        "source_label", sort=False)  # fmt: skip
+    table = pd.DataFrame({
+        "rows": grouped.size(),
+        "median |error|": grouped["abs_error"].median().map(format_percent),
+        "median error (signed)": grouped["error"].median().map(lambda v: f"{100 * v:+.1f}%"),
+        "optimistic": grouped["optimistic"].sum().astype(int),
+        "covered by the other sources' 90% interval": grouped["covered"].sum().astype(int),
+    }).reset_index().rename(columns={"source_label": "source"})  # fmt: skip
+    loso = float(rows["abs_error"].median())
+    ctx.headline["published_loso_median_error"] = loso
+    ctx.headline["published_loso_coverage"] = float(covers.mean())
+    ctx.figure("published runs: leave-one-source-out median |error| (no term fitted to any "
+               "source, so it equals the median)", theory=f"≤ {format_percent(LOSO_BOUND)}",
+               source=HONEST, model=format_percent(loso))  # fmt: skip
+    ctx.finding("each source's rows fall inside the 90% interval the other sources give them",
+                holds=float(covers.mean()) >= 0.8, detail=f"{int(covers.sum())} of "
+                f"{len(rows)} covered ({format_percent(float(covers.mean()))}; a 90% interval "
+                "should cover about 90%)")  # fmt: skip
+    intro = (
+        f"Per source ({rows['source'].nunique()} sources). Leave-one-source-out median "
+        f"|error| {format_percent(loso)}: the plain median, since no term of the simulator "
+        "is fitted to any source; holding a source out tests the interval instead."
+    )
+    return intro + "\n\n" + markdown_table(table, numparse=False), int(covers.sum())
+
+
+def _plot(ctx: Context, rows: pd.DataFrame) -> str:
     fig, axes = new_figure(6.0, 5.0)
     ax = axes[0]
-    ax.scatter(rows["published"], rows["predicted"])
-    for _, row in rows.iterrows():
-        ax.annotate(row["name"], (row["published"], row["predicted"]), fontsize=6)
+    for label, group in rows.groupby("source_label", sort=False):
+        ax.scatter(group["published"], group["predicted"], label=str(label)[:40], s=14)
     low = float(min(rows["published"].min(), rows["predicted"].min())) * 0.8
     high = float(max(rows["published"].max(), rows["predicted"].max())) * 1.2
     ax.plot([low, high], [low, high], "k--", label="predicted = published")
-    ax.plot([low, high], [0.85 * low, 0.85 * high], "k:", lw=0.8, label="±15%")
-    ax.plot([low, high], [1.15 * low, 1.15 * high], "k:", lw=0.8)
-    ax.set_xlabel("published (paper's metric)")
+    ax.plot([low, high], [0.75 * low, 0.75 * high], "k:", lw=0.8, label="±25%")
+    ax.plot([low, high], [1.25 * low, 1.25 * high], "k:", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("published (source's metric)")
     ax.set_ylabel("simulator (model output)")
-    ax.legend(fontsize=8)
-    plot = ctx.plot(fig, "predicted_vs_published", "simulator vs published throughput")
-    return "\n".join([markdown_table(table, numparse=False), "",
-                      f"Median error: {format_percent(median)} over {len(rows)} rows.", "",
-                      plot])  # fmt: skip
+    ax.legend(fontsize=6)
+    return ctx.plot(fig, "predicted_vs_published", "simulator vs published throughput, by source")
 
 
 REPORT = Report(
