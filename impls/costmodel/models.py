@@ -58,8 +58,12 @@ def _gpt(layers: int, width: int, heads: int, vocab: int, seq: int) -> Transform
 
 def _llama(layers: int, width: int, heads: int, d_ff: int, seq: int,
            kv_heads: int | None = None, vocab: int = 32000) -> TransformerSpec:  # fmt: skip
+    """A Llama-style spec with memory-efficient (flash) attention, as LLaMA was trained:
+    Touvron et al. 2023 (arXiv 2302.13971) §2.4, xformers' causal attention that stores no
+    attention weights and uses the backward of Dao et al. 2022 (FlashAttention)."""
     return TransformerSpec(n_layers=layers, d_model=width, n_heads=heads, vocab_size=vocab,
-                           seq_len=seq, d_ff=d_ff, kv_heads=kv_heads, gated_mlp=True)  # fmt: skip
+                           seq_len=seq, d_ff=d_ff, kv_heads=kv_heads, gated_mlp=True,
+                           attention="flash")  # fmt: skip
 
 
 _NARAYANAN = "Narayanan et al. 2021 (SC'21, arXiv 2104.04473), Table 1; V = 51200, s = 2048"
@@ -144,6 +148,53 @@ CARDS: dict[str, ModelCard] = {
         source="bench/experiments/parallelism_comparison/config.py "
         "default model (bias=False); GPT(...) has 1,648,768 parameters",
         biases=False,
+    ),  # fmt: skip
+    # MPT as llm-foundry benchmarks it (mosaicml/llm-foundry scripts/train/yamls/pretrain/
+    # mpt-7b.yaml, mpt-70b.yaml: d_model, n_heads, n_layers, expansion_ratio 4, vocab 50368,
+    # attn_impl flash; MPT's defaults: biases on, learned positions, tied LM head). Not the
+    # released MPT-7B (ALiBi, no biases): the benchmark table's NumParams column at seq 2048
+    # equals this count exactly, position table included.
+    "llm_foundry_mpt_7b": ModelCard(
+        spec=_gpt(32, 4096, 32, 50368, 2048),
+        stated_params=6_658_859_008,
+        source="mosaicml/llm-foundry scripts/train/benchmarking/README.md, NumParams of the "
+        "7b rows at SeqLen 2048; shape from scripts/train/yamls/pretrain/mpt-7b.yaml",
+        tied_embeddings=True,
+    ),  # fmt: skip
+    "llm_foundry_mpt_70b": ModelCard(
+        spec=_gpt(80, 8192, 64, 50368, 2048),
+        stated_params=64_862_437_376,
+        source="mosaicml/llm-foundry scripts/train/benchmarking/README.md, NumParams of the "
+        "70b rows; shape from scripts/train/yamls/pretrain/mpt-70b.yaml",
+        tied_embeddings=True,
+    ),  # fmt: skip
+    # Llama 3 70B as torchtitan builds it (torchtitan/models/llama/__init__.py at 157a12c,
+    # llama3_configs["70B"]: dim 8192, 80 layers, 64 heads, 8 kv heads, ffn_dim_multiplier
+    # 1.3 and multiple_of 4096 -> d_ff 28672), untied, V = 128256 (the Llama 3 tokenizer):
+    # 70,553,706,496 parameters, the count that reproduces torchtitan's stated MFU
+    # (tests/costmodel/test_published.py); "70B" in the model's name.
+    "llama3_70b": _llama_card(
+        _llama(80, 8192, 64, 28672, 8192, kv_heads=8, vocab=128256),
+        70e9,
+        "pytorch/torchtitan torchtitan/models/llama/__init__.py llama3_configs['70B'] "
+        "(commit 157a12c); vocabulary 128,256",
+    ),  # fmt: skip
+    # IBM's Llama 2 34B shape in foundation-model-stack/fms-fsdp (fms_fsdp/utils/
+    # config_utils.py, variant "34b": emb_dim 8192, 64 heads, 8 kv heads, 48 layers, hidden
+    # 22016, vocab 32000; seq 4096, the train config's default): "34b" in fms-fsdp's table.
+    "llama2_34b": _llama_card(
+        _llama(48, 8192, 64, 22016, 4096, kv_heads=8),
+        34e9,
+        "foundation-model-stack/fms-fsdp fms_fsdp/utils/config_utils.py, model_variant "
+        "'34b' (commit 5e522b4)",
+    ),  # fmt: skip
+    # TinyLlama 1.1B: 22 layers, h = 2048, 32 heads, 4 query groups, SwiGLU 5632, V = 32000,
+    # s = 2048 (jzhang38/TinyLlama README, model table; lit_gpt/config.py tiny_LLaMA_1b).
+    "tinyllama_1_1b": _llama_card(
+        _llama(22, 2048, 32, 5632, 2048, kv_heads=4),
+        1.1e9,
+        "jzhang38/TinyLlama README ('Layers: 22, Heads: 32, Query Groups: 4, Embedding "
+        "Size: 2048, Intermediate Size (Swiglu): 5632'); lit_gpt/config.py tiny_LLaMA_1b",
     ),  # fmt: skip
 }
 

@@ -1,32 +1,54 @@
 """Published runs: every row's layout is consistent, its metrics agree with each other and
-with our FLOP count, and malformed rows are refused."""
+with our FLOP count, the set covers what the validation needs (sources, FSDP, H100, long
+sequences, a scaling series), and malformed rows are refused. A failure means a row was
+mistyped, a model preset's shape differs from the run's, or a check lets bad rows in."""
 
 import dataclasses
 
 import pytest
 
 from impls.costmodel.compute import step_flops
-from impls.costmodel.models import MODELS
+from impls.costmodel.models import CARDS, MODELS, card_params, param_count
 from impls.costmodel.published import (
+    ATTENTION_KINDS,
     FLOPS_CONVENTIONS,
     HARDWARE_NAMES,
+    LAYOUTS,
     LECTURE_FIGURES,
     PUBLISHED_RUNS,
     published_run,
 )
 
 RUNS = {run.name: run for run in PUBLISHED_RUNS}
+# The 16-bit dense peaks the sources divide by: torchtitan's get_peak_flops and
+# llm-foundry's MFU (A100 312 TFLOP/s, H100 SXM 989 TFLOP/s).
+SOURCE_PEAK = {"a100_40gb": 312e12, "a100_80gb": 312e12, "h100_sxm": 989e12}
 
 
-def test_at_least_twelve_distinct_rows():
-    assert len(PUBLISHED_RUNS) >= 12
+def test_at_least_forty_distinct_rows_from_eight_sources():
+    assert len(PUBLISHED_RUNS) >= 40
     assert len(RUNS) == len(PUBLISHED_RUNS)
+    assert len({run.origin for run in PUBLISHED_RUNS}) >= 8
+
+
+def test_the_set_covers_fsdp_h100_long_sequences_and_a_scaling_series():
+    assert sum(run.zero_stage == 3 for run in PUBLISHED_RUNS) >= 10
+    assert sum(run.hardware == "h100_sxm" for run in PUBLISHED_RUNS) >= 10
+    assert sum(run.seq_len >= 8192 for run in PUBLISHED_RUNS) >= 4
+    # One model on one GPU type at one micro-batch, at three or more data-parallel sizes.
+    series = {}
+    for run in PUBLISHED_RUNS:
+        key = (run.model, run.hardware, run.seq_len, run.microbatch_size, run.tp, run.pp)
+        series.setdefault(key, set()).add(run.dp)
+    assert max(len(sizes) for sizes in series.values()) >= 3
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_layout_is_consistent(name):
     run = RUNS[name]
-    assert run.dp * run.tp * run.pp == run.gpus
+    assert run.dp * run.cp * run.tp * run.pp == run.gpus
+    assert run.attention in ATTENTION_KINDS and run.layout in LAYOUTS
+    assert run.seq_len % run.cp == 0
     assert run.tp <= run.gpus_per_node
     assert run.gpus % run.gpus_per_node == 0 or run.gpus < run.gpus_per_node
     assert run.global_batch % (run.dp * run.microbatch_size) == 0
@@ -37,7 +59,10 @@ def test_layout_is_consistent(name):
     # Each (virtual) pipeline stage holds at least one layer.
     assert spec.n_layers >= run.pp * run.virtual_stages
     assert (run.virtual_stages > 1) == (run.schedule == "interleaved_1f1b")
-    assert run.source and run.notes
+    assert run.source and run.notes and run.origin
+    # Megatron-LM and NeMo pipelines place L/pp blocks per stage, embedding and head aside.
+    if run.origin in ("megatron_sc21", "megatron_readme", "nemo") and run.pp > 1:
+        assert run.layout == "megatron"
 
 
 def test_sc21_tflops_and_percent_of_peak_agree():
@@ -48,7 +73,8 @@ def test_sc21_tflops_and_percent_of_peak_agree():
         assert run.tflops_per_gpu / 312 == pytest.approx(run.hfu, abs=0.005)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, r in RUNS.items() if r.tokens_per_s_per_gpu))
+@pytest.mark.parametrize("name", sorted(
+    n for n, r in RUNS.items() if r.tokens_per_s_per_gpu and r.tflops_per_gpu))  # fmt: skip
 def test_model_tflops_equal_tokens_times_our_flops_per_token(name):
     """NeMo's 'model TFLOP/s' = tokens/s × model FLOPs per token; our `step_flops` count
     (GQA, SwiGLU d_ff, s² attention, LM head) reproduces it within 0.2%."""
@@ -58,6 +84,49 @@ def test_model_tflops_equal_tokens_times_our_flops_per_token(name):
     assert per_token * run.tokens_per_s_per_gpu == pytest.approx(
         run.tflops_per_gpu * 1e12, rel=0.002)  # fmt: skip
     assert run.tokens_per_s == run.tokens_per_s_per_gpu * run.gpus
+
+
+def _six_n_flops_per_token(run) -> float:
+    """6·N + 12·l·h·s, N every parameter at the run's sequence length (position tables grow
+    with it): the count llm-foundry, torchtitan and lit-gpt state their MFU in."""
+    card = CARDS[run.model]
+    spec = dataclasses.replace(card.spec, seq_len=run.seq_len)
+    n = param_count(spec, tied_embeddings=card.tied_embeddings, biases=card.biases,
+                    learned_positions=card.learned_positions)  # fmt: skip
+    return 6 * n + 12 * spec.n_layers * spec.d_model * run.seq_len
+
+
+@pytest.mark.parametrize("name", sorted(
+    n for n, r in RUNS.items() if r.flops_convention == "model_6n" and r.mfu))  # fmt: skip
+def test_stated_mfu_equals_tokens_times_six_n_over_the_source_peak(name):
+    """Checks the model preset (its N, position table included) against each source's own
+    arithmetic; 1% covers the sources' rounding of tokens/s to integers."""
+    run = RUNS[name]
+    mfu = _six_n_flops_per_token(run) * run.tokens_per_s_per_gpu / SOURCE_PEAK[run.hardware]
+    assert mfu == pytest.approx(run.mfu, rel=0.01)
+
+
+def test_llm_foundry_hfu_counts_one_more_forward_exactly_when_checkpointing():
+    rows = [run for run in PUBLISHED_RUNS if run.origin == "llm_foundry"]
+    assert len(rows) == 14
+    for run in rows:
+        ratio = 4 / 3 if run.recompute == "full" else 1.0
+        assert run.hfu / run.mfu == pytest.approx(ratio, rel=0.002)
+
+
+@pytest.mark.parametrize(("name", "stated", "rel"), [
+    ("llm_foundry_mpt_7b", 6_658_859_008, 0),      # NumParams at SeqLen 2048, exactly
+    ("llm_foundry_mpt_70b", 64_862_437_376, 0),
+    ("llama3_70b", 70e9, 0.01),                    # "70B"; 70,553,706,496 counted
+    ("llama2_34b", 34e9, 0.01),                    # fms-fsdp's "34b"; 33.74B counted
+    ("tinyllama_1_1b", 1.1e9, 0.001),              # "1.1B"; 1,100,048,384 counted
+])  # fmt: skip
+def test_new_presets_match_the_size_their_source_states(name, stated, rel):
+    assert card_params(name) == pytest.approx(stated, rel=rel)
+
+
+def test_every_row_names_a_preset_model():
+    assert {run.model for run in PUBLISHED_RUNS} <= set(MODELS)
 
 
 def test_mfu_never_exceeds_hfu():
@@ -77,7 +146,14 @@ def test_unknown_run_is_refused():
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"dp": 7}, r"dp·tp·pp = 7·4·12 != gpus=384"),
+    ({"dp": 7}, r"dp·cp·tp·pp = 7·1·4·12 != gpus=384"),
+    ({"cp": 2}, r"dp·cp·tp·pp = 8·2·4·12 != gpus=384"),
+    ({"cp": 0}, r"PublishedRun.cp=0: must be an integer ≥ 1"),
+    ({"cp": 3, "dp": 8 // 3}, r"cp=3 does not divide seq_len=2048"),
+    ({"attention": "sparse"}, r"attention='sparse': allowed values: materialized, flash"),
+    ({"layout": "balanced"}, r"layout='balanced': allowed values: equal, megatron"),
+    ({"origin": ""}, r"origin must name the source family"),
+    ({"flops_convention": "6n"}, r"flops_convention='6n': allowed values: model, model_6n"),
     ({"microbatch_size": 3}, r"not a multiple of dp·microbatch_size=24"),
     ({"model": "gpt5"}, r"model='gpt5': not a key of MODELS"),
     ({"hardware": "tpu_v4"}, r"hardware='tpu_v4': allowed values: a100_40gb"),

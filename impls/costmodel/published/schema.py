@@ -1,0 +1,127 @@
+"""The shape of one published run, and the checks every row passes.
+
+Metrics are kept exactly as the source states them, with the FLOP convention it counts by:
+- `model`: the FLOPs the model needs, counted matrix by matrix as `costmodel.compute`
+  does (Korthikanti et al. 2022 MFU; NeMo's "model TFLOP/s");
+- `model_6n`: 6·N per token with N *every* parameter (embedding and position tables
+  included) plus 12·l·h·s for attention scores (PaLM, Chowdhery et al. 2022, App. B, as
+  llm-foundry, torchtitan and lit-gpt count it); it exceeds `model` by the embedding
+  table's share of N;
+- `hardware_full_recompute`: Megatron-LM SC'21 style, counting the recomputed forward:
+  96·B·s·l·h²(1 + s/6h + V/16lh) per step (Narayanan et al. 2021, §5.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from impls.costmodel.models import MODELS
+
+__all__ = [
+    "ATTENTION_KINDS",
+    "FLOPS_CONVENTIONS",
+    "HARDWARE_NAMES",
+    "LAYOUTS",
+    "PublishedRun",
+]
+
+HARDWARE_NAMES = ("a100_40gb", "a100_80gb", "h100_sxm", "v100_32gb", "v100_summit")
+SP_KINDS = ("none", "megatron_sp")
+SCHEDULES = ("1f1b", "interleaved_1f1b", "gpipe")
+RECOMPUTE_KINDS = ("none", "selective", "full")
+FLOPS_CONVENTIONS = ("model", "model_6n", "hardware_full_recompute")
+ATTENTION_KINDS = ("materialized", "flash")
+LAYOUTS = ("equal", "megatron")
+
+
+def _allowed(key: str, value: object, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"PublishedRun.{key}={value!r}: allowed values: {', '.join(allowed)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishedRun:
+    """One published run: layout, batch, precision, and the throughput its source reports."""
+
+    name: str
+    model: str
+    """A key of `impls.costmodel.models.MODELS`."""
+    hardware: str
+    gpus: int
+    gpus_per_node: int
+    dp: int
+    tp: int
+    pp: int
+    sp: str
+    zero_stage: int
+    microbatch_size: int
+    global_batch: int
+    """Sequences per optimizer step."""
+    seq_len: int
+    schedule: str
+    virtual_stages: int
+    recompute: str
+    dtype: str
+    flops_convention: str
+    source: str
+    """The citation: document, table, version."""
+    origin: str
+    """A short key of the independent source family (`nemo` for every NeMo release):
+    the unit of per-source and leave-one-source-out errors."""
+    notes: str
+    tflops_per_gpu: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    attention: str = "materialized"
+    """`flash`: the run's framework used FlashAttention or a fused attention kernel (no s²
+    score matrix kept); `materialized`: the scores were stored (Megatron-LM 2021/2022)."""
+    layout: str = "equal"
+    """`megatron`: Megatron-LM's pipeline layout (L/pp blocks per stage, the embedding on
+    the first stage and the LM head on the last); `equal`: blocks sliced evenly."""
+    cp: int = 1
+    """Context-parallel degree (NeMo's CP column); gpus = dp·cp·tp·pp."""
+    assumed: tuple[str, ...] = ()
+    """Fields whose value is not published: chosen here, explained in `notes`."""
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"PublishedRun.model={self.model!r}: not a key of MODELS")
+        _allowed("hardware", self.hardware, HARDWARE_NAMES)
+        _allowed("sp", self.sp, SP_KINDS)
+        _allowed("schedule", self.schedule, SCHEDULES)
+        _allowed("recompute", self.recompute, RECOMPUTE_KINDS)
+        _allowed("flops_convention", self.flops_convention, FLOPS_CONVENTIONS)
+        _allowed("attention", self.attention, ATTENTION_KINDS)
+        _allowed("layout", self.layout, LAYOUTS)
+        if not isinstance(self.cp, int) or isinstance(self.cp, bool) or self.cp < 1:
+            raise ValueError(f"PublishedRun.cp={self.cp!r}: must be an integer ≥ 1")
+        if self.seq_len % self.cp:
+            raise ValueError(f"{self.name}: cp={self.cp} does not divide seq_len={self.seq_len}")
+        if not self.origin:
+            raise ValueError(f"{self.name}: origin must name the source family")
+        if self.dp * self.cp * self.tp * self.pp != self.gpus:
+            raise ValueError(f"{self.name}: dp·cp·tp·pp = {self.dp}·{self.cp}·{self.tp}·"
+                             f"{self.pp} != gpus={self.gpus}")  # fmt: skip
+        if self.global_batch % (self.dp * self.microbatch_size):
+            per_step = self.dp * self.microbatch_size
+            raise ValueError(f"{self.name}: global_batch={self.global_batch} is not a "
+                             f"multiple of dp·microbatch_size={per_step}")  # fmt: skip
+        names = {f.name for f in fields(self)}
+        unknown = [key for key in self.assumed if key not in names]
+        if unknown:
+            raise ValueError(f"{self.name}: assumed names unknown fields {unknown}")
+        if not any(v is not None for v in (self.tflops_per_gpu, self.tokens_per_s_per_gpu,
+                                             self.mfu, self.hfu)):  # fmt: skip
+            raise ValueError(f"{self.name}: no published metric")
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch // (self.dp * self.microbatch_size)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Whole-job tokens per second, where the source gives a per-GPU rate."""
+        if self.tokens_per_s_per_gpu is None:
+            return None
+        return self.tokens_per_s_per_gpu * self.gpus
