@@ -57,6 +57,13 @@ def plan_columns(plan: Any) -> dict[str, Any]:
 
 
 def prediction_columns(p: Any) -> dict[str, Any]:
+    """The prediction, with the 90% interval the published runs' residuals give its rates
+    (`impls.simulator.validation.published_interval`: what a run planned so achieved)."""
+    from impls.simulator.validation import published_interval
+
+    interval = published_interval()
+    mfu_low, mfu_high = interval.around(p.mfu)
+    tokens_low, tokens_high = interval.around(p.tokens_per_s)
     memory = {f"memory_{k}_gb": v / GB for k, v in (p.memory_breakdown or {}).items()}
     return {
         "fits": bool(p.fits),
@@ -64,6 +71,11 @@ def prediction_columns(p: Any) -> dict[str, Any]:
         "predicted_tokens_per_s": p.tokens_per_s,
         "predicted_tflops_per_gpu": p.tflops_per_gpu,
         "predicted_mfu": p.mfu,
+        "predicted_mfu_low": mfu_low,
+        "predicted_mfu_high": mfu_high,
+        "predicted_tokens_per_s_low": tokens_low,
+        "predicted_tokens_per_s_high": tokens_high,
+        "interval_rows": interval.rows,
         "predicted_hfu": p.hfu,
         "predicted_peak_memory_gb": p.peak_memory_bytes / GB,
         "compute_s": p.compute_s,

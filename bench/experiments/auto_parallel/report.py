@@ -40,10 +40,14 @@ def best_plans(ctx: Context) -> str | None:
     Ranked by predicted tokens per second; every column is a prediction of the simulator
     (compute from the GEMM-efficiency table, communication from α–β over the preset's
     links, the pipeline schedule replayed). `stage_layers` "equal" is equal slicing; a
-    list is the Alpa-style slicing (embedding and LM head counted as layers)."""
+    list is the Alpa-style slicing (embedding and LM head counted as layers). The 90%
+    interval is what the simulator's residuals on the published runs (`at_scale`) say a
+    run so predicted achieves; "within #1's interval" marks plans the residuals cannot
+    tell apart from the best."""
     best = _found(ctx.ok, "best")
     if best.empty:
         return None
+    best = best.assign(within_best=_within_best(best))
     table = pd.DataFrame({
         "GPUs": best["gpus"], "rank": best["rank"], "plan": best.apply(plan_label, axis=1),
         "M": best["num_microbatches"], "stages": best["stage_layers"],
@@ -51,15 +55,33 @@ def best_plans(ctx: Context) -> str | None:
         "tokens/s": best["predicted_tokens_per_s"].map(lambda v: f"{v:,.0f}"),
         "TFLOP/s per GPU": best["predicted_tflops_per_gpu"].map(lambda v: f"{v:.0f}"),
         "MFU": best["predicted_mfu"].map(format_percent),
+        "MFU 90% interval": best.apply(_mfu_interval, axis=1),
+        "within #1's interval": best["within_best"].map({True: "yes", False: "no"}),
         "peak GB": best["predicted_peak_memory_gb"].map(lambda v: f"{v:.1f}"),
     })  # fmt: skip
     for _, row in best[best["rank"] == 1].iterrows():
         ctx.figure(f"best plan, {row['model']} on {int(row['gpus'])} × {row['hardware']}",
                    theory="—", source=SOURCE,
-                   model=f"{plan_label(row)}: MFU {format_percent(row['predicted_mfu'])}, "
+                   model=f"{plan_label(row)}: MFU {format_percent(row['predicted_mfu'])} "
+                         f"(90% interval {_mfu_interval(row)}), "
                          f"{row['predicted_tflops_per_gpu']:.0f} TFLOP/s per GPU")  # fmt: skip
     ctx.headline["best"] = best[best["rank"] == 1].to_dict("records")
     return markdown_table(table, numparse=False)
+
+
+def _mfu_interval(row: pd.Series) -> str:
+    if "predicted_mfu_low" not in row or pd.isna(row["predicted_mfu_low"]):
+        return "—"
+    return f"{format_percent(row['predicted_mfu_low'])}–{format_percent(row['predicted_mfu_high'])}"
+
+
+def _within_best(best: pd.DataFrame) -> pd.Series:
+    """Whether each plan's predicted throughput lies inside its GPU count's #1's interval."""
+    if "predicted_tokens_per_s_low" not in best.columns:
+        return pd.Series(False, index=best.index)
+    first = best[best["rank"] == 1].set_index("gpus")["predicted_tokens_per_s_low"]
+    floor = best["gpus"].map(first)
+    return pd.to_numeric(best["predicted_tokens_per_s"]) >= pd.to_numeric(floor)
 
 
 def rejected(ctx: Context) -> str | None:
