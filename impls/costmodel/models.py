@@ -175,6 +175,16 @@ CARDS: dict[str, ModelCard] = {
         "pytorch/torchtitan torchtitan/models/llama/__init__.py llama3_configs['70B'] "
         "(commit 157a12c); vocabulary 128,256",
     ),  # fmt: skip
+    # Llama 3 8B: the same family at 32 layers, h = 4096, 32 heads, 8 kv heads, SwiGLU 14336
+    # (torchtitan llama3_configs["8B"]: ffn_dim_multiplier 1.3, multiple_of 1024), untied,
+    # V = 128256: 8,030,261,248 parameters; "8B" in the model's name. NeMo's model TFLOP/s
+    # for LLAMA3-8B equals its tokens/s times this shape's FLOPs per token.
+    "llama3_8b": _llama_card(
+        _llama(32, 4096, 32, 14336, 8192, kv_heads=8, vocab=128256),
+        8e9,
+        "pytorch/torchtitan torchtitan/models/llama/__init__.py llama3_configs['8B'] "
+        "(commit 157a12c); vocabulary 128,256",
+    ),  # fmt: skip
     # IBM's Llama 2 34B shape in foundation-model-stack/fms-fsdp (fms_fsdp/utils/
     # config_utils.py, variant "34b": emb_dim 8192, 64 heads, 8 kv heads, 48 layers, hidden
     # 22016, vocab 32000; seq 4096, the train config's default): "34b" in fms-fsdp's table.

@@ -117,6 +117,7 @@ def test_llm_foundry_hfu_counts_one_more_forward_exactly_when_checkpointing():
 @pytest.mark.parametrize(("name", "stated", "rel"), [
     ("llm_foundry_mpt_7b", 6_658_859_008, 0),      # NumParams at SeqLen 2048, exactly
     ("llm_foundry_mpt_70b", 64_862_437_376, 0),
+    ("llama3_8b", 8e9, 0.01),                      # "8B"; 8,030,261,248 counted
     ("llama3_70b", 70e9, 0.01),                    # "70B"; 70,553,706,496 counted
     ("llama2_34b", 34e9, 0.01),                    # fms-fsdp's "34b"; 33.74B counted
     ("tinyllama_1_1b", 1.1e9, 0.001),              # "1.1B"; 1,100,048,384 counted

@@ -98,12 +98,25 @@ _NEMO_25_02_NOTES = (
 )
 
 
+_NEMO_24_07 = (
+    "NVIDIA/NeMo docs/source/performance/performance_summary.md (commit 070a0bb), "
+    "'Pretraining' at FP8, 'Container: NeMo24.07', 'System: DGX-H100': Model, #-GPUs, GBS, "
+    "MBS, Sequence Length, TP, PP, CP, VP, Tokens / sec / GPU, Model TFLOP / sec / GPU"
+)
+_NEMO_24_07_NOTES = (
+    "DGX H100 and FP8 stated by the page; CP is Megatron-Core's context parallelism (ring "
+    "attention over the CP group), so dp = GPUs / (TP·PP·CP). Sequence parallelism, ZeRO-1 "
+    "(distributed optimizer) and no recomputation are assumed as for the other NeMo rows."
+)
+
+
 def _nemo(name: str, model: str, gpus: int, gbs: int, mbs: int, seq: int, tp: int, pp: int,
-          vp: int, tokens: float, tflops: float, *, source: str = _NEMO, notes: str = _NEMO_NOTES,
+          vp: int, tokens: float, tflops: float, *, cp: int = 1, source: str = _NEMO,
+          notes: str = _NEMO_NOTES,
           assumed: tuple[str, ...] = _NEMO_ASSUMED) -> PublishedRun:  # fmt: skip
     return PublishedRun(
         name=name, model=model, hardware="h100_sxm", gpus=gpus,
-        gpus_per_node=8, dp=gpus // (tp * pp), tp=tp, pp=pp,
+        gpus_per_node=8, dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
         sp="megatron_sp" if tp > 1 else "none", zero_stage=1, microbatch_size=mbs,
         global_batch=gbs, seq_len=seq, schedule="interleaved_1f1b" if vp > 1 else "1f1b",
         virtual_stages=vp, recompute="none", dtype="fp8", flops_convention="model",
@@ -188,6 +201,41 @@ MEGATRON_RUNS: tuple[PublishedRun, ...] = (
         932,
         source=_NEMO_25_02,
         notes=_NEMO_25_02_NOTES,
+        assumed=_NEMO_ASSUMED[1:],
+    ),
+    # NeMo 24.07, DGX-H100: the two rows with context parallelism (CP = 2 at s = 8192).
+    _nemo(
+        "nemo_24_07_llama3_8b_8",
+        "llama3_8b",
+        8,
+        128,
+        1,
+        8192,
+        1,
+        1,
+        1,
+        12036,
+        697,
+        cp=2,
+        source=_NEMO_24_07,
+        notes=_NEMO_24_07_NOTES,
+        assumed=_NEMO_ASSUMED[1:],
+    ),
+    _nemo(
+        "nemo_24_07_llama3_70b_64",
+        "llama3_70b",
+        64,
+        128,
+        1,
+        8192,
+        4,
+        4,
+        5,
+        1533,
+        738,
+        cp=2,
+        source=_NEMO_24_07,
+        notes=_NEMO_24_07_NOTES,
         assumed=_NEMO_ASSUMED[1:],
     ),
 )
