@@ -117,6 +117,15 @@ def activation_bytes_per_layer(
 
     The paper counts 2-byte activations and 1-byte dropout masks; `dtype_bytes` scales the
     whole formula by dtype_bytes/2 (masks included: an approximation for other dtypes).
+
+    `spec.attention == "flash"` (FlashAttention, Dao et al. 2022 §3.1; FlashAttention-2,
+    Dao 2023, arXiv 2307.08691, Algorithms 1–2): the scores, softmax output and attention
+    dropout mask never reach memory, so the 5as²b term is gone; the kernel keeps its output
+    (already the projection input of the 11sbh) and the per-row log-sum-exp L, one fp32
+    value per query and head: 4·as·b/t bytes (the heads are split t ways under every sp).
+    The dropout mask is regenerated from the RNG state in the backward (Dao et al. 2022
+    §3.1), so nothing else is kept; `selective` recomputes the kernel, L included.
+    Everything else is unchanged.
     """
     check_count("microbatch", microbatch)
     check_count("tp", tp)
@@ -137,8 +146,11 @@ def activation_bytes_per_layer(
     else:
         replicated = 10 * sbh
         sharded = s * b * ((4 + 4 * spec.kv_fraction) * h + (6 if spec.gated_mlp else 4) * spec.ffn)
-        core = 0 if recompute == "selective" else 5 * a * s * s * b
+        flash = spec.attention == "flash"
+        core = 0 if recompute == "selective" or flash else 5 * a * s * s * b
         paper_bytes = (replicated / t if split_all else replicated) + (sharded + core) / t
+        if flash and recompute == "none":  # selective recomputes the kernel, L included
+            return paper_bytes * dtype_bytes / 2 + _STAT_BYTES * a * s * b / t
     return paper_bytes * dtype_bytes / 2
 
 

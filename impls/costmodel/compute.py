@@ -15,6 +15,13 @@ and the LM head 2bshV. With a = k, f = 4h, m = 2 that is 24bsh² + 4bs²h per la
 count of Narayanan et al. 2021 (Megatron-LM, SC'21, §5.1, Appendix), whose step total with
 full recomputation, 96bslh²(1 + s/6h + V/16lh), `tests/costmodel/test_compute.py` checks.
 
+`attention` says how the core is run: "materialized" (scores in memory, as Megatron-LM's
+unfused path) or "flash" (FlashAttention, Dao et al. 2022; FlashAttention-2, Dao 2023,
+arXiv 2307.08691). The FLOPs counted here do not depend on it: the full s² terms stay in
+the model-FLOPs convention above, as the FlashAttention-2 paper itself keeps them (§4.3);
+what flash changes, the time and memory of the core, is priced in `impls.simulator.costs`
+and `impls.costmodel.activations`.
+
 Backward costs twice the forward (a gradient for the input and one for the weights). The
 FLOPs a step *needs* (model FLOPs) are 3× the forward; activation recomputation adds work
 the hardware does but the model does not need (hardware FLOPs):
@@ -34,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "ATTENTION",
     "RECOMPUTE",
     "StepFlops",
     "TransformerSpec",
@@ -44,6 +52,7 @@ __all__ = [
 ]
 
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("materialized", "flash")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +70,10 @@ class TransformerSpec:
     """Heads with their own keys and values (grouped-query attention); None: n_heads."""
     gated_mlp: bool = False
     """SwiGLU-style MLP with three matrices (LLaMA) instead of two."""
+    attention: str = "materialized"
+    """The attention core's kernel: "materialized" (the s × s scores, softmax and dropout
+    mask in memory) or "flash" (FlashAttention: one fused kernel, only its output and the
+    per-row log-sum-exp kept for the backward)."""
 
     def __post_init__(self) -> None:
         for key in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len"):
@@ -73,6 +86,9 @@ class TransformerSpec:
         if self.kv_heads is not None and (self.kv_heads < 1 or self.n_heads % self.kv_heads):
             raise ValueError(f"TransformerSpec.kv_heads={self.kv_heads}: must divide "
                              f"n_heads={self.n_heads}")  # fmt: skip
+        if self.attention not in ATTENTION:
+            raise ValueError(f"TransformerSpec.attention={self.attention!r}: allowed values "
+                             f"{', '.join(ATTENTION)}")  # fmt: skip
 
     @classmethod
     def of(cls, model: Any) -> TransformerSpec:

@@ -34,6 +34,17 @@ def _positive(owner: str, **values: float) -> None:
             raise ValueError(f"{owner}.{key}={value!r}: must be a finite number > 0")
 
 
+def _log_interpolate(points, x: float) -> float:
+    """y at x over (x, y) points sorted by x: linear in log x between them, clamped."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x <= x1:
+            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + t * (y1 - y0)
+    return points[-1][1]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Link:
     """One kind of link: latency α (s per message), bandwidth (bytes/s per device and
@@ -99,6 +110,14 @@ class Hardware:
     that blocks the rank's one computing thread, as `impls.pipeline`'s executor waits out
     its rounds on a CPU); False: a send is a latency between the two ranks' actions (a
     GPU's copy engine beside compute)."""
+    attention_efficiency: tuple[tuple[float, float, float], ...] | None = None
+    """FlashAttention on this device: (sequence length, forward, backward) fractions of
+    peak, sequence length ascending, interpolated in log length and clamped at both ends.
+    The fractions are of the FLOPs the kernel computes, as FlashAttention's benchmarks count
+    them (FlashAttention-2, arXiv 2307.08691, §4.1): the causal half of 4·s²·d per head
+    forward, 2.5 × that backward (5 matrix products against 2: the scores are recomputed).
+    None: no published benchmark for the device; the fused core is then priced as the
+    equivalent GEMMs (`gemm_efficiency`), an assumption."""
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -120,10 +139,36 @@ class Hardware:
                              "points")  # fmt: skip
         if list(points) != sorted(points):
             raise ValueError(f"{owner}.gemm_efficiency: points must be sorted by FLOPs")
+        self._check_attention(owner)
         for key in ("kernel_overhead_s", "action_overhead_s", "collective_meeting_s"):
             value = getattr(self, key)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{owner}.{key}={value!r}: must be a finite number ≥ 0")
+
+    def _check_attention(self, owner: str) -> None:
+        points = self.attention_efficiency
+        if points is None:
+            return
+        if not points or any(len(p) != 3 or p[0] <= 0 or not all(0 < f <= 1 for f in p[1:])
+                             for p in points):  # fmt: skip
+            raise ValueError(f"{owner}.attention_efficiency: need (sequence length > 0, "
+                             "0 < forward ≤ 1, 0 < backward ≤ 1) points")  # fmt: skip
+        if [p[0] for p in points] != sorted(p[0] for p in points):
+            raise ValueError(f"{owner}.attention_efficiency: points must be sorted by length")
+
+    def attention_seconds(self, flops: float, seq_len: int, dtype: str, backward: bool,
+                          kernels: int = 1) -> float:  # fmt: skip
+        """Time of a FlashAttention kernel computing `flops` (as its benchmarks count them)
+        over sequences of `seq_len`, forward or backward, plus `kernels` launches."""
+        if flops <= 0:
+            return 0.0
+        points = self.attention_efficiency
+        if points is None:
+            fraction = self.efficiency(flops)
+        else:
+            column = 2 if backward else 1
+            fraction = _log_interpolate([(p[0], p[column]) for p in points], seq_len)
+        return flops / (self.peak(dtype) * fraction) + kernels * self.kernel_overhead_s
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
@@ -133,14 +178,7 @@ class Hardware:
 
     def efficiency(self, flops: float) -> float:
         """Achieved fraction of peak for one GEMM of `flops`, log-linear between points."""
-        points = self.gemm_efficiency
-        if flops <= points[0][0]:
-            return points[0][1]
-        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
-            if flops <= x1:
-                t = (math.log(flops) - math.log(x0)) / (math.log(x1) - math.log(x0))
-                return y0 + t * (y1 - y0)
-        return points[-1][1]
+        return _log_interpolate(self.gemm_efficiency, flops)
 
     def gemm_seconds(self, m: int, n: int, k: int, dtype: str = "bf16", count: int = 1) -> float:
         """Time of `count` (m × k)·(k × n) products: 2mnk FLOPs each."""

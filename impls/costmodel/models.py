@@ -58,8 +58,12 @@ def _gpt(layers: int, width: int, heads: int, vocab: int, seq: int) -> Transform
 
 def _llama(layers: int, width: int, heads: int, d_ff: int, seq: int,
            kv_heads: int | None = None, vocab: int = 32000) -> TransformerSpec:  # fmt: skip
+    """A Llama-style spec with memory-efficient (flash) attention, as LLaMA was trained:
+    Touvron et al. 2023 (arXiv 2302.13971) §2.4, xformers' causal attention that stores no
+    attention weights and uses the backward of Dao et al. 2022 (FlashAttention)."""
     return TransformerSpec(n_layers=layers, d_model=width, n_heads=heads, vocab_size=vocab,
-                           seq_len=seq, d_ff=d_ff, kv_heads=kv_heads, gated_mlp=True)  # fmt: skip
+                           seq_len=seq, d_ff=d_ff, kv_heads=kv_heads, gated_mlp=True,
+                           attention="flash")  # fmt: skip
 
 
 _NARAYANAN = "Narayanan et al. 2021 (SC'21, arXiv 2104.04473), Table 1; V = 51200, s = 2048"

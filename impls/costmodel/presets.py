@@ -39,6 +39,12 @@ _WAVES = ("NVIDIA Matrix Multiplication Background User's Guide §3.2 wave quant
           "256×128 tiles (§2.3), scaled by the large-GEMM efficiency")  # fmt: skip
 _NCCL_LAT = "NCCL src/graph/tuning.cc hwLatencies, ring LL128 (commit 5067397)"
 _KERNEL = "assumption: 4 µs launch + tail per kernel (no published figure used)"
+_FA2 = "Dao 2023, FlashAttention-2 (arXiv 2307.08691)"
+_FA3 = "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608)"
+_FA3_H100 = ((512, 292, 316), (1024, 423, 424), (2048, 521, 501), (4096, 579, 542),
+             (8192, 602, 559), (16384, 616, 561))  # fmt: skip
+"""FlashAttention-3 on H100 SXM5, BF16, head dim 128 (§4.1): (s, forward TFLOP/s with causal
+mask, Fig. 5; backward TFLOP/s, Fig. 6)."""
 
 
 def _wave_table(sms: int, large_flops: float, large_eff: float) -> tuple[tuple[float, float], ...]:
@@ -69,6 +75,8 @@ def _a100(memory_gb: int, bandwidth: float) -> Hardware:
         # A100 80GB: a large copy at 1490 of 2039 GB/s (chsasank/device-benchmarks).
         elementwise_efficiency=0.73,
         kernel_overhead_s=4e-6,
+        # FlashAttention-2 on A100: "up to 73 % ... forward, up to 63 % ... backward".
+        attention_efficiency=((2048, 0.73, 0.63),),
         sources={
             "peak_flops": "NVIDIA A100 Tensor Core GPU datasheet (dense: FP32 19.5, TF32 156, "
             "BF16/FP16 312 TFLOPS)",
@@ -87,6 +95,11 @@ def _a100(memory_gb: int, bandwidth: float) -> Hardware:
             f"small GEMMs: {_WAVES}, 108 SMs (A100 whitepaper)",
             "elementwise_efficiency": f"{_SQUARE}: A100 80GB copy 1490 of 2039 GB/s",
             "kernel_overhead_s": _KERNEL,
+            "attention_efficiency": f"{_FA2}, §1: 'reaching up to 73% of the theoretical max "
+            "throughput in the forward pass, and up to 63% of the theoretical max throughput "
+            "in the backward pass' (A100 80GB SXM4, §4.1); the best of its sweep over "
+            "sequence length, head dimension and causal mask (an upper bound: the paper's "
+            "per-length figures are plots, not read here), one value at every length",
         },
     )
 
@@ -112,6 +125,7 @@ def _h100() -> Hardware:
         gemm_efficiency=_wave_table(132, 2.0 * 6144 * 17920 * 2816, 0.801),
         elementwise_efficiency=0.815,
         kernel_overhead_s=4e-6,
+        attention_efficiency=tuple((s, fwd / 989, bwd / 989) for s, fwd, bwd in _FA3_H100),
         sources={
             "peak_flops": "NVIDIA H100 Tensor Core GPU datasheet, SXM5 (dense = half the "
             "sparse figures: TF32 494.5, BF16/FP16 989, FP8 1979; FP32 67 TFLOPS)",
@@ -129,6 +143,11 @@ def _h100() -> Hardware:
             "elementwise_efficiency": f"{_SQUARE}: H100 PCIe copy 1630 of 2000 GB/s, "
             "assumption: the same fraction on SXM5",
             "kernel_overhead_s": _KERNEL,
+            "attention_efficiency": f"{_FA3}, §4.1 (H100 80GB SXM5, BF16, head dim 128, "
+            "batch × length = 16k tokens), FlashAttention-3 TFLOP/s at s = 512 … 16k: "
+            "forward with causal mask 292, 423, 521, 579, 602, 616 (Fig. 5); backward 316, "
+            "424, 501, 542, 559, 561 (Fig. 6, the paper's backward benchmark, no causal "
+            "panel: assumption, the causal backward reaches the same fraction); ÷ 989",
         },
     )
 
@@ -156,6 +175,8 @@ def _v100(name: str, *, memory_gb: int, per_node: int, intra_bw: float, inter_bw
             "alpha_s": _NCCL_LAT + ": NVLink 1.9 µs, NET 4.0 µs",
             "gemm_efficiency": f"{_SQUARE}: V100 32GB fp16 84 of 125 TFLOPS (square matmuls "
             f"up to 6888); small GEMMs: {_WAVES}, 80 SMs (V100 whitepaper)",
+            "attention_efficiency": "none: FlashAttention-2 needs Ampere or newer and no "
+            "V100 benchmark is used; attention='flash' is priced as its GEMMs (assumption)",
             "elementwise_efficiency": f"{_SQUARE}: V100 32GB copy 766 of 900 GB/s",
             "kernel_overhead_s": _KERNEL,
             **notes,

@@ -15,7 +15,8 @@ tokens instead: T/t rows through full matrices, and all a/t heads' attention ove
 whole sequence after the all-to-all, so its FLOPs per rank equal Megatron's.
 
 Backward: the input gradient I runs the weight GEMMs again with the same FLOPs (dX = dY·Wᵀ)
-plus both attention-core backward products (4 GEMMs, no weights); the weight gradient W
+plus both attention-core backward products (4 GEMMs, no weights; FlashAttention instead
+runs one fused kernel each way, `_attention_core`); the weight gradient W
 runs the weight GEMMs once more (dW = Xᵀ·dY), so I + W = 2 × forward FLOPs. Element-wise
 work (LayerNorms, GELU/SwiGLU, softmax over the a·s²/t scores, residual adds, dropout with
 1-byte masks) moves bytes at memory bandwidth; its backward moves twice the forward's bytes
@@ -104,10 +105,38 @@ def _comm(collectives: tuple, tp: int, hw: Hardware) -> float:
     return sum(collective_seconds(kind, nbytes, tp, hw) for kind, nbytes in collectives)
 
 
+def _attention_core(spec: TransformerSpec, microbatch: int, tp: int, hw: Hardware,
+                    dtype: str) -> tuple[float, float, float, int]:  # fmt: skip
+    """The attention core of one rank: (forward s, backward s, bytes of its element-wise
+    work, element-wise kernels of the whole layer's forward).
+
+    Both Megatron and Ulysses run a/t heads of every sequence. Materialized: the two
+    batched products at `gemm_seconds`, causal masking not exploited, the backward two
+    products per forward one; softmax and attention dropout over the a·s²/t scores are
+    memory-bound kernels. Flash: one fused kernel that skips the masked blocks, so it
+    computes half of Megatron's 4·b·s²·h/t (FlashAttention-2 §4.1 counts causal FLOPs so);
+    its backward recomputes the scores inside the kernel, 5 products against the forward's
+    2 (2.5 ×, same section), and launches 2 kernels (the rowsum of dO∘O, then the main
+    loop: Algorithm 2), each at `Hardware.attention_seconds`. Softmax and dropout are fused
+    away: no score bytes, and 2 fewer element-wise kernels.
+    """
+    b, s, h, a, B = microbatch, spec.seq_len, spec.d_model, spec.n_heads, DTYPE_BYTES[dtype]
+    heads = b * a / tp
+    if spec.attention == "flash":
+        computed = 4 * heads * s * s * (h / a) / 2  # the causal half of QKᵀ and ·V
+        forward = hw.attention_seconds(computed, s, dtype, backward=False)
+        backward = hw.attention_seconds(2.5 * computed, s, dtype, backward=True, kernels=2)
+        return forward, backward, 0.0, _FORWARD_KERNELS - 2
+    core = hw.gemm_seconds(s * heads, s, h / a, dtype) + hw.gemm_seconds(s * heads, h / a, s, dtype)
+    scores = heads * s * s
+    core_bytes = 2 * B * scores + (2 * B + _MASK) * scores  # softmax, attention dropout
+    return core, 2 * core, core_bytes, _FORWARD_KERNELS
+
+
 def transformer_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
                       recompute: str, hw: Hardware, dtype: str) -> LayerPrice:  # fmt: skip
     """One transformer layer (see the module docstring for every term)."""
-    b, s, h, a = microbatch, spec.seq_len, spec.d_model, spec.n_heads
+    b, s, h = microbatch, spec.seq_len, spec.d_model
     f, B, shard = spec.ffn, DTYPE_BYTES[dtype], _shard(sp, tp)
     tokens = b * s
     rows = tokens / tp if sp == "ulysses" else tokens  # rows through the weight GEMMs
@@ -120,26 +149,22 @@ def transformer_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
         + hw.gemm_seconds(rows, f / shard, h, dtype, count=matrices - 1)
         + hw.gemm_seconds(rows, h, f / shard, dtype)
     )
-    heads = b * a / tp  # both Megatron and Ulysses run a/t heads of every sequence
-    core = hw.gemm_seconds(s * heads, s, h / a, dtype) + hw.gemm_seconds(s * heads, h / a, s, dtype)
-    scores = heads * s * s
+    core, core_backward, core_bytes, kernels = _attention_core(spec, b, tp, hw, dtype)
     hidden = tokens * f / tp
-    core_bytes = 2 * B * scores + (2 * B + _MASK) * scores  # softmax, attention dropout
     other_bytes = B * (10 * local * h + matrices * hidden) + (2 * B + _MASK) * 2 * local * h
-    elementwise = hw.elementwise_seconds(core_bytes + other_bytes, _FORWARD_KERNELS)
+    elementwise = hw.elementwise_seconds(core_bytes + other_bytes, kernels)
     forward = weights + core + elementwise
     extra = {
         "none": 0.0,
-        "selective": core + hw.elementwise_seconds(core_bytes, 2),
+        "selective": core + (hw.elementwise_seconds(core_bytes, 2) if core_bytes else 0.0),
         "full": forward,
     }[recompute]
-    backward_elementwise = hw.elementwise_seconds(2 * (core_bytes + other_bytes),
-                                                  2 * _FORWARD_KERNELS)  # fmt: skip
+    backward_elementwise = hw.elementwise_seconds(2 * (core_bytes + other_bytes), 2 * kernels)
     fwd_comm, bwd_comm = tp_collectives(spec, b, tp, sp, dtype, recompute)
     matrix_params = h * qkv_width + h * h + matrices * h * f
     return LayerPrice(
         forward_s=forward,
-        input_s=weights + 2 * core + backward_elementwise + extra,
+        input_s=weights + core_backward + backward_elementwise + extra,
         weight_s=weights,
         tp_forward_s=_comm(fwd_comm, tp, hw),
         tp_backward_s=_comm(bwd_comm, tp, hw),

@@ -9,6 +9,8 @@ count disagrees with the tensors autograd keeps for backward.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -147,3 +149,27 @@ def test_activation_bytes_refusals_name_the_key(call, needles) -> None:
         call()
     for needle in needles:
         assert needle in str(error.value)
+
+
+def test_flash_attention_keeps_no_s_squared_term():
+    """FlashAttention (Dao et al. 2022; FlashAttention-2, arXiv 2307.08691): the 5as²b
+    scores, softmax and dropout mask are gone, the fp32 log-sum-exp (4·a·s·b/t) is kept."""
+    flash = replace(SMALL, attention="flash")
+    assert activation_bytes_per_layer(flash, 2) == 34 * SBH + 4 * 4 * 8 * 2
+    assert activation_bytes_per_layer(flash, 2, tp=2, sp="megatron_sp") == 17 * SBH + 4 * 4 * 8
+    assert activation_bytes_per_layer(flash, 2, recompute="selective") == 34 * SBH
+    assert activation_bytes_per_layer(flash, 2, recompute="full") == 2 * SBH
+    # Doubling s at a fixed number of tokens (b halves) keeps flash's bytes, and doubling s
+    # at a fixed b doubles them; the materialized core quadruples.
+    long_ = replace(GPT3, seq_len=4096, attention="flash")
+    short = replace(GPT3, attention="flash")
+    per_token = activation_bytes_per_layer(short, 2, tp=8, sp="megatron_sp")
+    assert activation_bytes_per_layer(long_, 1, tp=8, sp="megatron_sp") == per_token
+    assert activation_bytes_per_layer(long_, 2, tp=8, sp="megatron_sp") == 2 * per_token
+    core = activation_bytes_per_layer(GPT3, 1) - activation_bytes_per_layer(
+        GPT3, 1, recompute="selective"
+    )
+    long_core = activation_bytes_per_layer(replace(GPT3, seq_len=4096), 1) - (
+        activation_bytes_per_layer(replace(GPT3, seq_len=4096), 1, recompute="selective")
+    )
+    assert long_core == 4 * core

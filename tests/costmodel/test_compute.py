@@ -6,6 +6,8 @@ count: every later number in the simulator and planner would be off by the same 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from impls.costmodel.compute import TransformerSpec, hfu, layer_forward_flops, mfu, step_flops
@@ -92,3 +94,17 @@ def test_bad_shapes_are_refused_naming_the_key(bad, needle):
 def test_unknown_recompute_mode_is_refused():
     with pytest.raises(ValueError, match="recompute='some'"):
         step_flops(GPT3, 1, recompute="some")
+
+
+@pytest.mark.parametrize("value", ["Flash", "sdpa", None])
+def test_attention_refuses_unknown_kernels_naming_the_key(value):
+    with pytest.raises(ValueError, match=r"attention=.*materialized, flash"):
+        TransformerSpec(n_layers=1, d_model=8, n_heads=2, vocab_size=8, seq_len=4,
+                        attention=value)  # fmt: skip
+
+
+def test_flash_does_not_change_the_model_flops():
+    """Megatron's convention (full s² terms) is kept whatever runs the core."""
+    spec = TransformerSpec(n_layers=2, d_model=64, n_heads=4, vocab_size=128, seq_len=256)
+    flash = replace(spec, attention="flash")
+    assert step_flops(flash, 2) == step_flops(spec, 2)

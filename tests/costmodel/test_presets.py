@@ -7,6 +7,8 @@ name is accepted that should be refused, or the host's per-rank share rule chang
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from impls.costmodel.presets import HARDWARE, hardware, host_hardware
@@ -82,3 +84,30 @@ def test_overheads_must_be_finite_and_not_negative(key, value):
     assert base.action_overhead_s == 0.0 and base.collective_meeting_s == 0.0
     with pytest.raises(ValueError, match=f"{key}="):
         replace(base, **{key: value})
+
+
+@pytest.mark.parametrize("name", ["a100_40gb", "a100_80gb", "h100_sxm"])
+def test_flash_attention_efficiency_is_cited_per_gpu(name):
+    hw = HARDWARE[name]
+    assert hw.attention_efficiency is not None
+    assert "FlashAttention" in hw.sources["attention_efficiency"]
+    for _, forward, backward in hw.attention_efficiency:
+        assert 0 < backward <= 0.75 and 0 < forward <= 0.75  # FA-2 ≤ 73 %, FA-3 ≤ 62 %
+
+
+def test_h100_attention_rises_with_sequence_length_as_fa3_measured():
+    hw = HARDWARE["h100_sxm"]
+    short = hw.attention_seconds(1e12, 512, "bf16", backward=False, kernels=0)
+    long_ = hw.attention_seconds(1e12, 16384, "bf16", backward=False, kernels=0)
+    assert short == pytest.approx(1e12 / 292e12)
+    assert long_ == pytest.approx(1e12 / 616e12)
+    assert hw.attention_seconds(1e12, 65536, "bf16", backward=True, kernels=0) == pytest.approx(
+        1e12 / 561e12
+    )  # clamped beyond the last point
+
+
+@pytest.mark.parametrize("table", [(), ((2048, 0.0, 0.5),), ((2048, 0.5, 1.2),),
+                                   ((4096, 0.5, 0.5), (2048, 0.5, 0.5)), ((2048, 0.5),)])  # fmt: skip
+def test_attention_efficiency_table_is_validated(table):
+    with pytest.raises(ValueError, match="attention_efficiency"):
+        replace(HARDWARE["a100_80gb"], attention_efficiency=table)

@@ -6,9 +6,12 @@ module docstring of `impls.simulator.costs` states (Megatron/Korthikanti counts)
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from impls.costmodel.compute import TransformerSpec
+from impls.costmodel.presets import HARDWARE
 from impls.simulator import ParallelPlan, layer_costs
 from impls.simulator.costs import tp_collectives, transformer_price
 from tests.simulator import TINY, flat_hardware
@@ -96,3 +99,50 @@ def test_layer_costs_cover_embedding_layers_and_head():
     assert head.state_bytes == pytest.approx(16 * (128 * H / 2 + 2 * H) / 2)
     # LayerNorm input and output (2 bytes each) and the fp32 softmax of T × V/t logits.
     assert head.activation_bytes == 2 * T * H + 2 * T * H + 4 * T * 128 / 2
+
+
+def _flash_hardware(efficiency: tuple | None = ((1, 0.4, 0.25),)):
+    """flat_hardware with FlashAttention at 40 % of peak forward, 25 % backward."""
+    return replace(flat_hardware(), attention_efficiency=efficiency)
+
+
+def test_flash_attention_core_by_hand():
+    """FlashAttention-2 §4.1: the causal half of 4·b·a·s²·d at the forward fraction, 2.5 ×
+    that at the backward fraction; no score bytes and 2 fewer element-wise kernels."""
+    hw = _flash_hardware()
+    flash = transformer_price(replace(TINY, attention="flash"), B, 1, "none", "none", hw, "bf16")
+    weights = 2 * T * H * 3 * H + 2 * T * H * H + 2 * 2 * T * H * F
+    computed = 4 * B * A * S * S * (H // A) / 2
+    elementwise = 2 * (10 * T * H + 2 * T * F) + 5 * 2 * T * H
+    forward_core = computed / (1e14 * 0.4)
+    assert flash.forward_s == pytest.approx(_gemm(weights) + forward_core + _bytes(elementwise))
+    backward_core = 2.5 * computed / (1e14 * 0.25)
+    assert flash.input_s == pytest.approx(_gemm(weights) + backward_core + _bytes(2 * elementwise))
+    assert flash.weight_s == pytest.approx(_gemm(weights))
+    selective = transformer_price(replace(TINY, attention="flash"), B, 1, "none", "selective",
+                                  hw, "bf16")  # fmt: skip
+    assert selective.input_s == pytest.approx(flash.input_s + forward_core)
+
+
+def test_flash_without_a_benchmark_prices_its_computed_flops_as_gemms():
+    flash = transformer_price(replace(TINY, attention="flash"), B, 1, "none", "none",
+                              _flash_hardware(None), "bf16")  # fmt: skip
+    materialized = transformer_price(TINY, B, 1, "none", "none", flat_hardware(), "bf16")
+    scores = B * A * S * S
+    core = 4 * B * A * S * S * (H // A)
+    saved = _gemm(core / 2) + _bytes(2 * 2 * scores + 5 * scores)  # half the core, the bytes
+    assert flash.forward_s == pytest.approx(materialized.forward_s - saved)
+
+
+@pytest.mark.parametrize("hardware", ["a100_80gb", "h100_sxm"])
+def test_flash_is_faster_than_materialized_at_long_sequences(hardware):
+    hw = HARDWARE[hardware]
+    for seq in (8192, 32768):
+        spec = TransformerSpec(n_layers=32, d_model=4096, n_heads=32, vocab_size=32000,
+                               seq_len=seq)  # fmt: skip
+        slow = transformer_price(spec, 1, 8, "megatron_sp", "none", hw, "bf16")
+        fast = transformer_price(replace(spec, attention="flash"), 1, 8, "megatron_sp", "none",
+                                 hw, "bf16")  # fmt: skip
+        assert fast.forward_s < slow.forward_s
+        assert fast.input_s < slow.input_s
+        assert fast.weight_s == slow.weight_s  # the weight GEMMs do not change
