@@ -28,6 +28,16 @@ buffer: the bus-bandwidth factors 2(N−1)/N, (N−1)/N and (N−1)/N of nccl-te
 A group spread over nodes all-reduces hierarchically, as NCCL does across nodes: a
 reduce-scatter inside each node, an all-reduce of each device's 1/per_node share between
 nodes, an all-gather inside each node (`hierarchical_allreduce_seconds`).
+
+A ring reduce-scatter or all-gather over nodes, k members to a node (`spanning_link`):
+NCCL runs one ring per channel and spreads its channels over the node's NICs (one per GPU
+on DGX A100 / H100, rail-optimised). Each ring enters a node once, so every node receives
+(n−1)/n · M in all, through the k NICs of its k members, while each member also forwards
+(n−1)/n · M to its neighbour inside the node: the bus bandwidth is
+min(k × a NIC's, one device's NVLink) — the node's aggregate only when the group holds
+every GPU of the node, one NIC's when it holds one (a data-parallel group of stride 8).
+An all-to-all gains nothing from the sharing (each member's off-node bytes leave through
+the NICs either way) and runs at one NIC's rate.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ __all__ = [
     "hierarchical_allreduce_seconds",
     "p2p_seconds",
     "reduce_scatter_seconds",
+    "spanning_link",
 ]
 
 ALLREDUCE_ALGORITHMS = (
@@ -170,6 +181,13 @@ def _per_node(group_size: int, stride: int, devices_per_node: int) -> int:
     return max(1, min(group_size, devices_per_node // stride))
 
 
+def spanning_link(hw: Hardware, per_node: int) -> Link:
+    """The link a ring over nodes sees with `per_node` group members in each node."""
+    bandwidth = min(per_node * hw.inter.effective_bandwidth, hw.intra.effective_bandwidth)
+    return Link(name=f"{hw.inter.name} × {per_node} NICs", alpha_s=hw.inter.alpha_s,
+                bandwidth=max(bandwidth, hw.inter.effective_bandwidth))  # fmt: skip
+
+
 def collective_seconds(
     kind: str,
     nbytes: float,
@@ -198,16 +216,17 @@ def collective_seconds(
     if group_size == 1:
         return 0.0
     link = hw.group_link(group_size, stride)
-    if kind == "p2p":
-        return p2p_seconds(nbytes, link)
-    if kind == "reduce_scatter":
-        return reduce_scatter_seconds(nbytes, group_size, link)
-    if kind == "all_gather":
-        return all_gather_seconds(nbytes, group_size, link)
-    if kind == "all_to_all":
-        return all_to_all_seconds(nbytes, group_size, link)
     per_node = _per_node(group_size, stride, hw.devices_per_node)
     spans = group_size * stride > hw.devices_per_node
+    if kind == "p2p":
+        return p2p_seconds(nbytes, link)
+    if kind == "all_to_all":
+        return all_to_all_seconds(nbytes, group_size, link)
+    ring = spanning_link(hw, per_node) if spans and per_node > 1 else link
+    if kind == "reduce_scatter":
+        return reduce_scatter_seconds(nbytes, group_size, ring)
+    if kind == "all_gather":
+        return all_gather_seconds(nbytes, group_size, ring)
     if algorithm == "ring" and spans and per_node > 1 and group_size % per_node == 0:
         return hierarchical_allreduce_seconds(nbytes, group_size, per_node, hw.intra, hw.inter)
     return allreduce_seconds(nbytes, group_size, link, algorithm)

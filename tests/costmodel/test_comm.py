@@ -22,6 +22,7 @@ from impls.costmodel.comm import (
     hierarchical_allreduce_seconds,
     p2p_seconds,
     reduce_scatter_seconds,
+    spanning_link,
 )
 from impls.costmodel.hardware import Hardware, Link
 
@@ -97,9 +98,18 @@ def test_collective_seconds_picks_the_link():
     assert collective_seconds("all_gather", 1e6, 4, hw) == pytest.approx(
         all_gather_seconds(1e6, 4, hw.intra)
     )
+    # 8 ranks over 2 nodes, 4 to a node: the ring crosses each node through its 4 NICs
+    four_nics = spanning_link(hw, 4)
+    assert four_nics.effective_bandwidth == pytest.approx(
+        min(4 * hw.inter.effective_bandwidth, hw.intra.effective_bandwidth))  # fmt: skip
     assert collective_seconds("reduce_scatter", 1e6, 8, hw) == pytest.approx(
-        reduce_scatter_seconds(1e6, 8, hw.inter)
+        reduce_scatter_seconds(1e6, 8, four_nics)
     )
+    # one member per node (stride 4): one NIC each; an all-to-all never shares NICs
+    assert collective_seconds("all_gather", 1e6, 2, hw, stride=4) == pytest.approx(
+        all_gather_seconds(1e6, 2, hw.inter))  # fmt: skip
+    assert collective_seconds("all_to_all", 1e6, 8, hw) == pytest.approx(
+        all_to_all_seconds(1e6, 8, hw.inter))  # fmt: skip
     # 2 ranks 4 apart sit on two nodes: the inter link, one member per node (flat)
     assert collective_seconds("all_reduce", 1e6, 2, hw, stride=4) == pytest.approx(
         allreduce_seconds(1e6, 2, hw.inter)
