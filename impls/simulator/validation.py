@@ -25,14 +25,15 @@ from functools import lru_cache
 
 from impls.costmodel.compute import step_flops
 from impls.costmodel.hardware import Hardware
-from impls.costmodel.models import model
+from impls.costmodel.models import card_params, model
 from impls.costmodel.presets import hardware
 from impls.costmodel.published import PUBLISHED_RUNS, PublishedRun
-from impls.simulator.plan import ParallelPlan, Prediction
+from impls.simulator.plan import ParallelPlan, Prediction, megatron_stage_layers
 from impls.simulator.step import simulate
 
 __all__ = [
     "COVERAGE",
+    "convention_flops",
     "Interval",
     "RunPrediction",
     "SourceCheck",
@@ -44,7 +45,6 @@ __all__ = [
     "ratio_interval",
     "run_hardware",
     "run_plan",
-    "source_label",
 ]
 
 COVERAGE = 0.9
@@ -92,9 +92,10 @@ class Interval:
 
 @dataclass(frozen=True)
 class SourceCheck:
-    """One source's rows judged by the interval built from every other source."""
+    """One source family's rows judged by the interval built from every other family."""
 
     source: str
+    """`PublishedRun.origin`: NeMo's releases are one family, not several sources."""
     rows: int
     median_abs_error: float
     optimistic: int
@@ -103,12 +104,16 @@ class SourceCheck:
 
 
 def run_plan(run: PublishedRun) -> ParallelPlan:
-    """The run's published layout as a `ParallelPlan`."""
+    """The run's published layout as a `ParallelPlan` (Megatron-LM's stage layout where the
+    run used it: L/S blocks a stage, embedding and head on the end stages)."""
+    layers = None
+    if run.layout == "megatron" and run.pp > 1:
+        layers = megatron_stage_layers(model(run.model).n_layers, run.pp * run.virtual_stages)
     return ParallelPlan(
         dp=run.dp, tp=run.tp, pp=run.pp, sp=run.sp, zero_stage=run.zero_stage,
         microbatch_size=run.microbatch_size, num_microbatches=run.num_microbatches,
         schedule=run.schedule if run.pp > 1 else "1f1b",
-        virtual_stages=run.virtual_stages, recompute=run.recompute,
+        virtual_stages=run.virtual_stages, recompute=run.recompute, stage_layers=layers,
     )  # fmt: skip
 
 
@@ -120,20 +125,35 @@ def run_hardware(run: PublishedRun) -> Hardware:
     return hw
 
 
+def convention_flops(run: PublishedRun) -> float:
+    """FLOPs of one step of `run` counted by its source's convention (`PublishedRun`)."""
+    spec = replace(model(run.model), seq_len=run.seq_len)
+    if run.flops_convention == "model_6n":  # PaLM App. B: 6N + 12·l·h·s per token
+        per_token = 6 * card_params(run.model) + 12 * spec.n_layers * spec.d_model * spec.seq_len
+        return per_token * run.global_batch * run.seq_len
+    full = run.flops_convention == "hardware_full_recompute"
+    flops = step_flops(spec, run.global_batch, recompute="full" if full else "none")
+    return flops.hardware if full else flops.model
+
+
+_LABELS = {"model": "", "model_6n": " (6N + attention per token)",
+           "hardware_full_recompute": " (counting full recomputation)"}  # fmt: skip
+
+
 def predict_run(run: PublishedRun) -> RunPrediction:
-    """Price `run` and express the prediction in the source's own metric."""
+    """Price `run` and express the prediction in the source's own metric and convention."""
     spec = replace(model(run.model), seq_len=run.seq_len)
     plan = run_plan(run)
-    p = simulate(spec, plan, run_hardware(run), dtype=run.dtype)
+    hw = run_hardware(run)
+    p = simulate(spec, plan, hw, dtype=run.dtype)
+    label = _LABELS[run.flops_convention]
     if run.tflops_per_gpu is not None:
-        full = run.flops_convention != "model"
-        flops = step_flops(spec, run.global_batch, recompute="full" if full else "none")
-        per_step = flops.hardware if full else flops.model
-        predicted = per_step / p.step_time_s / run.gpus / 1e12
-        metric = "TFLOP/s per GPU" + (" (counting full recomputation)" if full else "")
-        return RunPrediction(run, plan, p, metric, "TFLOP/s", predicted, run.tflops_per_gpu)
+        predicted = convention_flops(run) / p.step_time_s / run.gpus / 1e12
+        return RunPrediction(run, plan, p, "TFLOP/s per GPU" + label, "TFLOP/s", predicted,
+                             run.tflops_per_gpu)  # fmt: skip
     if run.mfu is not None:
-        return RunPrediction(run, plan, p, "MFU", "fraction", p.mfu, run.mfu)
+        predicted = convention_flops(run) / p.step_time_s / run.gpus / hw.peak(run.dtype)
+        return RunPrediction(run, plan, p, "MFU" + label, "fraction", predicted, run.mfu)
     if run.tokens_per_s_per_gpu is not None:
         per_gpu = p.tokens_per_s / run.gpus
         return RunPrediction(run, plan, p, "tokens/s per GPU", "tokens/s", per_gpu,
@@ -168,11 +188,11 @@ def _quantile(values: Sequence[float], q: float) -> float:
 def leave_one_source_out(predictions: Sequence[RunPrediction],
                          coverage: float = COVERAGE) -> tuple[SourceCheck, ...]:  # fmt: skip
     """Per source: its rows' errors, and the interval from the other sources' rows."""
-    sources = list(dict.fromkeys(p.run.source for p in predictions))
+    sources = list(dict.fromkeys(p.run.origin for p in predictions))
     checks = []
     for source in sources:
-        mine = [p for p in predictions if p.run.source == source]
-        others = [p.ratio for p in predictions if p.run.source != source]
+        mine = [p for p in predictions if p.run.origin == source]
+        others = [p.ratio for p in predictions if p.run.origin != source]
         interval = ratio_interval(others, coverage) if others else Interval(0.0, math.inf, 0)
         errors = sorted(abs(p.error) for p in mine)
         checks.append(SourceCheck(
@@ -192,8 +212,3 @@ def published_predictions() -> tuple[RunPrediction, ...]:
 def published_interval(coverage: float = COVERAGE) -> Interval:
     """The interval every new prediction carries: all published rows' residuals."""
     return ratio_interval([p.ratio for p in published_predictions()], coverage)
-
-
-def source_label(source: str) -> str:
-    """A citation shortened to its first clause, for tables grouped by source."""
-    return source.split(",")[0].split(" (")[0].split(" '")[0].strip()

@@ -46,7 +46,33 @@ def test_leave_one_source_out_never_sees_its_own_rows():
     checks = leave_one_source_out(predictions)
     assert sum(c.rows for c in checks) == len(predictions)
     for check in checks:
-        others = [p.ratio for p in predictions if p.run.source != check.source]
+        others = [p.ratio for p in predictions if p.run.origin != check.source]
         assert check.interval == ratio_interval(others)
-        mine = [p for p in predictions if p.run.source == check.source]
+        mine = [p for p in predictions if p.run.origin == check.source]
         assert check.covered == sum(check.interval.covers(p.ratio) for p in mine)
+
+
+def test_each_convention_counts_its_own_flops():
+    """The same run counted three ways: 6N (every parameter, embeddings too) exceeds the
+    matrix-by-matrix model count, and Megatron's count with the recomputed forward exceeds
+    that by about a third (8/6 of the dense FLOPs)."""
+    from dataclasses import replace
+
+    from impls.simulator.validation import convention_flops
+
+    run = next(r for r in PUBLISHED_RUNS if r.flops_convention == "hardware_full_recompute")
+    model_count = convention_flops(replace(run, flops_convention="model"))
+    six_n = convention_flops(replace(run, flops_convention="model_6n"))
+    megatron = convention_flops(run)
+    assert model_count < six_n < 1.1 * model_count
+    assert megatron / model_count == pytest.approx(4 / 3, rel=0.02)
+
+
+def test_megatron_layout_puts_the_end_layers_on_the_end_stages():
+    from impls.simulator.validation import run_plan
+
+    run = next(r for r in PUBLISHED_RUNS if r.layout == "megatron" and r.pp > 2)
+    layers = run_plan(run).stage_layers
+    assert layers[0] == layers[-1] == layers[1] + 1
+    equal = [r for r in PUBLISHED_RUNS if r.layout == "equal"]
+    assert all(run_plan(r).stage_layers is None for r in equal)

@@ -68,16 +68,16 @@ def _cluster(name: str, per_node: int | None = None) -> Any:
 def _published(name: str) -> dict[str, Any]:
     """The run priced in its source's metric, with the interval the other sources' residuals
     give it (leave-one-source-out: its own source's rows never widen or centre it)."""
-    from impls.simulator.validation import leave_one_source_out, published_predictions, source_label
+    from impls.simulator.validation import leave_one_source_out, published_predictions
 
     predictions = published_predictions()
     mine = next(p for p in predictions if p.run.name == name)
     run = mine.run
-    check = next(c for c in leave_one_source_out(predictions) if c.source == run.source)
+    check = next(c for c in leave_one_source_out(predictions) if c.source == run.origin)
     low, high = check.interval.around(mine.predicted)
     columns = {"model": run.model, "hardware": run.hardware, "gpus": run.gpus,
                "global_batch": run.global_batch, "seq_len": run.seq_len,
-               "assumed": ", ".join(run.assumed) or "—", "source_label": source_label(run.source),
+               "assumed": ", ".join(run.assumed) or "—", "origin": run.origin,
                "error": mine.error, "interval_low": low, "interval_high": high,
                "interval_covers": bool(low <= mine.published <= high),
                "source_median_abs_error": check.median_abs_error,

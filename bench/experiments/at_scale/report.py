@@ -177,7 +177,7 @@ def published(ctx: Context) -> str | None:
     per_source, covered = _per_source(ctx, rows)
     ctx.finding(f"median |error| ≤ {format_percent(MEDIAN_BOUND)} over the published rows",
                 holds=median <= MEDIAN_BOUND, detail=f"{format_percent(median)} over "
-                f"{len(rows)} rows from {rows['source'].nunique()} sources")  # fmt: skip
+                f"{len(rows)} rows from {rows['origin'].nunique()} source families")  # fmt: skip
     ctx.finding("optimistic rows between 35% and 65% of all (errors not of one sign)",
                 holds=OPTIMISTIC_BAND[0] <= optimistic <= OPTIMISTIC_BAND[1],
                 detail=f"{int((error > 0).sum())} of {len(rows)} optimistic")  # fmt: skip
@@ -205,14 +205,14 @@ def _per_source(ctx: Context, rows: pd.DataFrame) -> tuple[str, int]:
     covers = rows["interval_covers"].astype(str).isin(["True", "true", "1"])
     error = pd.to_numeric(rows["ratio"], errors="coerce") - 1
     grouped = rows.assign(covered=covers, optimistic=error > 0, error=error).groupby(
-        "source_label", sort=False)  # fmt: skip
+        "origin", sort=False)  # fmt: skip
     table = pd.DataFrame({
         "rows": grouped.size(),
         "median |error|": grouped["abs_error"].median().map(format_percent),
         "median error (signed)": grouped["error"].median().map(lambda v: f"{100 * v:+.1f}%"),
         "optimistic": grouped["optimistic"].sum().astype(int),
         "covered by the other sources' 90% interval": grouped["covered"].sum().astype(int),
-    }).reset_index().rename(columns={"source_label": "source"})  # fmt: skip
+    }).reset_index().rename(columns={"origin": "source family"})  # fmt: skip
     loso = float(rows["abs_error"].median())
     ctx.headline["published_loso_median_error"] = loso
     ctx.headline["published_loso_coverage"] = float(covers.mean())
@@ -234,7 +234,7 @@ def _per_source(ctx: Context, rows: pd.DataFrame) -> tuple[str, int]:
 def _plot(ctx: Context, rows: pd.DataFrame) -> str:
     fig, axes = new_figure(6.0, 5.0)
     ax = axes[0]
-    for label, group in rows.groupby("source_label", sort=False):
+    for label, group in rows.groupby("origin", sort=False):
         ax.scatter(group["published"], group["predicted"], label=str(label)[:40], s=14)
     low = float(min(rows["published"].min(), rows["predicted"].min())) * 0.8
     high = float(max(rows["published"].max(), rows["predicted"].max())) * 1.2
