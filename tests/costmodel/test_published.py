@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from impls.costmodel.compute import step_flops
-from impls.costmodel.models import CARDS, MODELS, card_params, param_count
+from impls.costmodel.models import MODELS, card_params
 from impls.costmodel.published import (
     ATTENTION_KINDS,
     FLOPS_CONVENTIONS,
@@ -86,24 +86,25 @@ def test_model_tflops_equal_tokens_times_our_flops_per_token(name):
     assert run.tokens_per_s == run.tokens_per_s_per_gpu * run.gpus
 
 
-def _six_n_flops_per_token(run) -> float:
-    """6·N + 12·l·h·s, N every parameter at the run's sequence length (position tables grow
-    with it): the count llm-foundry, torchtitan and lit-gpt state their MFU in."""
-    card = CARDS[run.model]
-    spec = dataclasses.replace(card.spec, seq_len=run.seq_len)
-    n = param_count(spec, tied_embeddings=card.tied_embeddings, biases=card.biases,
-                    learned_positions=card.learned_positions)  # fmt: skip
-    return 6 * n + 12 * spec.n_layers * spec.d_model * run.seq_len
-
-
 @pytest.mark.parametrize("name", sorted(
     n for n, r in RUNS.items() if r.flops_convention == "model_6n" and r.mfu))  # fmt: skip
 def test_stated_mfu_equals_tokens_times_six_n_over_the_source_peak(name):
     """Checks the model preset (its N, position table included) against each source's own
     arithmetic; 1% covers the sources' rounding of tokens/s to integers."""
     run = RUNS[name]
-    mfu = _six_n_flops_per_token(run) * run.tokens_per_s_per_gpu / SOURCE_PEAK[run.hardware]
+    mfu = run.model_6n_flops_per_token * run.tokens_per_s_per_gpu / SOURCE_PEAK[run.hardware]
     assert mfu == pytest.approx(run.mfu, rel=0.01)
+
+
+@pytest.mark.parametrize(("seq", "num_params"), [
+    (2048, 6_658_859_008), (8192, 6_684_024_832), (65536, 6_918_905_856)])  # fmt: skip
+def test_params_grow_with_the_position_table_as_llm_foundry_counts(seq, num_params):
+    """llm-foundry's NumParams for MPT-7B at three SeqLens: the learned table is s·h."""
+    run = published_run(f"llm_foundry_mpt_7b_s{seq}_8")
+    assert run.params == num_params
+    spec = MODELS[run.model]
+    assert run.model_6n_flops_per_token == 6 * num_params + 12 * 32 * 4096 * seq
+    assert spec.n_layers == 32 and spec.d_model == 4096
 
 
 def test_llm_foundry_hfu_counts_one_more_forward_exactly_when_checkpointing():

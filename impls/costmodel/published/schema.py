@@ -13,9 +13,9 @@ Metrics are kept exactly as the source states them, with the FLOP convention it 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
-from impls.costmodel.models import MODELS
+from impls.costmodel.models import CARDS, MODELS, param_count
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -118,6 +118,22 @@ class PublishedRun:
     @property
     def num_microbatches(self) -> int:
         return self.global_batch // (self.dp * self.microbatch_size)
+
+    @property
+    def params(self) -> int:
+        """Every parameter of the run's model at the run's sequence length (a learned
+        position table grows with it): the N of the `model_6n` convention, which equals
+        llm-foundry's NumParams column at every SeqLen."""
+        card = CARDS[self.model]
+        return param_count(replace(card.spec, seq_len=self.seq_len),
+                           tied_embeddings=card.tied_embeddings, biases=card.biases,
+                           learned_positions=card.learned_positions)  # fmt: skip
+
+    @property
+    def model_6n_flops_per_token(self) -> float:
+        """6·N + 12·l·h·s (PaLM, Chowdhery et al. 2022, App. B): the `model_6n` count."""
+        spec = MODELS[self.model]
+        return 6 * self.params + 12 * spec.n_layers * spec.d_model * self.seq_len
 
     @property
     def tokens_per_s(self) -> float | None:
