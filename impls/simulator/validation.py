@@ -141,8 +141,9 @@ _LABELS = {"model": "", "model_6n": " (6N + attention per token)",
 
 
 def predict_run(run: PublishedRun) -> RunPrediction:
-    """Price `run` and express the prediction in the source's own metric and convention."""
-    spec = replace(model(run.model), seq_len=run.seq_len)
+    """Price `run` and express the prediction in the source's own metric and convention,
+    with the attention kernel the run used."""
+    spec = replace(model(run.model), seq_len=run.seq_len, attention=run.attention)
     plan = run_plan(run)
     hw = run_hardware(run)
     p = simulate(spec, plan, hw, dtype=run.dtype)
