@@ -6,7 +6,8 @@ training step has two kinds of kernels:
 
 - matrix multiplications run at `peak_flops[dtype]` × an achieved efficiency that depends
   on the GEMM's size (`gemm_efficiency`: a table of (FLOPs of one GEMM, fraction of peak),
-  interpolated in log FLOPs and clamped at both ends: small GEMMs cannot fill the device);
+  interpolated in log FLOPs and clamped at both ends: small GEMMs cannot fill the device;
+  fp8 GEMMs have their own cited table, `fp8_gemm_efficiency`, or are refused);
 - element-wise work (norms, activations, softmax, residual adds, the optimizer) is bound
   by memory bandwidth: bytes moved ÷ (`memory_bandwidth` × `elementwise_efficiency`).
 
@@ -110,6 +111,10 @@ class Hardware:
     that blocks the rank's one computing thread, as `impls.pipeline`'s executor waits out
     its rounds on a CPU); False: a send is a latency between the two ranks' actions (a
     GPU's copy engine beside compute)."""
+    fp8_gemm_efficiency: tuple[tuple[float, float], ...] | None = None
+    """As `gemm_efficiency`, for fp8 GEMMs (against `peak_flops["fp8"]`), from a cited fp8
+    benchmark. None: no cited fp8 figure, and fp8 GEMMs are refused rather than guessed
+    from the 16-bit table."""
     attention_efficiency: tuple[tuple[float, float, float], ...] | None = None
     """FlashAttention on this device: (sequence length, forward, backward) fractions of
     peak, sequence length ascending, interpolated in log length and clamped at both ends.
@@ -133,12 +138,14 @@ class Hardware:
                 raise ValueError(f"{owner}.peak_flops: unknown dtype {dtype!r}; "
                                  f"allowed: {', '.join(DTYPES)}")  # fmt: skip
             _positive(owner, **{f"peak_flops[{dtype}]": flops})
-        points = self.gemm_efficiency
-        if not points or any(not 0 < eff <= 1 or size <= 0 for size, eff in points):
-            raise ValueError(f"{owner}.gemm_efficiency: need (FLOPs > 0, 0 < fraction ≤ 1) "
-                             "points")  # fmt: skip
-        if list(points) != sorted(points):
-            raise ValueError(f"{owner}.gemm_efficiency: points must be sorted by FLOPs")
+        for key in ("gemm_efficiency", "fp8_gemm_efficiency"):
+            points = getattr(self, key)
+            if points is None and key == "fp8_gemm_efficiency":
+                continue
+            if not points or any(not 0 < eff <= 1 or size <= 0 for size, eff in points):
+                raise ValueError(f"{owner}.{key}: need (FLOPs > 0, 0 < fraction ≤ 1) points")
+            if list(points) != sorted(points):
+                raise ValueError(f"{owner}.{key}: points must be sorted by FLOPs")
         self._check_attention(owner)
         for key in ("kernel_overhead_s", "action_overhead_s", "collective_meeting_s"):
             value = getattr(self, key)
@@ -164,7 +171,7 @@ class Hardware:
             return 0.0
         points = self.attention_efficiency
         if points is None:
-            fraction = self.efficiency(flops)
+            fraction = self.efficiency(flops, dtype)
         else:
             column = 2 if backward else 1
             fraction = _log_interpolate([(p[0], p[column]) for p in points], seq_len)
@@ -176,16 +183,23 @@ class Hardware:
                              f"{', '.join(self.peak_flops)}")  # fmt: skip
         return self.peak_flops[dtype]
 
-    def efficiency(self, flops: float) -> float:
-        """Achieved fraction of peak for one GEMM of `flops`, log-linear between points."""
-        return _log_interpolate(self.gemm_efficiency, flops)
+    def efficiency(self, flops: float, dtype: str = "bf16") -> float:
+        """Achieved fraction of peak for one GEMM of `flops`, log-linear between points;
+        fp8 only from its own cited table (ValueError naming dtype otherwise)."""
+        if dtype != "fp8":
+            return _log_interpolate(self.gemm_efficiency, flops)
+        if self.fp8_gemm_efficiency is None:
+            raise ValueError(f"dtype='fp8': {self.name} has no cited fp8 GEMM efficiency "
+                             "(Hardware.fp8_gemm_efficiency); fp8 is refused rather than "
+                             "priced with the 16-bit one")  # fmt: skip
+        return _log_interpolate(self.fp8_gemm_efficiency, flops)
 
     def gemm_seconds(self, m: int, n: int, k: int, dtype: str = "bf16", count: int = 1) -> float:
         """Time of `count` (m × k)·(k × n) products: 2mnk FLOPs each."""
         flops = 2.0 * m * n * k
         if flops <= 0:
             return 0.0
-        each = flops / (self.peak(dtype) * self.efficiency(flops)) + self.kernel_overhead_s
+        each = flops / (self.peak(dtype) * self.efficiency(flops, dtype)) + self.kernel_overhead_s
         return count * each
 
     def elementwise_seconds(self, nbytes: float, kernels: int = 1) -> float:

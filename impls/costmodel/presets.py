@@ -9,7 +9,9 @@ end-to-end training throughputs the simulator is asked to predict:
   table "Maximum Achievable Matmul FLOPS comparison table"; derived from Anthony et al.
   2024, "The Case for Co-Designing Model Architectures with Hardware", arXiv 2401.14489),
   or a square-matmul sweep (chsasank/device-benchmarks README summary table) where MAMF
-  has no row;
+  has no row; fp8 from MAMF's FP8 table where it has a row (H100), refused elsewhere;
+- FlashAttention: the FlashAttention-2 (A100) and FlashAttention-3 (H100) papers' kernel
+  benchmarks (`attention_efficiency`);
 - the roll-off for small GEMMs: NVIDIA's "Matrix Multiplication Background User's Guide"
   §3.2 (wave quantization) — an n × n × n GEMM in 256 × 128 output tiles (the largest
   cuBLAS tile of §2.3) keeps tiles ÷ (waves × SMs) of the SMs busy; that fraction times
@@ -123,6 +125,8 @@ def _h100() -> Hardware:
         inter=Link(name="NDR InfiniBand", alpha_s=4.0e-6, bandwidth=50 * GB, efficiency=0.96),
         # MAMF: 792.1 of 989 TFLOP/s (80.1 %) at 6144 × 17920 × 2816.
         gemm_efficiency=_wave_table(132, 2.0 * 6144 * 17920 * 2816, 0.801),
+        # fp8 MAMF: 1402.6 of 1979 TFLOP/s (70.9 %) at 1024 × 9216 × 14336.
+        fp8_gemm_efficiency=_wave_table(132, 2.0 * 1024 * 9216 * 14336, 1402.6 / 1979),
         elementwise_efficiency=0.815,
         kernel_overhead_s=4e-6,
         attention_efficiency=tuple((s, fwd / 989, bwd / 989) for s, fwd, bwd in _FA3_H100),
@@ -140,6 +144,9 @@ def _h100() -> Hardware:
             "alpha_s": _NCCL_LAT + ": NVLink 1.9 µs, NET 4.0 µs",
             "gemm_efficiency": f"{_MAMF}: H100 SXM 792.1/989 = 80.1 % at 6144×17920×2816; "
             f"small GEMMs: {_WAVES}, 132 SMs (H100 whitepaper, SXM5)",
+            "fp8_gemm_efficiency": f"{_MAMF}, its FP8 (float8_e4m3fn) table: H100 SXM "
+            "1402.6/1979 = 70.9 % at 1024×9216×14336 (torch 2.7.0+cu126); small GEMMs: "
+            f"{_WAVES}, 132 SMs",
             "elementwise_efficiency": f"{_SQUARE}: H100 PCIe copy 1630 of 2000 GB/s, "
             "assumption: the same fraction on SXM5",
             "kernel_overhead_s": _KERNEL,

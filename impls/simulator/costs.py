@@ -119,9 +119,14 @@ def _attention_core(spec: TransformerSpec, microbatch: int, tp: int, hw: Hardwar
     2 (2.5 ×, same section), and launches 2 kernels (the rowsum of dO∘O, then the main
     loop: Algorithm 2), each at `Hardware.attention_seconds`. Softmax and dropout are fused
     away: no score bytes, and 2 fewer element-wise kernels.
+
+    With dtype fp8 the core still runs in bf16 (assumption: Transformer Engine's fp8 recipe
+    casts the GEMMs of its linear layers; dot-product attention stays 16-bit unless its
+    separate fp8 attention is switched on).
     """
     b, s, h, a, B = microbatch, spec.seq_len, spec.d_model, spec.n_heads, DTYPE_BYTES[dtype]
     heads = b * a / tp
+    dtype = "bf16" if dtype == "fp8" else dtype  # the core stays 16-bit under fp8 training
     if spec.attention == "flash":
         computed = 4 * heads * s * s * (h / a) / 2  # the causal half of QKᵀ and ·V
         forward = hw.attention_seconds(computed, s, dtype, backward=False)

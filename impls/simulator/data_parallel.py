@@ -72,7 +72,7 @@ def simulate_data_parallel(
     if grad_bytes is None:
         grad_bytes = 2.0 if dtype in _HALF else 4.0
     step_flops = per_sample * batch_per_gpu
-    compute = step_flops / (peak * hw.efficiency(step_flops / 3 / weight_layers))
+    compute = step_flops / (peak * hw.efficiency(step_flops / 3 / weight_layers, dtype))
     backward = compute * 2 / 3
     exposed_dp = 0.0
     if gpus > 1:

@@ -111,3 +111,25 @@ def test_h100_attention_rises_with_sequence_length_as_fa3_measured():
 def test_attention_efficiency_table_is_validated(table):
     with pytest.raises(ValueError, match="attention_efficiency"):
         replace(HARDWARE["a100_80gb"], attention_efficiency=table)
+
+
+def test_fp8_gemms_run_at_the_cited_fp8_mamf_not_the_bf16_one():
+    """stas00/ml-engineering MAMF FP8 table: H100 SXM 1402.6 of 1979 TFLOP/s."""
+    h100 = HARDWARE["h100_sxm"]
+    big = 2.0 * 1024 * 9216 * 14336
+    assert h100.efficiency(big, "fp8") == pytest.approx(1402.6 / 1979)
+    assert h100.efficiency(1e16, "bf16") == pytest.approx(0.801)  # the bf16 table, untouched
+    assert h100.efficiency(1e16, "fp8") == pytest.approx(1402.6 / 1979)
+    assert h100.gemm_seconds(1024, 9216, 14336, "fp8") == pytest.approx(
+        big / 1402.6e12 + h100.kernel_overhead_s
+    )
+    assert "FP8" in h100.sources["fp8_gemm_efficiency"]
+
+
+def test_fp8_without_a_cited_efficiency_is_refused_naming_the_key():
+    no_fp8_table = replace(HARDWARE["h100_sxm"], fp8_gemm_efficiency=None)
+    with pytest.raises(ValueError, match=r"dtype='fp8'.*no cited fp8"):
+        no_fp8_table.gemm_seconds(4096, 4096, 4096, "fp8")
+    no_fp8_table.gemm_seconds(4096, 4096, 4096, "bf16")  # other dtypes unaffected
+    with pytest.raises(ValueError, match="fp8_gemm_efficiency"):
+        replace(HARDWARE["h100_sxm"], fp8_gemm_efficiency=((1e9, 1.5),))

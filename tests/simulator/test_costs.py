@@ -146,3 +146,20 @@ def test_flash_is_faster_than_materialized_at_long_sequences(hardware):
         assert fast.forward_s < slow.forward_s
         assert fast.input_s < slow.input_s
         assert fast.weight_s == slow.weight_s  # the weight GEMMs do not change
+
+
+def test_fp8_is_refused_without_a_source_and_keeps_the_attention_core_16_bit():
+    from impls.simulator import simulate
+
+    hw = replace(flat_hardware(), peak_flops={"bf16": 1e14, "fp8": 2e14})
+    with pytest.raises(ValueError, match="dtype='fp8'"):
+        simulate(TINY, ParallelPlan(dp=1, tp=1, pp=1), hw, dtype="fp8")
+    h100 = HARDWARE["h100_sxm"]
+    spec = TransformerSpec(n_layers=1, d_model=4096, n_heads=32, vocab_size=32000,
+                           seq_len=4096, attention="flash")  # fmt: skip
+    fp8 = transformer_price(spec, 1, 1, "none", "none", h100, "fp8")
+    bf16 = transformer_price(spec, 1, 1, "none", "none", h100, "bf16")
+    assert fp8.forward_s < bf16.forward_s  # the weight GEMMs run at the fp8 rate
+    core = h100.attention_seconds(4 * 32 * 4096 * 4096 * 128 / 2, 4096, "bf16", backward=False)
+    weights = bf16.forward_s - core
+    assert fp8.forward_s - core < weights  # and only they: the core is priced at bf16
