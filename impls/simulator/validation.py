@@ -25,7 +25,7 @@ from functools import lru_cache
 
 from impls.costmodel.compute import step_flops
 from impls.costmodel.hardware import Hardware
-from impls.costmodel.models import card_params, model
+from impls.costmodel.models import model
 from impls.costmodel.presets import hardware
 from impls.costmodel.published import PUBLISHED_RUNS, PublishedRun
 from impls.simulator.plan import ParallelPlan, Prediction, megatron_stage_layers
@@ -127,10 +127,9 @@ def run_hardware(run: PublishedRun) -> Hardware:
 
 def convention_flops(run: PublishedRun) -> float:
     """FLOPs of one step of `run` counted by its source's convention (`PublishedRun`)."""
-    spec = replace(model(run.model), seq_len=run.seq_len)
     if run.flops_convention == "model_6n":  # PaLM App. B: 6N + 12·l·h·s per token
-        per_token = 6 * card_params(run.model) + 12 * spec.n_layers * spec.d_model * spec.seq_len
-        return per_token * run.global_batch * run.seq_len
+        return run.model_6n_flops_per_token * run.global_batch * run.seq_len
+    spec = replace(model(run.model), seq_len=run.seq_len)
     full = run.flops_convention == "hardware_full_recompute"
     flops = step_flops(spec, run.global_batch, recompute="full" if full else "none")
     return flops.hardware if full else flops.model
