@@ -10,7 +10,7 @@ end-to-end training throughputs the simulator is asked to predict:
   2024, "The Case for Co-Designing Model Architectures with Hardware", arXiv 2401.14489),
   or a square-matmul sweep (chsasank/device-benchmarks README summary table) where MAMF
   has no row; fp8 from MAMF's FP8 table where it has a row (H100), refused elsewhere;
-- FlashAttention: the FlashAttention-2 (A100) and FlashAttention-3 (H100) papers' kernel
+- FlashAttention: the FlashAttention-2 paper (A100) and the FlashAttention-3 paper (H100) kernel
   benchmarks (`attention_efficiency`);
 - the roll-off for small GEMMs: NVIDIA's "Matrix Multiplication Background User's Guide"
   §3.2 (wave quantization) — an n × n × n GEMM in 256 × 128 output tiles (the largest
@@ -43,10 +43,10 @@ _NCCL_LAT = "NCCL src/graph/tuning.cc hwLatencies, ring LL128 (commit 5067397)"
 _KERNEL = "assumption: 4 µs launch + tail per kernel (no published figure used)"
 _FA2 = "Dao 2023, FlashAttention-2 (arXiv 2307.08691)"
 _FA3 = "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608)"
-_FA3_H100 = ((512, 292, 316), (1024, 423, 424), (2048, 521, 501), (4096, 579, 542),
-             (8192, 602, 559), (16384, 616, 561))  # fmt: skip
-"""FlashAttention-3 on H100 SXM5, BF16, head dim 128 (§4.1): (s, forward TFLOP/s with causal
-mask, Fig. 5; backward TFLOP/s, Fig. 6)."""
+_FA2_H100 = ((512, 191, 214), (1024, 260, 260), (2048, 298, 291), (4096, 319, 310),
+             (8192, 333, 318), (16384, 335, 322))  # fmt: skip
+"""FlashAttention-2 on H100 SXM5 as the FlashAttention-3 paper measured it (§4.1, BF16,
+head dim 128): (s, forward TFLOP/s with causal mask, Fig. 5; backward TFLOP/s, Fig. 6)."""
 
 
 def _wave_table(sms: int, large_flops: float, large_eff: float) -> tuple[tuple[float, float], ...]:
@@ -129,7 +129,7 @@ def _h100() -> Hardware:
         fp8_gemm_efficiency=_wave_table(132, 2.0 * 1024 * 9216 * 14336, 1402.6 / 1979),
         elementwise_efficiency=0.815,
         kernel_overhead_s=4e-6,
-        attention_efficiency=tuple((s, fwd / 989, bwd / 989) for s, fwd, bwd in _FA3_H100),
+        attention_efficiency=tuple((s, fwd / 989, bwd / 989) for s, fwd, bwd in _FA2_H100),
         sources={
             "peak_flops": "NVIDIA H100 Tensor Core GPU datasheet, SXM5 (dense = half the "
             "sparse figures: TF32 494.5, BF16/FP16 989, FP8 1979; FP32 67 TFLOPS)",
@@ -151,10 +151,13 @@ def _h100() -> Hardware:
             "assumption: the same fraction on SXM5",
             "kernel_overhead_s": _KERNEL,
             "attention_efficiency": f"{_FA3}, §4.1 (H100 80GB SXM5, BF16, head dim 128, "
-            "batch × length = 16k tokens), FlashAttention-3 TFLOP/s at s = 512 … 16k: "
-            "forward with causal mask 292, 423, 521, 579, 602, 616 (Fig. 5); backward 316, "
-            "424, 501, 542, 559, 561 (Fig. 6, the paper's backward benchmark, no causal "
-            "panel: assumption, the causal backward reaches the same fraction); ÷ 989",
+            "batch × length = 16k tokens), its FlashAttention-2 bars, the kernel the "
+            "flash-attn 2 / PyTorch SDPA runs of 2023-24 used, TFLOP/s at s = 512 … 16k: "
+            "forward with causal mask 191, 260, 298, 319, 333, 335 (Fig. 5); backward 214, "
+            "260, 291, 310, 318, 322 (Fig. 6, the paper's backward benchmark, no causal panel: "
+            "assumption, the causal backward reaches the same fraction); ÷ 989. "
+            "FlashAttention-3 itself: forward 292 … 616, backward 316 … 561 (same figures), "
+            "for a run that uses it",
         },
     )
 
