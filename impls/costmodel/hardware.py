@@ -7,7 +7,15 @@ training step has two kinds of kernels:
 - matrix multiplications run at `peak_flops[dtype]` × an achieved efficiency that depends
   on the GEMM's size (`gemm_efficiency`: a table of (FLOPs of one GEMM, fraction of peak),
   interpolated in log FLOPs and clamped at both ends: small GEMMs cannot fill the device;
-  fp8 GEMMs have their own cited table, `fp8_gemm_efficiency`, or are refused);
+  fp8 GEMMs have their own cited table, `fp8_gemm_efficiency`, or are refused). Where the
+  device's SM count is given (`sms`, the GPU presets), a GEMM is priced by its own shape
+  instead: the table's large-GEMM plateau × the useful share of its tiles and waves (NVIDIA,
+  "Matrix Multiplication Background User's Guide" §3.1–3.2: an m × n output cut into
+  256 × 128 tiles, the edge tiles partly padding, runs in ⌈tiles ÷ SMs⌉ waves, the last
+  partly idle; the better of the two tile orientations), ÷ that share for the shape the
+  plateau was measured on
+  (`gemm_plateau_wave`), and never faster than reading A and B and writing C at the
+  achieved memory bandwidth (the roofline: a thin GEMM is memory-bound);
 - element-wise work (norms, activations, softmax, residual adds, the optimizer) is bound
   by memory bandwidth: bytes moved ÷ (`memory_bandwidth` × `elementwise_efficiency`).
 
@@ -22,9 +30,25 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["DTYPES", "Hardware", "Link"]
+__all__ = ["DTYPES", "ELEMENT_BYTES", "Hardware", "Link", "wave_fraction"]
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+"""Bytes of one GEMM operand element (tf32 operands are stored as fp32)."""
+TILES = ((256, 128), (128, 256))
+"""The largest cuBLAS output tiles (NVIDIA Matrix Multiplication Background §2.3)."""
+
+
+def wave_fraction(m: float, n: float, sms: int) -> float:
+    """Useful share of the SM-time a GEMM's m × n output takes, cut in tiles and waves:
+    m·n ÷ (waves × SMs × tile area) — tile quantisation (the last row and column of tiles
+    partly padding) and wave quantisation (the last wave partly idle), NVIDIA Matrix
+    Multiplication Background §3.1–3.2; the better of the two tile orientations."""
+    best = 0.0
+    for rows, cols in TILES:
+        tiles = math.ceil(m / rows) * math.ceil(n / cols)
+        best = max(best, m * n / (math.ceil(tiles / sms) * sms * rows * cols))
+    return best
 
 
 def _positive(owner: str, **values: float) -> None:
@@ -123,10 +147,22 @@ class Hardware:
     forward, 2.5 × that backward (5 matrix products against 2: the scores are recomputed).
     None: no published benchmark for the device; the fused core is then priced as the
     equivalent GEMMs (`gemm_efficiency`), an assumption."""
+    sms: int = 0
+    """Streaming multiprocessors per device; > 0 prices each GEMM by its shape (wave
+    quantisation and the roofline, module docstring); 0 uses the FLOPs table alone (a CPU
+    host, whose table is measured)."""
+    gemm_plateau_wave: float = 1.0
+    """The wave fraction of the GEMM shape the table's plateau was measured on (MAMF's best
+    shape), so that the plateau ÷ it is a perfectly tiled GEMM's efficiency."""
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name})"
+        if not isinstance(self.sms, int) or isinstance(self.sms, bool) or self.sms < 0:
+            raise ValueError(f"{owner}.sms={self.sms!r}: must be an integer ≥ 0")
+        if not 0 < self.gemm_plateau_wave <= 1:
+            raise ValueError(f"{owner}.gemm_plateau_wave={self.gemm_plateau_wave!r}: must lie "
+                             "in (0, 1]")  # fmt: skip
         if not isinstance(self.devices_per_node, int) or self.devices_per_node < 1:
             raise ValueError(f"{owner}.devices_per_node={self.devices_per_node!r}: must be ≥ 1")
         _positive(owner, memory_bytes=self.memory_bytes, memory_bandwidth=self.memory_bandwidth,
@@ -199,8 +235,15 @@ class Hardware:
         flops = 2.0 * m * n * k
         if flops <= 0:
             return 0.0
-        each = flops / (self.peak(dtype) * self.efficiency(flops, dtype)) + self.kernel_overhead_s
-        return count * each
+        if not self.sms:
+            fraction = self.efficiency(flops, dtype)
+            return count * (flops / (self.peak(dtype) * fraction) + self.kernel_overhead_s)
+        plateau = self.efficiency(math.inf, dtype) / self.gemm_plateau_wave
+        fraction = min(1.0, plateau * wave_fraction(m, n, self.sms))
+        compute = flops / (self.peak(dtype) * fraction)
+        operands = ELEMENT_BYTES[dtype] * (m * k + k * n + m * n)
+        memory = operands / (self.memory_bandwidth * self.elementwise_efficiency)
+        return count * (max(compute, memory) + self.kernel_overhead_s)
 
     def elementwise_seconds(self, nbytes: float, kernels: int = 1) -> float:
         """Memory-bound work moving `nbytes` through device memory in `kernels` kernels."""
