@@ -11,9 +11,9 @@ training step has two kinds of kernels:
   device's SM count is given (`sms`, the GPU presets), a GEMM is priced by its own shape
   instead: the table's large-GEMM plateau × the useful share of its tiles and waves (NVIDIA,
   "Matrix Multiplication Background User's Guide" §3.1–3.2: an m × n output cut into
-  256 × 128 tiles, the edge tiles partly padding, runs in ⌈tiles ÷ SMs⌉ waves, the last
-  partly idle; the better of the two tile orientations), ÷ that share for the shape the
-  plateau was measured on
+  tiles, the edge tiles partly padding, runs in ⌈tiles ÷ SMs⌉ waves, the last partly
+  idle; the best of cuBLAS's large tiles), ÷ that share for the shape the plateau was
+  measured on
   (`gemm_plateau_wave`), and never faster than reading A and B and writing C at the
   achieved memory bandwidth (the roofline: a thin GEMM is memory-bound);
 - element-wise work (norms, activations, softmax, residual adds, the optimizer) is bound
@@ -35,15 +35,17 @@ __all__ = ["DTYPES", "ELEMENT_BYTES", "Hardware", "Link", "wave_fraction"]
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 """Bytes of one GEMM operand element (tf32 operands are stored as fp32)."""
-TILES = ((256, 128), (128, 256))
-"""The largest cuBLAS output tiles (NVIDIA Matrix Multiplication Background §2.3)."""
+TILES = ((256, 128), (128, 256), (128, 128))
+"""cuBLAS's largest output tiles (NVIDIA Matrix Multiplication Background §2.3), all
+assumed to run at the plateau: the smaller ones' lower per-tile efficiency is not
+modelled, so the loss is the least any of them gives (optimistic, not pessimistic)."""
 
 
 def wave_fraction(m: float, n: float, sms: int) -> float:
     """Useful share of the SM-time a GEMM's m × n output takes, cut in tiles and waves:
     m·n ÷ (waves × SMs × tile area) — tile quantisation (the last row and column of tiles
     partly padding) and wave quantisation (the last wave partly idle), NVIDIA Matrix
-    Multiplication Background §3.1–3.2; the better of the two tile orientations."""
+    Multiplication Background §3.1–3.2; the best of the tiles in `TILES`."""
     best = 0.0
     for rows, cols in TILES:
         tiles = math.ceil(m / rows) * math.ceil(n / cols)
@@ -152,17 +154,19 @@ class Hardware:
     quantisation and the roofline, module docstring); 0 uses the FLOPs table alone (a CPU
     host, whose table is measured)."""
     gemm_plateau_wave: float = 1.0
-    """The wave fraction of the GEMM shape the table's plateau was measured on (MAMF's best
-    shape), so that the plateau ÷ it is a perfectly tiled GEMM's efficiency."""
+    """The tile-and-wave share (`wave_fraction`) of the GEMM shape the 16-bit table's plateau
+    was measured on (MAMF's best shape): the plateau ÷ it is a perfectly tiled GEMM's."""
+    fp8_plateau_wave: float = 1.0
+    """The same for `fp8_gemm_efficiency`'s plateau."""
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name})"
         if not isinstance(self.sms, int) or isinstance(self.sms, bool) or self.sms < 0:
             raise ValueError(f"{owner}.sms={self.sms!r}: must be an integer ≥ 0")
-        if not 0 < self.gemm_plateau_wave <= 1:
-            raise ValueError(f"{owner}.gemm_plateau_wave={self.gemm_plateau_wave!r}: must lie "
-                             "in (0, 1]")  # fmt: skip
+        for key in ("gemm_plateau_wave", "fp8_plateau_wave"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ValueError(f"{owner}.{key}={getattr(self, key)!r}: must lie in (0, 1]")
         if not isinstance(self.devices_per_node, int) or self.devices_per_node < 1:
             raise ValueError(f"{owner}.devices_per_node={self.devices_per_node!r}: must be ≥ 1")
         _positive(owner, memory_bytes=self.memory_bytes, memory_bandwidth=self.memory_bandwidth,
@@ -238,7 +242,8 @@ class Hardware:
         if not self.sms:
             fraction = self.efficiency(flops, dtype)
             return count * (flops / (self.peak(dtype) * fraction) + self.kernel_overhead_s)
-        plateau = self.efficiency(math.inf, dtype) / self.gemm_plateau_wave
+        measured_on = self.fp8_plateau_wave if dtype == "fp8" else self.gemm_plateau_wave
+        plateau = self.efficiency(math.inf, dtype) / measured_on
         fraction = min(1.0, plateau * wave_fraction(m, n, self.sms))
         compute = flops / (self.peak(dtype) * fraction)
         operands = ELEMENT_BYTES[dtype] * (m * k + k * n + m * n)

@@ -15,7 +15,10 @@ end-to-end training throughputs the simulator is asked to predict:
 - the roll-off for small GEMMs: NVIDIA's "Matrix Multiplication Background User's Guide"
   §3.2 (wave quantization) — an n × n × n GEMM in 256 × 128 output tiles (the largest
   cuBLAS tile of §2.3) keeps tiles ÷ (waves × SMs) of the SMs busy; that fraction times
-  the large-GEMM efficiency is the table's value at n = 256 … 4096 (`_wave_table`);
+  the large-GEMM efficiency is the table's value at n = 256 … 4096 (`_wave_table`); the
+  simulator prices each GEMM by its own shape from the plateau and the SM count instead
+  (`Hardware.sms`, `hardware.wave_fraction`: the A100, H100 and V100 SM counts from their
+  whitepapers, as cited for the table);
 - links: `bandwidth` per device and direction from the datasheets, `efficiency` the
   nccl-tests bus bandwidth over it (busbw is comparable with a link's bandwidth, nccl-tests
   `doc/PERFORMANCE.md`), α NCCL's own per-step latency for the LL128 protocol
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from impls.costmodel.hardware import Hardware, Link
+from impls.costmodel.hardware import Hardware, Link, wave_fraction
 
 __all__ = ["HARDWARE", "hardware", "host_hardware"]
 
@@ -74,6 +77,8 @@ def _a100(memory_gb: int, bandwidth: float) -> Hardware:
         inter=Link(name="HDR InfiniBand", alpha_s=4.0e-6, bandwidth=25 * GB, efficiency=0.96),
         # MAMF: 267.9 of 312 TFLOP/s (85.9 %) at 6912 × 16384 × 2048.
         gemm_efficiency=_wave_table(108, 2.0 * 6912 * 16384 * 2048, 0.859),
+        sms=108,
+        gemm_plateau_wave=wave_fraction(6912, 16384, 108),
         # A100 80GB: a large copy at 1490 of 2039 GB/s (chsasank/device-benchmarks).
         elementwise_efficiency=0.73,
         kernel_overhead_s=4e-6,
@@ -125,6 +130,9 @@ def _h100() -> Hardware:
         inter=Link(name="NDR InfiniBand", alpha_s=4.0e-6, bandwidth=50 * GB, efficiency=0.96),
         # MAMF: 792.1 of 989 TFLOP/s (80.1 %) at 6144 × 17920 × 2816.
         gemm_efficiency=_wave_table(132, 2.0 * 6144 * 17920 * 2816, 0.801),
+        sms=132,
+        gemm_plateau_wave=wave_fraction(6144, 17920, 132),
+        fp8_plateau_wave=wave_fraction(1024, 9216, 132),
         # fp8 MAMF: 1402.6 of 1979 TFLOP/s (70.9 %) at 1024 × 9216 × 14336.
         fp8_gemm_efficiency=_wave_table(132, 2.0 * 1024 * 9216 * 14336, 1402.6 / 1979),
         elementwise_efficiency=0.815,
@@ -174,6 +182,8 @@ def _v100(name: str, *, memory_gb: int, per_node: int, intra_bw: float, inter_bw
         inter=Link(name="EDR InfiniBand", alpha_s=4.0e-6, bandwidth=inter_bw, efficiency=0.96),
         # Best square fp16 matmul 84 of 125 TFLOP/s (sizes up to 6888).
         gemm_efficiency=_wave_table(80, 2.0 * 6888**3, 84 / 125),
+        sms=80,
+        gemm_plateau_wave=wave_fraction(6888, 6888, 80),
         elementwise_efficiency=766 / 900,
         kernel_overhead_s=4e-6,
         sources={
@@ -230,10 +240,20 @@ HARDWARE: dict[str, Hardware] = {
 }
 
 
-def hardware(name: str) -> Hardware:
-    """The preset called `name`."""
+def hardware(name: str, key: str = "hardware") -> Hardware:
+    """The preset called `name`, or the preset file at `name` (a path ending in .yaml or
+    .yml, or holding a separator: what `device_profile` writes, read by
+    `impls.costmodel.hardware_file`). `key` is the config key errors name."""
+    from impls.costmodel.hardware_file import is_hardware_file, load_hardware
+
+    if isinstance(name, str) and is_hardware_file(name):
+        try:
+            return load_hardware(name)
+        except ValueError as error:
+            raise ValueError(f"{key}={name!r}: {error}") from None
     if name not in HARDWARE:
-        raise ValueError(f"hardware={name!r}: unknown; choose one of {', '.join(HARDWARE)}")
+        raise ValueError(f"{key}={name!r}: unknown; choose one of {', '.join(HARDWARE)}, "
+                         "or a preset file (path/to/hardware.yaml)")  # fmt: skip
     return HARDWARE[name]
 
 

@@ -22,15 +22,11 @@ PEAK = HW.peak("bf16")
 
 def test_wave_fraction_counts_padding_and_the_idle_sms_of_the_last_wave():
     assert wave_fraction(256 * 10, 128 * 10, SMS) == 1.0  # 100 tiles, one full wave
-    assert wave_fraction(256 * 10, 128 * 11, SMS) == pytest.approx(110 / 200)  # 2 waves
-    assert wave_fraction(256, 128, SMS) == pytest.approx(1 / SMS)  # one tile, one SM
-    assert wave_fraction(128, 128, SMS) == pytest.approx(0.5 / SMS)  # half of it padding
-    # the better orientation: 256 × 2560 is 1 × 20 tiles of 256 × 128 (one wave, no
-    # padding) but 2 × 10 of 128 × 256: both 20 tiles, 20% of the SMs
-    assert wave_fraction(256, 2560, SMS) == pytest.approx(0.2)
-    assert wave_fraction(2560, 256, SMS) == pytest.approx(0.2)
-    # 300 × 1280 fits in one wave either way: its share is its area over one wave's tiles
-    assert wave_fraction(300, 1280, SMS) == pytest.approx(300 * 1280 / (SMS * 32768))
+    # 2560 × 1408: 110 tiles of 256 × 128 (2 waves, 55%) or 220 of 128 × 128 (3 waves)
+    assert wave_fraction(256 * 10, 128 * 11, SMS) == pytest.approx(220 / 300)
+    assert wave_fraction(128, 128, SMS) == pytest.approx(1 / SMS)  # one tile, one SM
+    assert wave_fraction(64, 128, SMS) == pytest.approx(0.5 / SMS)  # half of it padding
+    assert wave_fraction(256, 2560, SMS) == pytest.approx(0.4)  # 40 small tiles, one wave
 
 
 def test_a_perfectly_tiled_gemm_runs_at_the_plateau():
@@ -42,8 +38,8 @@ def test_a_perfectly_tiled_gemm_runs_at_the_plateau():
 def test_a_ragged_last_wave_costs_its_idle_sms():
     m, k = 256 * 10, 8192
     full = HW.gemm_seconds(m, 128 * 10, k)  # 100 tiles
-    ragged = HW.gemm_seconds(m, 128 * 11, k)  # 110 tiles: two waves for 10% more work
-    assert ragged / full == pytest.approx(2.0)
+    ragged = HW.gemm_seconds(m, 128 * 11, k)  # 10% more work in 3 waves instead of 2
+    assert ragged / full == pytest.approx(1.1 / (220 / 300))
 
 
 def test_the_plateau_is_measured_on_its_own_shape():
