@@ -160,6 +160,9 @@ def published(ctx: Context) -> str | None:
         "simulator": rows["predicted"].map(_fmt),
         "error": error.map(lambda v: f"{100 * v:+.1f}%"),
         "90% interval (other sources)": rows.apply(_interval_text, axis=1),
+        "peak GB (fits)": rows.apply(lambda r: f"{float(r['predicted_peak_memory_gb']):.1f} ("
+                                     f"{'yes' if str(r['fits']) in ('True', 'true', '1') else 'no'})",
+                                     axis=1),
         "assumed": rows["assumed"], "source": rows["source"],
     })  # fmt: skip
     median = float(rows["abs_error"].median())
@@ -175,6 +178,11 @@ def published(ctx: Context) -> str | None:
     ctx.headline["published_rows"] = len(rows)
     ctx.headline["published_optimistic_share"] = optimistic
     per_source, covered = _per_source(ctx, rows)
+    fits = rows["fits"].astype(str).isin(["True", "true", "1"])
+    ctx.headline["published_fit_share"] = float(fits.mean())
+    ctx.finding("every published run fits in memory in the plan it trained with",
+                holds=bool(fits.all()), detail=f"{int(fits.sum())} of {len(rows)} fit"
+                + ("" if fits.all() else "; not: " + ", ".join(rows.loc[~fits, "name"])))  # fmt: skip
     ctx.finding(f"median |error| ≤ {format_percent(MEDIAN_BOUND)} over the published rows",
                 holds=median <= MEDIAN_BOUND, detail=f"{format_percent(median)} over "
                 f"{len(rows)} rows from {rows['origin'].nunique()} source families")  # fmt: skip
