@@ -149,14 +149,15 @@ LAYER_FORWARD_KERNELS = (
 
 
 def launch_bound_layer() -> None:
-    """A layer so small that its bytes and FLOPs take nanoseconds costs one launch per
+    """A layer so small (h = f = 8, s = 8) that its bytes move in nanoseconds and each GEMM
+    is one output tile on one SM (a fraction of a microsecond) costs one launch per
     kernel: its forward ≈ len(LAYER_FORWARD_KERNELS) × kernel_overhead_s."""
-    spec = _spec(n_layers=1, d_model=64, n_heads=1, vocab_size=64, seq_len=8)
+    spec = _spec(n_layers=1, d_model=8, n_heads=1, vocab_size=64, seq_len=8, d_ff=8)
     for name in ("a100_80gb", "h100_sxm"):
         hw = hardware(name)
         price = costs.transformer_price(spec, 1, 1, "none", "none", hw, "bf16")
         expected = len(LAYER_FORWARD_KERNELS) * hw.kernel_overhead_s
-        assert abs(price.forward_s / expected - 1) <= 0.03, (
+        assert abs(price.forward_s / expected - 1) <= 0.05, (
             f"{name}: a launch-bound layer's forward {price.forward_s * 1e6:.1f} µs, "
             f"{len(LAYER_FORWARD_KERNELS)} kernels × {hw.kernel_overhead_s * 1e6:.0f} µs = "
             f"{expected * 1e6:.1f} µs"
@@ -179,19 +180,25 @@ def large_gemm_at_mamf() -> None:
         )
 
 
+def _busy(n: int, tile: tuple[int, int], sms: int) -> float:
+    """Share of the SMs an n × n output keeps busy in `tile`s, waves of `sms` tiles."""
+    tiles = math.ceil(n / tile[0]) * math.ceil(n / tile[1])
+    return tiles / (math.ceil(tiles / sms) * sms)
+
+
 def small_gemm_wave_quantization() -> None:
-    """Small GEMMs cannot fill the device (NVIDIA Matrix Multiplication Background §3.2):
-    an n³ GEMM in 256 × 128 tiles keeps tiles ÷ (waves × SMs) of the SMs busy, so it
-    reaches that fraction of the large-GEMM rate, not the plateau."""
+    """Small GEMMs cannot fill the device (NVIDIA Matrix Multiplication Background §2.3,
+    §3.2): an n³ GEMM cut into output tiles no smaller than 128 × 128 has few tiles, run
+    in waves of one tile per SM, so it reaches at most that busy share of the large-GEMM
+    rate, and at least the share of cuBLAS's largest tile, 256 × 128."""
     for name, (_, measured, sms) in MAMF.items():
         hw = hardware(name)
         for n in (512, 1024, 2048):
-            tiles = math.ceil(n / 256) * math.ceil(n / 128)
-            busy = tiles / (math.ceil(tiles / sms) * sms)
             achieved = 2 * n**3 / (hw.gemm_seconds(n, n, n, "bf16") - hw.kernel_overhead_s)
-            assert abs(achieved / (busy * measured) - 1) <= 0.05, (
-                f"{name}: {n}³ GEMM at {achieved / 1e12:.0f} TFLOP/s; {tiles} tiles on "
-                f"{sms} SMs allow {busy * measured / 1e12:.0f}"
+            low, high = (_busy(n, t, sms) * measured for t in ((256, 128), (128, 128)))
+            assert 0.95 * low <= achieved <= 1.05 * high, (
+                f"{name}: {n}³ GEMM at {achieved / 1e12:.0f} TFLOP/s; its tiles on {sms} "
+                f"SMs allow {low / 1e12:.0f}-{high / 1e12:.0f}"
             )
 
 

@@ -11,6 +11,7 @@ per (spec, hardware object), so each mutation forgets them on entry and on exit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import math
@@ -75,6 +76,7 @@ def _wrapped(role: str, wrapper: Callable) -> ContextManager[None]:
     original = _resolve(targets if isinstance(targets, str) else targets[0])
     signature = inspect.signature(original)
 
+    @functools.wraps(original)  # a second wrapper binds by the same signature
     def patched(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -146,7 +148,10 @@ def _node_nic_per_gpu(hw):
 
 
 def _plateau(hw):
-    return replace(hw, gemm_efficiency=(hw.gemm_efficiency[-1],))
+    changes = {"gemm_efficiency": (hw.gemm_efficiency[-1],)}
+    if getattr(hw, "sms", 0):  # shape-priced GEMMs: their tile-and-wave share off too
+        changes["sms"] = 0
+    return replace(hw, **changes)
 
 
 def _scores_dropped(activation_bytes, a):

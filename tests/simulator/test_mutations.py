@@ -7,8 +7,8 @@ or the published runs priced worse than the ratchet allows. A failure of
 `test_mutation_is_caught` means a deliberate error of `mutations.py` left every check
 passing: the checks no longer guard that term (or the mutation's patch target moved: see
 `mutations.TARGETS`). A failure of `test_readme_lists_what_catches_each_mutation` means
-README.md's "Model mutations" table no longer says which checks catch which error; its
-message gives the rows as they should read.
+README.md's "Model mutations" table names a check that does not catch its error, or leaves
+out a physical check that does; its message gives the rows as they should read.
 """
 
 from __future__ import annotations
@@ -73,8 +73,15 @@ def _readme_table() -> dict[str, tuple[str, set[str]]]:
     return rows
 
 
+def _physical(checks: frozenset[str]) -> list[str]:
+    """The checks whose verdict does not hinge on a ratchet's margin: the accuracy checks on
+    the published runs (`published_*`) may catch a mutation one day and not the next as
+    the model moves, so the table need not list them, but may only list them truly."""
+    return sorted(c for c in checks if not c.startswith("published_"))
+
+
 def _row(name: str) -> str:
-    checks = ", ".join(f"`{c}`" for c in sorted(caught(name)))
+    checks = ", ".join(f"`{c}`" for c in _physical(caught(name)))
     return f"| `{name}` | {BY_NAME[name].description} | {checks} |"
 
 
@@ -82,5 +89,9 @@ def test_readme_lists_what_catches_each_mutation():
     table = _readme_table()
     expected = "\n".join(_row(m.name) for m in MUTATIONS)
     assert list(table) == [m.name for m in MUTATIONS], f"README rows should read:\n{expected}"
-    for name, (_, checks) in table.items():
-        assert checks == set(caught(name)), f"README rows should read:\n{expected}"
+    for name, (_, listed) in table.items():
+        found = caught(name)
+        assert set(_physical(found)) <= listed <= found, (
+            f"{name}: README lists {sorted(listed)}, caught by {sorted(found)}; rows should "
+            f"read:\n{expected}"
+        )
