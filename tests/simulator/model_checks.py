@@ -1,16 +1,12 @@
 """Physical checks of the simulator's model, one named function per property.
 
-Each check prices something whose answer is known without the simulator — a
-microbenchmark the preset cites, a kernel count written out here, a bound that holds for
-any schedule of transfers and compute — and raises AssertionError naming the term that is
-wrong. They are not identities with the code: each states what a GPU or a link does and
-would still hold if the model were rewritten. `tests/simulator/test_mutations.py` runs
-them on the model as it is (all must pass) and under each deliberate error of
-`mutations.py` (at least one must fail).
-
-Bounds marked "ratchet" are today's value with a margin, looser than the issue's target
-(issue #33); tighten them as the model improves. Every other bound is the target itself or
-a physical limit.
+Each check prices something known without the simulator — a microbenchmark the preset
+cites, a kernel count written out here, a bound any schedule of transfers and compute
+obeys — and raises AssertionError naming the term that is wrong; none is an identity with
+the code. `test_mutations.py` runs them on the model (all must pass) and under each
+deliberate error of `mutations.py` (one at least must fail). Bounds marked "ratchet" are
+today's value with a margin, looser than issue #33's target: tighten them as the model
+improves. Every other bound is the target itself or a physical limit.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from impls.costmodel.comm import collective_seconds
 from impls.costmodel.compute import TransformerSpec
 from impls.costmodel.presets import hardware
 from impls.simulator import costs
-from impls.simulator.plan import ParallelPlan
+from impls.simulator.plan import ParallelPlan, Prediction
 from impls.simulator.step import simulate
 from impls.simulator.validation import predict_runs
 from impls.simulator.zero_comm import BUCKET_BYTES
@@ -42,7 +38,7 @@ MEDIAN_ERROR_MAX = 0.30  # ratchet: issue #33 target 0.10; 27.2% when written
 WORST_ERROR_MAX = 1.60  # ratchet: issue #33 target 0.25; +143% (MPT 7B, s = 64K) when written
 OPTIMISTIC_SHARE = (0.35, 0.90)  # ratchet: issue #33 target 35-65%; 84% when written
 NOT_FITTING_YET = frozenset({  # ratchet: issue #33 wants every run to fit where it trained
-    "nemo_24_07_llama3_8b_8", "nemo_24_07_llama3_70b_64",  # fp8 and cp = 2, not modelled
+    "nemo_24_07_llama3_8b_8", "nemo_24_07_llama3_70b_64",  # context parallelism (cp = 2) not modelled
 })  # fmt: skip
 
 
@@ -99,16 +95,14 @@ def states_beyond_capacity_do_not_fit() -> None:
     """`fits` is not vacuous: GPT-3 175B replicated on 8 A100s holds 16 bytes of Adam
     state per parameter (2.8 TB each, 35× an 80 GB device)."""
     spec = _spec(n_layers=96, d_model=12288, n_heads=96, vocab_size=50257, seq_len=2048)
-    plan = ParallelPlan(dp=8, tp=1, pp=1, microbatch_size=1, num_microbatches=1)
-    p = simulate(spec, plan, hardware("a100_80gb"))
+    p = simulate(spec, ParallelPlan(dp=8, tp=1, pp=1), hardware("a100_80gb"))
     assert not p.fits, f"175B unsharded fits in 80 GB: peak {p.peak_memory_bytes / GB:.0f} GB"
 
 
 # --- links against their cited nccl-tests figures -----------------------------------------
-def _busbw(kind: str, nbytes: float, n: int, seconds: float) -> float:
-    """nccl-tests' bus bandwidth (doc/PERFORMANCE.md): algbw × 2(n−1)/n for all-reduce."""
-    factor = 2 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
-    return nbytes / seconds * factor
+def _allreduce_busbw(nbytes: float, n: int, seconds: float) -> float:
+    """nccl-tests' bus bandwidth of an all-reduce (doc/PERFORMANCE.md): algbw × 2(n−1)/n."""
+    return nbytes / seconds * 2 * (n - 1) / n
 
 
 def nvlink_allreduce_busbw() -> None:
@@ -116,8 +110,8 @@ def nvlink_allreduce_busbw() -> None:
     cites: 8 × A100 ~208 GB/s (nccl-tests issue #178), 8 × H100 ~370 GB/s (issue #212)."""
     for name, measured in (("a100_80gb", 208 * GB), ("a100_40gb", 208 * GB),
                            ("h100_sxm", 370 * GB)):  # fmt: skip
-        busbw = _busbw("all_reduce", GIB, 8, collective_seconds("all_reduce", GIB, 8,
-                                                                hardware(name)))  # fmt: skip
+        seconds = collective_seconds("all_reduce", GIB, 8, hardware(name))
+        busbw = _allreduce_busbw(GIB, 8, seconds)
         assert abs(busbw / measured - 1) <= 0.05, (
             f"{name}: NVLink all-reduce busbw {busbw / GB:.0f} GB/s, nccl-tests "
             f"{measured / GB:.0f} GB/s"
@@ -131,7 +125,7 @@ def internode_busbw_per_nic() -> None:
     per_nic = 96 * GB / 4
     for name in ("a100_80gb", "a100_40gb"):
         seconds = collective_seconds("all_reduce", GIB, 4, hardware(name), stride=8)
-        busbw = _busbw("all_reduce", GIB, 4, seconds)
+        busbw = _allreduce_busbw(GIB, 4, seconds)
         assert abs(busbw / per_nic - 1) <= 0.05, (
             f"{name}: cross-node busbw {busbw / GB:.1f} GB/s per GPU, nccl-tests "
             f"{per_nic / GB:.0f} GB/s per HDR NIC"
@@ -241,13 +235,14 @@ def optimizer_moves_adam_state() -> None:
 
 
 # --- pipeline -----------------------------------------------------------------------------
-def _pipeline(schedule: str, pp: int, m: int, virtual: int = 1, **over) -> object:
+def _pipeline(schedule: str, pp: int, m: int, virtual: int = 1) -> Prediction:
+    """Compute-only stages of 10 ms per pass on DGX A100 nodes, one node per stage."""
     spec = _spec(n_layers=pp * virtual * 2 - 2, d_model=4096, n_heads=32, vocab_size=32000,
                  seq_len=2048)  # fmt: skip
     plan = ParallelPlan(dp=1, tp=8, pp=pp, num_microbatches=m, schedule=schedule,
                         virtual_stages=virtual)  # fmt: skip
     stage = (0.01 / virtual, 0.01 / virtual, 0.01 / virtual)  # F, I, W seconds: B = 2F
-    return simulate(spec, plan, hardware("a100_80gb"), stage_costs=[stage] * plan.stages, **over)
+    return simulate(spec, plan, hardware("a100_80gb"), stage_costs=[stage] * plan.stages)
 
 
 def pipeline_bubble_fraction() -> None:
@@ -281,16 +276,14 @@ def pipeline_sends_on_critical_path() -> None:
 DP, UNITS, MICRO = 32, 8, 2  # 4 DGX A100 nodes; ZeRO units per stage; micro-batches
 
 
-def _dp_exposed(zero_stage: int, window: tuple[float, float, float], spec: TransformerSpec,
-                units: int = UNITS) -> float:  # fmt: skip
+def _dp_exposed(zero: int, window: tuple[float, float, float], spec: TransformerSpec) -> float:
     """Exposed DP/ZeRO seconds of a one-stage plan whose compute is `window` = (F, I, W)."""
-    plan = ParallelPlan(dp=DP, tp=1, pp=1, zero_stage=zero_stage, num_microbatches=MICRO)
-    pred = simulate(spec, plan, hardware("a100_80gb"), stage_costs=[window],
-                    dp_collectives=units)  # fmt: skip
-    return pred.exposed_dp_s
+    plan = ParallelPlan(dp=DP, tp=1, pp=1, zero_stage=zero, num_microbatches=MICRO)
+    hw = hardware("a100_80gb")
+    return simulate(spec, plan, hw, stage_costs=[window], dp_collectives=UNITS).exposed_dp_s
 
 
-def _call(kind: str, nbytes: float) -> float:
+def _call(kind: str, nbytes: float) -> float:  # one collective over the DP group
     return collective_seconds(kind, nbytes, DP, hardware("a100_80gb"))
 
 
