@@ -42,6 +42,7 @@ from impls.pipeline import build_plan
 from impls.pipeline.replay import max_inflight_microbatches
 from impls.pipeline.schedules import SPLIT_BACKWARD  # zero-bubble schedules: I and W apart
 from impls.simulator import ParallelPlan
+from impls.simulator.context_parallel import local_spec
 from impls.simulator.costs import DTYPE_BYTES, layer_prices, logit_gradient_bytes
 from impls.simulator.memory import WORKSPACE_BYTES, bytes_per_param
 from impls.simulator.zero_comm import dp_group
@@ -122,11 +123,13 @@ def _prefix(values) -> tuple[float, ...]:
 
 def layer_table(spec: TransformerSpec, plan: ParallelPlan, hw: Hardware, dtype: str) -> LayerTable:
     """The simulator's pricing of the plan's (b, tp, sp, recompute), summed for screening."""
-    prices = layer_prices(spec, plan.microbatch_size, plan.tp, plan.sp, plan.recompute, hw, dtype)
+    prices = layer_prices(spec, plan.microbatch_size, plan.tp, plan.sp, plan.recompute, hw, dtype,
+                          plan.cp)  # fmt: skip
     remat = 0.0
     if plan.recompute == "full":
-        remat = activation_bytes_per_layer(spec, plan.microbatch_size, tp=plan.tp, sp=plan.sp,
-                                           recompute="none", dtype_bytes=DTYPE_BYTES[dtype])  # fmt: skip
+        remat = activation_bytes_per_layer(local_spec(spec, plan.cp), plan.microbatch_size,
+                                           tp=plan.tp, sp=plan.sp, recompute="none",
+                                           dtype_bytes=DTYPE_BYTES[dtype])  # fmt: skip
     return LayerTable(
         forward=_prefix(p.forward_s + p.tp_forward_s for p in prices),
         backward=_prefix(p.input_s + p.weight_s + p.tp_backward_s for p in prices),
@@ -135,7 +138,7 @@ def layer_table(spec: TransformerSpec, plan: ParallelPlan, hw: Hardware, dtype: 
         largest=max(p.params for p in prices),
         layer_params=tuple(p.params for p in prices),
         remat_bytes=remat,
-        logit_bytes=logit_gradient_bytes(spec, plan.microbatch_size, plan.tp, plan.sp),
+        logit_bytes=logit_gradient_bytes(spec, plan.microbatch_size, plan.tp, plan.sp, plan.cp),
     )
 
 

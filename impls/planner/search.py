@@ -159,14 +159,16 @@ def search(
     top_k: int = 10,
     progress: bool = False,
     allow_cross_node_tp: bool = False,
+    cps: tuple[int, ...] = (1,),
 ) -> SearchResult:
-    """The top_k plans by predicted tokens/s (see the module docstring for the screens)."""
+    """The top_k plans by predicted tokens/s (see the module docstring for the screens);
+    `cps`: the context-parallel degrees to search (`plan_space`), 1 alone by default."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k={top_k!r}: must be an integer ≥ 1")
     start = time.perf_counter()
     hw.peak(dtype)
     plans = plan_space(spec, hw, gpus=gpus, global_batch=global_batch, fixed=fixed,
-                       allow_cross_node_tp=allow_cross_node_tp)  # fmt: skip
+                       allow_cross_node_tp=allow_cross_node_tp, cps=cps)  # fmt: skip
     bar = _Progress(progress, len(plans))
     tables: dict[tuple, LayerTable] = {}
     tokens = global_batch * spec.seq_len
@@ -175,7 +177,7 @@ def search(
     too_big: list[tuple[float, int]] = []  # (-tokens/s bound, plan index): screened by memory
     any_cut_bounds: dict[tuple, float] = {}
     for index, plan in enumerate(plans):
-        key = (plan.microbatch_size, plan.tp, plan.sp, plan.recompute)
+        key = _key(plan)
         if key not in tables:
             tables[key] = layer_table(spec, plan, hw, dtype)
         table = tables[key]
@@ -262,7 +264,7 @@ def search(
 
 
 def _key(plan: ParallelPlan) -> tuple:
-    return (plan.microbatch_size, plan.tp, plan.sp, plan.recompute)
+    return (plan.microbatch_size, plan.tp, plan.sp, plan.recompute, plan.cp)
 
 
 def _same_cut(spec: TransformerSpec, sliced: ParallelPlan, plan: ParallelPlan) -> bool:

@@ -1,13 +1,16 @@
 """The plan space: every ParallelPlan of a model on `gpus` devices for one global batch.
 
 Axes and the rules that bound them:
-- dp · tp · pp = gpus.
+- dp · cp · tp · pp = gpus; cp (context parallelism, ring attention) only from `cps`, the
+  degrees the caller asks for (1 alone by default, so a search without it is unchanged),
+  each dividing seq_len.
 - tp divides n_heads and kv_heads (Megatron shards attention by heads, Shoeybi et al. 2019
   §3), and stays inside a node (≤ devices_per_node, Narayanan et al. 2021 §3.3: tensor
   parallelism across nodes is too slow) unless `allow_cross_node_tp`.
 - pp ≤ n_layers.
 - sp: `none`; with tp > 1 also `megatron_sp` (Korthikanti et al. 2022 §4.2.2) and `ulysses`
-  (Jacobs et al. 2023; the tp axis used as the sequence group), both needing tp | seq_len.
+  (Jacobs et al. 2023; the tp axis used as the sequence group), both needing
+  tp | seq_len/cp.
 - zero_stage 0–3 over the dp group; with dp = 1 ZeRO shards nothing, so only stage 0 is
   listed (the others are the same plan). ZeRO-2/3 with pp > 1 are listed although
   Megatron-LM's distributed optimizer stops at stage 1 and DeepSpeed refuses stages 2/3
@@ -55,6 +58,16 @@ def _check_fixed(fixed: dict) -> None:
         if key in _CHOICES and (isinstance(value, bool) or value not in _CHOICES[key]):
             allowed = ", ".join(str(c) for c in _CHOICES[key])
             raise ValueError(f"{key}={value!r}: allowed values {allowed}")
+
+
+def _check_cps(spec: TransformerSpec, cps: tuple) -> None:
+    if not isinstance(cps, tuple | list) or not cps:
+        raise ValueError(f"cps={cps!r}: give a non-empty tuple of context-parallel degrees")
+    for cp in cps:
+        if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
+            raise ValueError(f"cps={tuple(cps)!r}: cp={cp!r} must be an integer ≥ 1")
+        if spec.seq_len % cp:
+            raise ValueError(f"cps={tuple(cps)!r}: cp={cp} must divide seq_len={spec.seq_len}")
 
 
 def _check_request(spec: TransformerSpec, hw: Hardware, gpus: int, global_batch: int,
@@ -112,14 +125,23 @@ def _schedules(pp: int, microbatches: int, n_layers: int, fixed: dict):
             yield from ((name, v) for v in chunks if pp * v <= n_layers)
 
 
-def _enumerate(spec, hw, gpus, global_batch, fixed, allow_cross_node_tp) -> Iterator[ParallelPlan]:
+def _enumerate(spec, hw, gpus, global_batch, fixed, allow_cross_node_tp,
+               cps=(1,)) -> Iterator[ParallelPlan]:  # fmt: skip
+    for cp in cps:
+        if gpus % cp == 0:
+            yield from _enumerate_cp(spec, hw, gpus, global_batch, fixed, allow_cross_node_tp, cp)
+
+
+def _enumerate_cp(spec, hw, gpus, global_batch, fixed, allow_cross_node_tp,
+                  cp) -> Iterator[ParallelPlan]:  # fmt: skip
     def pinned(key, values):
         return [v for v in values if key not in fixed or fixed[key] == v]
 
-    for tp in pinned("tp", list(_tp_degrees(spec, hw, gpus, allow_cross_node_tp))):
-        sps = ["none"] + (["megatron_sp", "ulysses"] if tp > 1 and spec.seq_len % tp == 0 else [])
-        for pp in pinned("pp", [p for p in _divisors(gpus // tp) if p <= spec.n_layers]):
-            dp = gpus // (tp * pp)
+    local = spec.seq_len // cp
+    for tp in pinned("tp", list(_tp_degrees(spec, hw, gpus // cp, allow_cross_node_tp))):
+        sps = ["none"] + (["megatron_sp", "ulysses"] if tp > 1 and local % tp == 0 else [])
+        for pp in pinned("pp", [p for p in _divisors(gpus // (cp * tp)) if p <= spec.n_layers]):
+            dp = gpus // (cp * tp * pp)
             if "dp" in fixed and fixed["dp"] != dp or global_batch % dp:
                 continue
             per_replica = global_batch // dp
@@ -138,7 +160,7 @@ def _enumerate(spec, hw, gpus, global_batch, fixed, allow_cross_node_tp) -> Iter
                         for zero in pinned("zero_stage", (0, 1, 2, 3) if dp > 1 else (0,)):
                             for recompute in pinned("recompute", RECOMPUTE):
                                 yield ParallelPlan(
-                                    dp=dp, tp=tp, pp=pp, sp=sp, zero_stage=zero,
+                                    dp=dp, tp=tp, pp=pp, cp=cp, sp=sp, zero_stage=zero,
                                     microbatch_size=b, num_microbatches=m, schedule=schedule,
                                     virtual_stages=v, recompute=recompute,
                                 )  # fmt: skip
@@ -152,20 +174,23 @@ def plan_space(
     global_batch: int,
     fixed: dict | None = None,
     allow_cross_node_tp: bool = False,
+    cps: tuple[int, ...] = (1,),
 ) -> list[ParallelPlan]:
-    """Every plan of the module docstring's space, `fixed` axes pinned.
+    """Every plan of the module docstring's space, `fixed` axes pinned, for each
+    context-parallel degree of `cps`.
 
     ValueError names the key when a fixed value, the GPU count or the model leaves no plan.
     """
     fixed = dict(fixed or {})
     _check_request(spec, hw, gpus, global_batch, fixed, allow_cross_node_tp)
-    plans = list(_enumerate(spec, hw, gpus, global_batch, fixed, allow_cross_node_tp))
+    _check_cps(spec, cps)
+    plans = list(_enumerate(spec, hw, gpus, global_batch, fixed, allow_cross_node_tp, cps))
     if plans:
         return plans
     # name the pinned axis that empties the space on its own, else the model / GPU count
     for key, value in fixed.items():
         if not any(True for _ in _enumerate(spec, hw, gpus, global_batch, {key: value},
-                                            allow_cross_node_tp)):  # fmt: skip
+                                            allow_cross_node_tp, cps)):  # fmt: skip
             raise ValueError(f"{key}={value!r}: no plan of {spec.n_layers} layers, "
                              f"{spec.n_heads} heads on gpus={gpus} with "
                              f"global_batch={global_batch} takes it")  # fmt: skip

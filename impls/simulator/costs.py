@@ -39,6 +39,7 @@ from impls.costmodel.activations import activation_bytes_per_layer
 from impls.costmodel.comm import collective_seconds
 from impls.costmodel.compute import TransformerSpec
 from impls.costmodel.hardware import Hardware
+from impls.simulator.context_parallel import local_spec, ring_exposed_seconds
 
 __all__ = [
     "DTYPE_BYTES",
@@ -72,6 +73,8 @@ class LayerPrice:
     """Backward for the weight gradient, compute only."""
     tp_forward_s: float
     tp_backward_s: float
+    """Exposed communication inside the layer: TP collectives, and the ring attention's
+    traffic that its compute does not hide (context parallelism)."""
     params: float
     """Parameters of this layer that one rank holds (after tp sharding)."""
     activation_bytes: float
@@ -106,11 +109,13 @@ def _comm(collectives: tuple, tp: int, hw: Hardware) -> float:
 
 
 def _attention_core(spec: TransformerSpec, microbatch: int, tp: int, hw: Hardware,
-                    dtype: str) -> tuple[float, float, float, int]:  # fmt: skip
+                    dtype: str, cp: int = 1) -> tuple[float, float, float, int]:  # fmt: skip
     """The attention core of one rank: (forward s, backward s, bytes of its element-wise
     work, element-wise kernels of the whole layer's forward).
 
-    Both Megatron and Ulysses run a/t heads of every sequence. Materialized: the two
+    Both Megatron and Ulysses run a/t heads of every sequence; under context parallelism
+    a rank's s/cp queries meet all s keys, 1/cp of the core (`context_parallel`), in cp
+    ring steps whose kernels each span s/cp keys. Materialized: the two
     batched products at `gemm_seconds`, causal masking not exploited, the backward two
     products per forward one; softmax and attention dropout over the a·s²/t scores are
     memory-bound kernels. Flash: one fused kernel that skips the masked blocks, so it
@@ -125,22 +130,26 @@ def _attention_core(spec: TransformerSpec, microbatch: int, tp: int, hw: Hardwar
     separate fp8 attention is switched on).
     """
     b, s, h, a, B = microbatch, spec.seq_len, spec.d_model, spec.n_heads, DTYPE_BYTES[dtype]
-    heads = b * a / tp
+    heads, q = b * a / tp, s // cp  # q: this rank's queries
     dtype = "bf16" if dtype == "fp8" else dtype  # the core stays 16-bit under fp8 training
     if spec.attention == "flash":
-        computed = 4 * heads * s * s * (h / a) / 2  # the causal half of QKᵀ and ·V
-        forward = hw.attention_seconds(computed, s, dtype, backward=False)
-        backward = hw.attention_seconds(2.5 * computed, s, dtype, backward=True, kernels=2)
+        computed = 4 * heads * q * s * (h / a) / 2  # the causal half of QKᵀ and ·V
+        forward = hw.attention_seconds(computed, q, dtype, backward=False, kernels=cp)
+        backward = hw.attention_seconds(2.5 * computed, q, dtype, backward=True, kernels=2 * cp)
         return forward, backward, 0.0, _FORWARD_KERNELS - 2
-    core = hw.gemm_seconds(s * heads, s, h / a, dtype) + hw.gemm_seconds(s * heads, h / a, s, dtype)
-    scores = heads * s * s
+    core = hw.gemm_seconds(q * heads, s, h / a, dtype) + hw.gemm_seconds(q * heads, h / a, s, dtype)
+    scores = heads * q * s
     core_bytes = 2 * B * scores + (2 * B + _MASK) * scores  # softmax, attention dropout
     return core, 2 * core, core_bytes, _FORWARD_KERNELS
 
 
 def transformer_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
-                      recompute: str, hw: Hardware, dtype: str) -> LayerPrice:  # fmt: skip
-    """One transformer layer (see the module docstring for every term)."""
+                      recompute: str, hw: Hardware, dtype: str,
+                      cp: int = 1) -> LayerPrice:  # fmt: skip
+    """One transformer layer (see the module docstring for every term); with cp > 1 one
+    context-parallel rank: its s/cp tokens, and the ring's exposed traffic added to the
+    layer's exposed communication (`context_parallel`)."""
+    full, spec = spec, local_spec(spec, cp)
     b, s, h = microbatch, spec.seq_len, spec.d_model
     f, B, shard = spec.ffn, DTYPE_BYTES[dtype], _shard(sp, tp)
     tokens = b * s
@@ -154,7 +163,7 @@ def transformer_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
         + hw.gemm_seconds(rows, f / shard, h, dtype, count=matrices - 1)
         + hw.gemm_seconds(rows, h, f / shard, dtype)
     )
-    core, core_backward, core_bytes, kernels = _attention_core(spec, b, tp, hw, dtype)
+    core, core_backward, core_bytes, kernels = _attention_core(full, b, tp, hw, dtype, cp)
     hidden = tokens * f / tp
     other_bytes = B * (10 * local * h + matrices * hidden) + (2 * B + _MASK) * 2 * local * h
     elementwise = hw.elementwise_seconds(core_bytes + other_bytes, kernels)
@@ -166,13 +175,16 @@ def transformer_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
     }[recompute]
     backward_elementwise = hw.elementwise_seconds(2 * (core_bytes + other_bytes), 2 * kernels)
     fwd_comm, bwd_comm = tp_collectives(spec, b, tp, sp, dtype, recompute)
+    ring_f, ring_b = ring_exposed_seconds(full, b, tp, cp, hw, B, core, core_backward)
+    if recompute == "full":
+        ring_b += ring_f  # the recomputed forward sends its K/V round again
     matrix_params = h * qkv_width + h * h + matrices * h * f
     return LayerPrice(
         forward_s=forward,
         input_s=weights + core_backward + backward_elementwise + extra,
         weight_s=weights,
-        tp_forward_s=_comm(fwd_comm, tp, hw),
-        tp_backward_s=_comm(bwd_comm, tp, hw),
+        tp_forward_s=_comm(fwd_comm, tp, hw) + ring_f,
+        tp_backward_s=_comm(bwd_comm, tp, hw) + ring_b,
         params=matrix_params / shard + 4 * h,  # + two LayerNorms' gain and bias, replicated
         activation_bytes=activation_bytes_per_layer(
             spec, b, tp=tp, sp=sp, recompute=recompute, dtype_bytes=B
@@ -248,9 +260,10 @@ def head_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
     )
 
 
-def logit_gradient_bytes(spec: TransformerSpec, microbatch: int, tp: int, sp: str) -> float:
-    """The fp32 gradient of the logits, alive during the head's backward."""
-    tokens = microbatch * spec.seq_len
+def logit_gradient_bytes(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
+                         cp: int = 1) -> float:  # fmt: skip
+    """The fp32 gradient of the logits, alive during the head's backward (s/cp tokens)."""
+    tokens = microbatch * spec.seq_len // cp
     rows = tokens / tp if sp == "ulysses" else tokens
     return _LOGIT * rows * spec.vocab_size / _shard(sp, tp)
 
@@ -260,22 +273,23 @@ _CACHE_LIMIT = 4096
 
 
 def layer_prices(spec: TransformerSpec, microbatch: int, tp: int, sp: str, recompute: str,
-                 hw: Hardware, dtype: str) -> tuple[LayerPrice, ...]:  # fmt: skip
+                 hw: Hardware, dtype: str, cp: int = 1) -> tuple[LayerPrice, ...]:  # fmt: skip
     """Embedding, `n_layers` identical transformer layers and the head, priced once.
 
     Cached: the planner prices the same (spec, b, tp, sp, recompute) thousands of times.
     `Hardware` holds dicts and is not hashable, so the cache keys on its identity and keeps
     a reference to it (a different object never matches a stale entry).
     """
-    key = (spec, microbatch, tp, sp, recompute, id(hw), dtype)
+    key = (spec, microbatch, tp, sp, recompute, id(hw), dtype, cp)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is hw:
         return hit[1]
-    layer = transformer_price(spec, microbatch, tp, sp, recompute, hw, dtype)
+    layer = transformer_price(spec, microbatch, tp, sp, recompute, hw, dtype, cp)
+    local = local_spec(spec, cp)  # the embedding and head see s/cp tokens a sequence
     prices = (
-        embedding_price(spec, microbatch, tp, sp, hw, dtype),
+        embedding_price(local, microbatch, tp, sp, hw, dtype),
         *([layer] * spec.n_layers),
-        head_price(spec, microbatch, tp, sp, hw, dtype),
+        head_price(local, microbatch, tp, sp, hw, dtype),
     )
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()

@@ -1,8 +1,10 @@
 """A parallel plan (how one training step is cut over GPUs) and what the simulator predicts.
 
-The GPUs form a dp × tp × pp grid laid out with tp innermost, then dp, then pp outermost:
-global rank = tp_index + tp · (dp_index + dp · pp_index), the layout of Megatron-LM
-(Narayanan et al. 2021, §3: tensor parallelism inside a node, pipeline across nodes). The
+The GPUs form a dp × cp × tp × pp grid laid out with tp innermost, then cp, then dp, then
+pp outermost: global rank = tp_index + tp · (cp_index + cp · (dp_index + dp · pp_index)),
+the layout of Megatron-LM (Narayanan et al. 2021, §3: tensor parallelism inside a node,
+pipeline across nodes) with Megatron-core's context-parallel axis next to tp (its
+`initialize_model_parallel(order="tp-cp-ep-dp-pp")`, megatron/core/parallel_state.py). The
 model is the embedding, `n_layers` transformer layers and the LM head, `n_layers + 2`
 "layers" in a row; pipeline stage s holds a contiguous run of them (`stage_layers`): equal
 slicing by default, Megatron-LM's own layout with `megatron_stage_layers`.
@@ -49,6 +51,10 @@ class ParallelPlan:
     """Tensor-parallel degree (Megatron column/row sharding), or the Ulysses group size."""
     pp: int
     """Pipeline ranks."""
+    cp: int = 1
+    """Context-parallel degree: each rank holds seq_len/cp tokens of every sequence, and
+    attention runs as ring attention over the cp group (Liu et al. 2023, arXiv 2310.01889;
+    Megatron-core's context parallelism)."""
     sp: str = "none"
     """`none`, `megatron_sp` (Korthikanti et al. 2022 §4.2.2) or `ulysses` (Jacobs et al.
     2023: the tp-axis group shards the sequence and all-to-alls heads; weights unsharded)."""
@@ -65,7 +71,8 @@ class ParallelPlan:
     """Layers per (virtual) stage, embedding and LM head counted as layers; None: equal."""
 
     def __post_init__(self) -> None:
-        for key in ("dp", "tp", "pp", "microbatch_size", "num_microbatches", "virtual_stages"):
+        for key in ("dp", "tp", "pp", "cp", "microbatch_size", "num_microbatches",
+                    "virtual_stages"):  # fmt: skip
             _count(key, getattr(self, key))
         if self.sp not in SEQUENCE_PARALLEL:
             raise ValueError(
@@ -111,11 +118,12 @@ class ParallelPlan:
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def sequences_per_step(self) -> int:
-        """The global batch in sequences: dp · num_microbatches · microbatch_size."""
+        """The global batch in sequences: dp · num_microbatches · microbatch_size (the cp
+        ranks of a replica share its sequences)."""
         return self.dp * self.num_microbatches * self.microbatch_size
 
 
@@ -125,9 +133,14 @@ def validate_plan(spec: TransformerSpec, plan: ParallelPlan) -> None:
         raise ValueError(f"tp={plan.tp}: must divide n_heads={spec.n_heads}")
     if spec.kv_heads is not None and spec.kv_heads % plan.tp:
         raise ValueError(f"tp={plan.tp}: must divide kv_heads={spec.kv_heads}")
-    if plan.sp != "none" and spec.seq_len % plan.tp:
+    if spec.seq_len % plan.cp:
+        raise ValueError(f"cp={plan.cp}: context parallelism splits the sequence, so cp "
+                         f"must divide seq_len={spec.seq_len}")  # fmt: skip
+    local = spec.seq_len // plan.cp
+    if plan.sp != "none" and local % plan.tp:
+        what = f"seq_len={spec.seq_len}" if plan.cp == 1 else f"seq_len/cp={local}"
         raise ValueError(f"tp={plan.tp}: sp={plan.sp!r} shards the sequence, so tp must "
-                         f"divide seq_len={spec.seq_len}")  # fmt: skip
+                         f"divide {what}")  # fmt: skip
     layers = spec.n_layers + 2
     if plan.stages > layers:
         raise ValueError(f"pp={plan.pp}: pp·virtual_stages={plan.stages} exceeds the "

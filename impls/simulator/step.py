@@ -5,9 +5,10 @@
 2. The schedule (`impls.pipeline.schedules.build_plan`) is replayed twice (`timeline`, the
    compiled equivalent of `impls.pipeline.replay.replay`): once with free transfers (the
    schedule's own bubble) and once with each activation / gradient send priced as a
-   point-to-point transfer of T·h·B bytes (÷ t when the sequence is sharded) over the link
-   between the two pipeline ranks: inter-node when, in the tp-innermost, then dp, then pp
-   layout (`plan`), the two ranks' devices sit on different nodes. A send is a latency
+   point-to-point transfer of T·h·B bytes (÷ t when the sequence is sharded, ÷ cp under
+   context parallelism) over the link between the two pipeline ranks: inter-node when, in
+   the tp-innermost, then cp, then dp, then pp layout (`plan`), the two ranks' devices sit
+   on different nodes. A send is a latency
    between the two ranks' actions, or, on `Hardware.p2p_blocking` hardware, time the
    sending action holds its rank for. ZeRO-2/3 communication that happens per micro-batch
    is added to the actions it overlaps (`zero_comm`). pp == 1 is M micro-batches of
@@ -37,6 +38,7 @@ from impls.costmodel.compute import TransformerSpec, hfu, mfu, step_flops
 from impls.costmodel.hardware import Hardware
 from impls.costmodel.memory import model_state_bytes
 from impls.pipeline.schedules import SPLIT_BACKWARD  # zero-bubble schedules: I and W apart
+from impls.simulator.context_parallel import local_spec
 from impls.simulator.costs import DTYPE_BYTES, LayerPrice, layer_prices, logit_gradient_bytes
 from impls.simulator.memory import (
     WORKSPACE_BYTES,
@@ -111,10 +113,10 @@ def _spans_nodes(group: int, rank_a: int, rank_b: int, per_node: int) -> bool:
 
 def _transfers(plan: ParallelPlan, spec: TransformerSpec, hw: Hardware, dtype: str) -> tuple:
     """Seconds of each stage's SEND_F (to s+1) and SEND_B (to s−1)."""
-    nbytes = plan.microbatch_size * spec.seq_len * spec.d_model * DTYPE_BYTES[dtype]
+    nbytes = plan.microbatch_size * spec.seq_len // plan.cp * spec.d_model * DTYPE_BYTES[dtype]
     if plan.sp != "none":
         nbytes /= plan.tp
-    group, per_node = plan.tp * plan.dp, hw.devices_per_node
+    group, per_node = plan.tp * plan.cp * plan.dp, hw.devices_per_node
 
     def seconds(a: int, b: int) -> float:
         spans = _spans_nodes(group, a % plan.pp, b % plan.pp, per_node)
@@ -161,7 +163,8 @@ def simulate(
     hw.peak(dtype)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r}: allowed values {', '.join(OPTIMIZERS)}")
-    prices = layer_prices(spec, plan.microbatch_size, plan.tp, plan.sp, plan.recompute, hw, dtype)
+    prices = layer_prices(spec, plan.microbatch_size, plan.tp, plan.sp, plan.recompute, hw, dtype,
+                          plan.cp)  # fmt: skip
     total = spec.n_layers + 2
     stages = [_stage(prices, a, b, total) for a, b in stage_slices(spec.n_layers, plan)]
     if stage_costs is not None:
@@ -268,8 +271,8 @@ def _peak_memory(spec, plan, dtype, stages, schedule, per_rank, workspace_bytes)
     rematerialised = 0.0
     if plan.recompute == "full":
         rematerialised = activation_bytes_per_layer(
-            spec, plan.microbatch_size, tp=plan.tp, sp=plan.sp, recompute="none",
-            dtype_bytes=DTYPE_BYTES[dtype],
+            local_spec(spec, plan.cp), plan.microbatch_size, tp=plan.tp, sp=plan.sp,
+            recompute="none", dtype_bytes=DTYPE_BYTES[dtype],
         )  # fmt: skip
     best: dict = {}
     for r, own in enumerate(per_rank):
@@ -280,7 +283,8 @@ def _peak_memory(spec, plan, dtype, stages, schedule, per_rank, workspace_bytes)
         if plan.zero_stage == 3:
             transient += 2 * max(st.largest_layer for st in mine) * weight_bytes
         if any(st.has_head for st in mine):
-            transient += logit_gradient_bytes(spec, plan.microbatch_size, plan.tp, plan.sp)
+            transient += logit_gradient_bytes(spec, plan.microbatch_size, plan.tp, plan.sp,
+                                              plan.cp)  # fmt: skip
         parts = rank_memory(
             params=sum(st.params for st in mine),
             zero_stage=plan.zero_stage,
@@ -299,7 +303,8 @@ def layer_costs(spec: TransformerSpec, plan: ParallelPlan, hw: Hardware,
                 dtype: str = "bf16") -> tuple[LayerCost, ...]:  # fmt: skip
     """Per layer of embedding + n_layers + head, what the planner slices stages by."""
     validate_plan(spec, plan)
-    prices = layer_prices(spec, plan.microbatch_size, plan.tp, plan.sp, plan.recompute, hw, dtype)
+    prices = layer_prices(spec, plan.microbatch_size, plan.tp, plan.sp, plan.recompute, hw, dtype,
+                          plan.cp)  # fmt: skip
     bpp, group = bytes_per_param(dtype), dp_group(plan)[0]
     return tuple(
         LayerCost(

@@ -71,10 +71,13 @@ BUCKET_BYTES = 25 * 2**20
 
 
 def dp_group(plan: ParallelPlan) -> tuple[int, int]:
-    """(size, stride) of the group that reduces a rank's gradients."""
+    """(size, stride) of the group that reduces a rank's gradients: the dp·cp ranks that
+    hold the same weights (Megatron-core reduces and shards gradients over its data-parallel
+    group with context parallelism, `get_data_parallel_group(with_context_parallel=True)`),
+    tp apart in the tp-innermost layout; under Ulysses the tp axis holds the same weights too."""
     if plan.sp == "ulysses":
-        return plan.dp * plan.tp, 1
-    return plan.dp, plan.tp
+        return plan.dp * plan.cp * plan.tp, 1
+    return plan.dp * plan.cp, plan.tp
 
 
 Transfer = tuple[str, float]

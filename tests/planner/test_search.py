@@ -106,3 +106,12 @@ def test_reasons_name_the_largest_growing_term():
             assert terms[grown] in candidate.reason, candidate.reason
         slower = 100 * (p.step_time_s / winner.step_time_s - 1)
         assert candidate.reason.startswith(f"{slower:.1f}% slower")
+
+
+def test_search_with_cp_finds_what_simulating_every_cp_plan_finds():
+    hw = small_cluster(16e9)
+    plans = plan_space(GPT8, hw, gpus=8, global_batch=16, cps=(2,))
+    best = max(simulate(GPT8, plan, hw).tokens_per_s for plan in plans)
+    result = search(GPT8, hw, gpus=8, global_batch=16, top_k=1, cps=(2,))
+    assert result.best[0].plan.cp == 2
+    assert result.best[0].prediction.tokens_per_s >= best * (1 - 1e-9)  # Alpa cuts may beat it

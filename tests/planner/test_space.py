@@ -119,3 +119,21 @@ def test_fixed_keys_are_plan_fields():
     plan = space()[0]
     for key in FIXED_KEYS:
         assert hasattr(plan, key)
+
+
+def test_cp_is_searched_only_when_asked():
+    plain = space()
+    assert all(plan.cp == 1 for plan in plain)
+    with_cp = space(cps=(1, 2))
+    assert set(plain) < set(with_cp)
+    extra = [plan for plan in with_cp if plan.cp == 2]
+    assert extra and all(p.dp * p.cp * p.tp * p.pp == 8 for p in extra)
+    for plan in extra:
+        validate_plan(GPT8, plan)  # seq_len/cp divisible by tp wherever sp shards it
+
+
+@pytest.mark.parametrize(("cps", "key"), [((3,), "cp=3 must divide seq_len=1024"),
+                                          ((), "cps=()"), ((0,), "cp=0")])  # fmt: skip
+def test_cps_are_refused_naming_the_key(cps, key):
+    with pytest.raises(ValueError, match=key):
+        space(cps=cps)
