@@ -37,6 +37,22 @@ def test_cells_are_slots_of_one_search_per_gpu_count():
     assert all(c.world_size == 1 for c in cells)
 
 
+def test_published_runs_of_the_model_get_their_own_slots():
+    """GPT-3 175B on A100 80GB: Megatron-LM's 175B row (the same shape under another
+    preset name) is priced in its own plan beside its published MFU; the 1.3B has none."""
+    cfg = AutoParallelConfig(gpus=[64], top_k=1, rejected_k=0)
+    names = [run.name for run in ranks.published_runs(cfg)]
+    assert "megatron_readme_175b" in names
+    published = [c for c in experiment.cells(cfg) if c.key["list"] == "published"]
+    assert [c.key["run"] for c in published] == names
+    row = ranks.run(cfg, published[0])
+    assert row["found"] and row["published_metric"] == "MFU"
+    assert row["dp"] * row["tp"] * row["pp"] == published[0].key["gpus"]
+    assert 0 < row["predicted_mfu_low"] < row["predicted_mfu_high"]
+    small = AutoParallelConfig(model=SMALL, gpus=[8], global_batch=64)
+    assert ranks.published_runs(small) == []
+
+
 def test_a_slot_reports_the_plan_the_simulator_priced():
     cfg = AutoParallelConfig(model=SMALL, gpus=[8], global_batch=64, top_k=2)
     first, second = _run(cfg, 8, "best", 1), _run(cfg, 8, "best", 2)

@@ -5,6 +5,9 @@ plan, `list=rejected, rank=k` the k-th best of those the planner turned down (to
 the device, or slower than the best, with the reason). The search itself runs once per GPU
 count in the one-rank pool and is cached there, so a grid of slots costs one search each.
 Every number in a row is the simulator's output: the report labels it as a model output.
+`list=published` slots price each published run of the same model on the same preset
+(`impls.costmodel.published`) in its own plan, beside the source's number: what the
+planner's best plan gains over it, term by term, is in the report.
 """
 
 from __future__ import annotations
@@ -23,11 +26,18 @@ def cells(cfg: AutoParallelConfig) -> list[Cell]:
               "global_batch": cfg.global_batch}  # fmt: skip
     slots = [("best", k) for k in range(1, cfg.top_k + 1)]
     slots += [("rejected", k) for k in range(1, cfg.rejected_k + 1)]
-    return [
+    searched = [
         Cell(world_size=1, key={**shared, "gpus": n, "list": kind, "rank": k}, fn=ranks.run)
         for n in cfg.gpus
         for kind, k in slots
     ]
+    published = [
+        Cell(world_size=1, fn=ranks.run, key={**shared, "gpus": run.gpus, "list": "published",
+                                              "rank": k, "run": run.name,
+                                              "global_batch": run.global_batch})
+        for k, run in enumerate(ranks.published_runs(cfg), start=1)
+    ]  # fmt: skip
+    return searched + published
 
 
 def to_row(cfg: AutoParallelConfig, cell: Cell, per_rank: list[dict]) -> dict:

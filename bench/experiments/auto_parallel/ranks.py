@@ -30,8 +30,31 @@ def _search(cfg: Any, gpus: int) -> Any:
     return _SEARCHES[key]
 
 
+def published_runs(cfg: Any) -> list[Any]:
+    """Published runs of the config's model architecture on the config's preset."""
+    from impls.costmodel.models import model
+    from impls.costmodel.published import PUBLISHED_RUNS
+
+    shape = ("n_layers", "d_model", "n_heads", "ffn", "kv_fraction")
+    wanted = tuple(getattr(cfg.spec(), name) for name in shape)
+    return [run for run in PUBLISHED_RUNS if run.hardware == cfg.hardware
+            and tuple(getattr(model(run.model), name) for name in shape) == wanted]  # fmt: skip
+
+
+def _published(name: str) -> dict[str, Any]:
+    """A published run's own plan priced (`impls.simulator.validation`), with its number."""
+    from impls.simulator.validation import published_predictions
+
+    mine = next(p for p in published_predictions() if p.run.name == name)
+    return {"found": True, **plan_columns(mine.plan), **prediction_columns(mine.prediction),
+            "published_metric": mine.metric, "published_value": mine.published,
+            "predicted_value": mine.predicted, "source": mine.run.source}  # fmt: skip
+
+
 def run(cfg: Any, cell: Any) -> dict[str, Any]:
     key = cell.key
+    if key["list"] == "published":
+        return _published(key["run"])
     result = _search(cfg, key["gpus"])
     chosen = result.best if key["list"] == "best" else result.rejected
     common = {"search_s": result.seconds, "evaluated": result.evaluated,

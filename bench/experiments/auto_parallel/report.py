@@ -152,6 +152,62 @@ def memory(ctx: Context) -> str | None:
     return "\n".join(text) or None
 
 
+def against_published(ctx: Context) -> str | None:
+    """Against published runs of this model
+
+    Each published run of this model on this preset (`at_scale`'s rows), priced in its own
+    plan beside the number its source reports, and the planner's best plan at the same
+    GPU count. Where the best plan promises more than the run achieved, the step-time
+    terms per token say which modelled term makes it better: the term whose seconds per
+    token shrink most from the run's plan to the best plan."""
+    ok = ctx.ok
+    if ok.empty or "published" not in set(ok["list"]):
+        return None
+    runs = ok[ok["list"] == "published"]
+    best = _found(ok, "best")
+    best = best[best["rank"] == 1].set_index("gpus")
+    rows = []
+    for _, run in runs.iterrows():
+        first = best.loc[run["gpus"]] if run["gpus"] in best.index else None
+        term, gain = _better_term(run, first) if first is not None else ("—", 0.0)
+        best_mfu = float(first["predicted_mfu"]) if first is not None else float("nan")
+        rows.append({
+            "run": run["run"], "GPUs": format_count(run["gpus"]),
+            "its plan": plan_label(run), "batch": format_count(run["global_batch"]),
+            "published": f"{run['published_value']:.3g} ({run['published_metric']})",
+            "simulator, its plan": f"{run['predicted_value']:.3g}",
+            "MFU, its plan (90%)": f"{format_percent(run['predicted_mfu'])} "
+                                   f"({_mfu_interval(run)})",
+            "best plan MFU": format_percent(best_mfu) if first is not None else "—",
+            "what makes the best plan better (share of the run's step per token)": term,
+        })  # fmt: skip
+        if first is not None and str(run["published_metric"]) == "MFU":
+            ratio = best_mfu / float(run["published_value"])
+            ctx.finding(f"the best plan's MFU on {format_count(run['gpus'])} GPUs is within 10% "
+                        f"of {run['run']}'s published MFU, or a modelled term explains it",
+                        holds=ratio <= 1.10 or gain > 0, detail=f"best {format_percent(best_mfu)}"
+                        f" vs published {format_percent(run['published_value'])} ({ratio:.2f}×);"
+                        f" the terms that shrink most, as a share of the run's step per token: "
+                        f"{term}")  # fmt: skip
+    return markdown_table(pd.DataFrame(rows), numparse=False)
+
+
+def _better_term(run: pd.Series, best: pd.Series) -> tuple[str, float]:
+    """The breakdown terms whose seconds per token drop most from `run`'s plan to `best`
+    (the two largest, named with their drop as a share of the run's step per token), and
+    the largest drop."""
+
+    def per_token(row: pd.Series, column: str) -> float:
+        tokens = float(row["predicted_tokens_per_s"]) * float(row["predicted_step_time_s"])
+        return float(row[column]) / tokens
+
+    step = per_token(run, "predicted_step_time_s")
+    drops = sorted(((per_token(run, c) - per_token(best, c)) / step, label)
+                   for c, label in BREAKDOWN)[::-1]  # fmt: skip
+    text = ", ".join(f"{label} {drop:+.1%}" for drop, label in drops[:2])
+    return text, drops[0][0]
+
+
 def search_time(ctx: Context) -> str | None:
     """Search time
 
@@ -178,5 +234,5 @@ REPORT = Report(
         "time**: every step time, throughput, MFU and memory is the simulator's output, "
         "whose inputs are the hardware preset's cited datasheet and microbenchmark numbers."
     ),
-    sections=(best_plans, rejected, breakdown, mfu_vs_gpus, memory, search_time),
+    sections=(best_plans, rejected, against_published, breakdown, mfu_vs_gpus, memory, search_time),
 )
