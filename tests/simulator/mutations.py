@@ -33,6 +33,8 @@ TARGETS = {
     "pipeline_send": "impls.simulator.step.p2p_seconds",
     "optimizer": "impls.simulator.step._optimizer_seconds",
     "schedule_replay": "impls.simulator.step.evaluate",
+    "memory_bytes_per_param": "impls.simulator.memory.bytes_per_param",
+    "memory_model_states": "impls.simulator.memory.model_state_bytes",
     "presets": "impls.costmodel.presets.HARDWARE",
     "price_cache": "impls.simulator.costs._CACHE",
 }
@@ -154,6 +156,18 @@ def _plateau(hw):
     return replace(hw, **changes)
 
 
+def _sparse_peak(hw):
+    return replace(hw, peak_flops={dtype: 2 * flops for dtype, flops in hw.peak_flops.items()})
+
+
+def _no_optimizer_state(bytes_per_param, a):
+    return replace(bytes_per_param(**a), optimizer=1e-9)  # > 0, as BytesPerParam requires
+
+
+def _unsharded_states(model_state_bytes, a):
+    return model_state_bytes(**_with(a, dp=1))  # states as if the ZeRO group were one rank
+
+
 def _scores_dropped(activation_bytes, a):
     """The attention core's 5·a·s²·b bytes left out: what `selective` recomputes."""
     if a["recompute"] == "none":
@@ -202,6 +216,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("gemm_plateau_every_shape",
              "every GEMM at the large-GEMM plateau (no wave-quantisation roll-off)",
              lambda: _presets(_plateau)),
+    Mutation("sparse_peak_flops",
+             "peak FLOP/s read from the datasheet's sparsity figures (2× the dense peak)",
+             lambda: _presets(_sparse_peak)),
+    Mutation("optimizer_state_not_in_memory",
+             "Adam's master weights, momentum and variance left out of a rank's memory",
+             lambda: _wrapped("memory_bytes_per_param", _no_optimizer_state)),
+    Mutation("zero_sharding_not_in_memory",
+             "ZeRO's sharding of weights, gradients and optimizer state ignored in memory",
+             lambda: _wrapped("memory_model_states", _unsharded_states)),
     Mutation("attention_scores_memory_dropped",
              "the s² attention scores, softmax and dropout mask are not kept for the backward",
              lambda: _wrapped("layer_activations", _scores_dropped)),
