@@ -43,6 +43,8 @@ TARGETS = {
 
 @dataclass(frozen=True)
 class Mutation:
+    """A named model error; `apply()` is the context manager in which the model has it."""
+
     name: str
     description: str
     apply: Callable[[], ContextManager[None]]

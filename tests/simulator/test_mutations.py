@@ -51,8 +51,10 @@ def test_registries_are_well_formed():
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.name)
-def test_mutation_is_caught(mutation):
-    assert caught(mutation.name), f"{mutation.name} ({mutation.description}): no check fails"
+def test_mutation_is_caught(mutation, record_property):
+    checks = caught(mutation.name)
+    record_property("caught_by", ", ".join(sorted(checks)))  # in the JUnit report
+    assert checks, f"{mutation.name} ({mutation.description}): no check fails"
 
 
 def test_model_is_restored_after_the_mutations():
