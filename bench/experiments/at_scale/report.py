@@ -31,6 +31,9 @@ PUBLISHED_TARGET = Target(
 MEDIAN_BOUND = 0.10  # issue #33: median |error| ≤ 10% over ≥ 40 rows from ≥ 8 sources
 LOSO_BOUND = 0.12  # issue #33: leave-one-source-out median ≤ 12%
 OPTIMISTIC_BAND = (0.35, 0.65)  # issue #33: optimistic rows between 35% and 65% of all
+SERIES_BOUND = 5.0  # issue #33: the predicted MFU decline with DP within 5 points
+SERIES_KEYS = ("origin", "model", "hardware", "seq_len", "microbatch_size", "tp", "pp",
+               "metric")  # fmt: skip
 SUMMIT_TARGET = Target(
     figure="SUMMIT TSM data-parallel scaling efficiency: |simulator − lecture| (points)",
     column="efficiency_gap_points", op="<=", bound=10.0,
@@ -257,6 +260,52 @@ def _plot(ctx: Context, rows: pd.DataFrame) -> str:
     return ctx.plot(fig, "predicted_vs_published", "simulator vs published throughput, by source")
 
 
+def scaling_series(ctx: Context) -> str | None:
+    """Scaling series
+
+    Published rows of one model, cluster, sequence, micro-batch and tp·pp layout at three
+    or more data-parallel sizes: how the metric falls as DP grows, published against
+    predicted. The decline is the value at the smallest DP minus the value at the largest,
+    in points of MFU (or in % of the first value for other metrics)."""
+    rows = _rows(ctx, "published")
+    if rows.empty or not set(SERIES_KEYS) <= set(rows.columns):
+        return None
+    out, gaps = [], []
+    for key, group in rows.groupby(list(SERIES_KEYS), sort=False):
+        if group["dp"].nunique() < 3:
+            continue
+        group = group.sort_values("dp")
+        first, last = group.iloc[0], group.iloc[-1]
+        mfu = str(key[-1]).startswith("MFU")
+        scale = 100.0 if mfu else 100.0 / float(first["published"])
+        published = (float(first["published"]) - float(last["published"])) * scale
+        predicted = (float(first["predicted"]) - float(last["predicted"])) * (
+            scale if mfu else 100.0 / float(first["predicted"])
+        )
+        gap = abs(predicted - published)
+        gaps.append(gap)
+        unit = "points" if mfu else "% of the first"
+        out.append({"series": f"{key[1]} on {key[2]}, s = {format_count(key[3])}, "
+                              f"b = {format_count(key[4])}",
+                    "DP": " → ".join(format_count(v) for v in group["dp"]),
+                    "published": " → ".join(_fmt(v) for v in group["published"]),
+                    "simulator": " → ".join(_fmt(v) for v in group["predicted"]),
+                    "decline, published": f"{published:.1f} {unit}",
+                    "decline, simulator": f"{predicted:.1f} {unit}",
+                    "gap": f"{gap:.1f}"})  # fmt: skip
+    if not out:
+        return None
+    worst = max(gaps)
+    ctx.headline["scaling_series_worst_gap"] = worst
+    ctx.figure("scaling series: |predicted − published| decline of MFU as DP grows (points)",
+               theory=f"≤ {SERIES_BOUND:.0f} points", source=HONEST,
+               model=f"worst {worst:.1f} over {len(gaps)} series")  # fmt: skip
+    ctx.finding(f"the predicted decline with DP matches the published one within "
+                f"{SERIES_BOUND:.0f} points in every series", holds=worst <= SERIES_BOUND,
+                detail=f"worst gap {worst:.1f} over {len(gaps)} series")  # fmt: skip
+    return markdown_table(pd.DataFrame(out), numparse=False)
+
+
 REPORT = Report(
     title="At scale: the simulator against the lecture's figures and published runs",
     intro=(
@@ -266,6 +315,6 @@ REPORT = Report(
         "simulator's inputs (peak FLOP/s, memory and link bandwidths, GEMM efficiency) are "
         "datasheet and microbenchmark numbers cited in `impls/costmodel/presets.py`."
     ),
-    sections=(lecture, published),
+    sections=(lecture, published, scaling_series),
     targets=(PUBLISHED_TARGET, SUMMIT_TARGET, GPT3_TARGET),
 )
