@@ -36,7 +36,9 @@ LINK = (5e-5, 3e-10)
      ({"max_rows": 0}, "max_rows"), ({"gemm_sizes": [0, 8]}, "gemm_sizes"),
      ({"gemm_sizes": [64]}, "gemm_sizes"), ({"copy_mib": 0}, "copy_mib"),
      ({"repeats": -1}, "repeats"), ({"timeout_s": math.nan}, "timeout_s"),
-     ({"reference_window_s": -0.1}, "reference_window_s")],
+     ({"reference_window_s": -0.1}, "reference_window_s"),
+     ({"held_out": ["at_scale"]}, "held_out"), ({"held_out": []}, "held_out"),
+     ({"held_out": ["zero_memory"] * 2}, "held_out")],
 )  # fmt: skip
 def test_config_refuses_naming_the_key(values, key):
     with pytest.raises(ValueError, match=key):
@@ -48,8 +50,8 @@ def test_missing_source_report_is_refused_naming_reports_root(tmp_path):
     (tmp_path / "zero_memory" / "results.csv").unlink()
     with pytest.raises(ValueError, match="reports_root=.*zero_memory/results.csv"):
         PlannerValidationConfig(reports_root=str(tmp_path), sources=["zero_memory"])
+    (tmp_path / "parallelism_comparison" / "results.csv").unlink()  # the link is measured
     PlannerValidationConfig(reports_root=str(tmp_path), sources=["pipeline_utilization"])
-    (tmp_path / "parallelism_comparison" / "results.csv").unlink()  # the link's source
     with pytest.raises(ValueError, match="reports_root=.*parallelism_comparison/results.csv"):
         PlannerValidationConfig(reports_root=str(tmp_path))
 
@@ -116,9 +118,18 @@ def test_ground_truth_rows_labels_and_link(tmp_path):
     assert {c: t["statistic"] for c, t in by_config.items()} == {
         "dp2, M=4": "median", "dp2×pp2, M=4": "median",
         "interleaved_1f1b, P=4, M=8, V=2": "fastest", "zero3, N=8, fp32": "median"}  # fmt: skip
-    for t in truths:  # medians of the two probes
-        assert t["link"] == pytest.approx((6e-5, 2.5e-10), rel=1e-12)
+    for t in truths:  # no ring fits here: every row on this run's own probe, none on the
+        assert t["link"] is None and t["link_source"] == PROBE_LINK  # sources' link columns
     assert all(t["source_git_sha"] == "abc1234" for t in truths)
+    # the default split: pipeline_utilization held out, the other sources developed on
+    assert {c: t["split"] for c, t in by_config.items()} == {
+        "dp2, M=4": "development", "dp2×pp2, M=4": "development",
+        "interleaved_1f1b, P=4, M=8, V=2": "held_out", "zero3, N=8, fp32": "development"}  # fmt: skip
+    flipped = experiment.ground_truth(PlannerValidationConfig(
+        reports_root=str(tmp_path), held_out=["zero_memory", "parallelism_comparison"]))  # fmt: skip
+    assert {t["source"]: t["split"] for t in flipped} == {
+        "parallelism_comparison": "held_out", "zero_memory": "held_out",
+        "pipeline_utilization": "development"}  # fmt: skip
     limited = experiment.ground_truth(PlannerValidationConfig(reports_root=str(tmp_path),
                                                               max_rows=1))  # fmt: skip
     assert len(limited) == 3
@@ -157,7 +168,7 @@ def test_wall_clock_rows_use_the_ring_fitted_at_their_rank_count(tmp_path):
     assert math.isnan(zero3["host_probe_s"])  # a source row without one: not scaled
     for config in ("dp2×pp2, M=4", "interleaved_1f1b, P=4, M=8, V=2"):  # replayed
         assert by_config[config]["link_source"] == PROBE_LINK
-        assert by_config[config]["link"] == pytest.approx((6e-5, 2.5e-10), rel=1e-12)
+        assert by_config[config]["link"] is None  # this run's probe, measured by the rank
     assert experiment.ring_links(tmp_path / "elsewhere") == {}
 
 
@@ -238,14 +249,20 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
         probed.append((ranks_, segment_s, rounds_))
         return {"after_compute_s": 2e-3, "world_size": ranks_}
 
+    def fake_pool(world_size, numels, link=False, timeout_s=300.0):
+        probed.append(("link", world_size, link))
+        return {"world_size": world_size, "tp_call_cpu_s": {}, "link": LINK}
+
     monkeypatch.setattr(rounds, "reference_rounds", fake_rounds)
     monkeypatch.setattr(calibration, "measure_meeting", fake_meeting)
+    monkeypatch.setattr(calibration.pool_probes, "measure", fake_pool)
     monkeypatch.setattr(calibration.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(calibration, "_CALIBRATIONS", {})
     cfg = SimpleNamespace(gemm_sizes=[8, 16], copy_mib=1, repeats=1, reference_window_s=0.0,
                           meeting_segment_s=1e-3, meeting_rounds=2, timeout_s=60.0)  # fmt: skip
     cal = calibration.calibrate(cfg, 1)
-    assert probed == [(2, 1e-3, 2)] and cal["meeting"]["after_compute_s"] == 2e-3
+    assert probed == [("link", 2, True), (2, 1e-3, 2)]  # this run's own two-rank link
+    assert cal["meeting"]["after_compute_s"] == 2e-3 and cal["link"] == LINK
     assert cal["host_probe_s"] == 2e-2  # the probe's median over the rounds
     assert cal["step_jitter"] == (0.7, 1.0, 1.3)
     # each runtime's cost per action: its median excess over the plain step, ÷ its F and B
@@ -441,50 +458,63 @@ def test_spearman_and_prepare():
     assert df["abs_memory_error"].tolist() == [0.01, 0.03]
 
 
-def test_a_replayed_tp_row_pays_its_measured_call_work_per_all_reduce(monkeypatch):
-    """parallelism_comparison's replay charges each TP all-reduce its measured own work
-    (`tp_call_cpu_s`) plus α per round: spread over the ring's 2(t − 1) rounds, the same
-    work joins α, so one priced all-reduce costs what the replay charges. A wall-clock row
-    (its ring fit already holds that work) and a row without TP keep the link's α."""
+def test_a_replayed_tp_row_pays_the_call_work_this_run_measured(monkeypatch):
+    """A TP replay charges each all-reduce its own work plus α per round: spread over the
+    ring's 2(t − 1) rounds, the work this run measured on t ranks at the row's activation
+    size joins α, so one priced all-reduce costs what the replay charges. A wall-clock row
+    (its ring fit already holds that work) and a row without TP keep the link's α and
+    measure nothing."""
     from impls.costmodel.comm import collective_seconds
 
     monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: RUN_CAL)
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
-    call, tp = 4e-4, 4
-    truth = {**_truth(4, label="replayed"), "dp": 1, "tp": tp, "tp_call_cpu_s": call}
-    alpha, carried = ranks.round_alpha(truth)
+    measured = []
+
+    def fake_work(cfg, tp, numel):
+        measured.append((tp, numel))
+        return 4e-4
+
+    monkeypatch.setattr(calibration, "tp_call_work", fake_work)
+    call, tp, numel = 4e-4, 4, 8 * 64 * 128
+    truth = {**_truth(4, label="replayed"), "dp": 1, "tp": tp, "tp_call_numel": numel}
+    alpha, carried = ranks.round_alpha(truth, LINK[0], call)
     assert carried == call and alpha == pytest.approx(LINK[0] + call / (2 * (tp - 1)))
     hw = calibration.host_hardware(RUN_CAL, (alpha, LINK[1]))
     nbytes = 1 << 16
     replay_price = call + 2 * (tp - 1) * LINK[0] + 2 * (tp - 1) / tp * nbytes * LINK[1]
     assert collective_seconds("all_reduce", nbytes, tp, hw) == pytest.approx(replay_price)
     with_work = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
-    without = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**truth, "tp_call_cpu_s": 0}))
+    assert measured == [(tp, numel)]  # measured by this run at the row's size
     assert (with_work["tp_call_cpu_s"], with_work["round_alpha_s"]) == (call, alpha)
+    monkeypatch.setattr(calibration, "tp_call_work", lambda cfg, tp, numel: 0.0)
+    without = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
     assert with_work["predicted_tp_s"] > without["predicted_tp_s"] > 0
     assert without["round_alpha_s"] == LINK[0] and without["tp_call_cpu_s"] == 0
     for other in ({**truth, "ground_truth": "wall clock"}, {**truth, "tp": 1}):
-        assert ranks.round_alpha(other) == (LINK[0], 0.0)
+        assert not ranks.carries_tp_calls(other)
+        assert ranks.round_alpha(other, LINK[0], call) == (LINK[0], 0.0)
 
 
-def test_a_row_is_predicted_at_the_host_speed_its_probes_measured(monkeypatch):
-    """The source's runner timed the host probe around the row; the calibration timed it
-    too. A host 1.5× slower around the row gets 1.5× the compute and optimizer time
-    (links kept); without a probe on either side nothing is scaled."""
+def test_the_hosts_probes_around_a_row_never_price_it(monkeypatch):
+    """The source's runner timed the host probe around the row: a number from the
+    ground-truth cell, so the prediction is the same with or without it. It scales only
+    the context column: a host 1.5× slower around the row gets 1.5× the compute and
+    optimizer time there (links kept)."""
     monkeypatch.setattr(calibration, "calibrate",
                         lambda cfg, threads: {**RUN_CAL, "host_probe_s": 0.02})  # fmt: skip
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
-    truth = {**_truth(2), "zero_stage": 3}
+    truth = {**_truth(1), "zero_stage": 3, "optimizer": True}
     slow = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**truth, "host_probe_s": 0.03}))
     plain = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))  # no source probe
     assert slow["host_slowdown"] == pytest.approx(1.5) and plain["host_slowdown"] == 1.0
     assert (slow["host_probe_s"], slow["cal_host_probe_s"]) == (0.03, 0.02)
-    for part in ("predicted_compute_s", "predicted_optimizer_s"):
-        assert slow[part] == pytest.approx(1.5 * plain[part]), part
-    assert slow["predicted_dp_s"] == pytest.approx(plain["predicted_dp_s"])  # the link's
-    assert slow["predicted_unnormalised_step_time_s"] == pytest.approx(
-        plain["predicted_step_time_s"])  # fmt: skip
-    assert plain["predicted_unnormalised_step_time_s"] == plain["predicted_step_time_s"]
+    for column in ("predicted_step_time_s", "predicted_compute_s", "predicted_optimizer_s"):
+        assert slow[column] == plain[column], column
+    one = {**truth, "dp": 1, "zero_stage": 0}  # one rank: the step is compute + optimizer
+    slow = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**one, "host_probe_s": 0.03}))
+    assert slow["predicted_host_scaled_step_time_s"] == pytest.approx(
+        1.5 * slow["predicted_step_time_s"])  # fmt: skip
+    assert plain["predicted_host_scaled_step_time_s"] == plain["predicted_step_time_s"]
     for source, cal in ((math.nan, 0.02), (0.03, math.nan), (0.0, 0.02)):
         assert ranks.host_slowdown(source, cal) == 1.0
 

@@ -2,8 +2,11 @@
 a quick calibration): every row has a positive prediction and its errors are the ratios of
 its own columns, each row's ground truth is labelled by the rule (wall clock only where
 ranks ≤ cores), the composed memory is within the issue's 5% of what the sources measured,
-the calibration is positive, every row is priced at the host speed its probes measured,
-its source's runtime and (wall clock, N ≥ 2) the slowest of its ranks, and the index carries the medians and ρ as gaps, never as measurements."""
+the calibration is positive, no row is priced on its own cell's host probes, link or TP
+call work, each row pays its source's runtime and (wall clock, N ≥ 2) the slowest of its
+ranks, every row carries its half (`split`, by source as the config's `held_out` says)
+and the step-time target is judged on the held-out half alone and bounds its median, and
+the index carries the medians and ρ as gaps, never as measurements."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import math
 
 import pandas as pd
 
-from bench.experiments.planner_validation.config import PROBE_LINK
+from bench.experiments.planner_validation.config import PROBE_LINK, SPLITS
 from impls.costmodel.comm import allreduce_rounds
 from tests.ci_checks import ran
 
@@ -82,10 +85,10 @@ def calibration_is_positive_and_recorded(df: pd.DataFrame, headline: dict) -> No
         # a rank's thread speedup is measured on the reference and bounded to [1, threads]
         assert 1.0 <= row["cal_thread_speedup"] <= row["threads_per_rank"], row.to_dict()
         if row["optimizer_params"] > 0 and row["predicted_optimizer_s"] > 0:  # AdamW priced
-            # at the host speed around the row (its slowdown; × the straggler factor on a
-            # wall clock of several ranks), ÷ a core share when crowded
+            # at this run's rate (× the straggler factor on a wall clock of several ranks),
+            # ÷ a core share when crowded
             assert row["predicted_optimizer_s"] >= row["cal_adamw_s_per_param"] * row[
-                "optimizer_params"] * row["host_slowdown"] * (1 - 1e-9), row.to_dict()  # fmt: skip
+                "optimizer_params"] * (1 - 1e-9), row.to_dict()  # fmt: skip
         # a row is predicted on the fit to its own statistic: the fastest only for
         # pipeline_utilization's replay (its actions priced at their fastest)
         fastest = row["source"] == "pipeline_utilization" and row["ground_truth"] == "replayed"
@@ -106,7 +109,8 @@ def calibration_is_positive_and_recorded(df: pd.DataFrame, headline: dict) -> No
 
 def index_shows_errors_as_gaps(df: pd.DataFrame, headline: dict) -> None:
     figures = [f for f in headline["figures"] if f["figure"].startswith("simulator vs runs")]
-    assert len(figures) == 3, figures
+    assert len(figures) == 4, figures  # each half's median step error, memory, ρ
+    assert sum("held_out half" in f["figure"] for f in figures) == 1, figures
     assert all(f["measured"] == "—" and f["gap"] != "—" for f in figures), figures
     overall = headline["accuracy"]["all"]
     assert overall["rows"] == len(ran(df)), overall
@@ -115,35 +119,67 @@ def index_shows_errors_as_gaps(df: pd.DataFrame, headline: dict) -> None:
     assert 0 < overall["median_abs_step_error"] < math.inf, overall
 
 
-def rows_are_priced_at_their_host_speed(df: pd.DataFrame, headline: dict) -> None:
-    """A row whose source carries the runner's host probe is priced at the ratio of its
-    probe to the calibration's; one without (a source run before the probe) at 1, its two
-    predictions equal. A row's unscaled error is the ratio of its own columns. A replayed
-    TP row's α per round carries its measured call work over the ring's 2(t − 1) rounds;
-    every other row is priced at its link's α. (The CI grid reads the committed sources.)"""
+def no_row_is_priced_on_its_own_cell(df: pd.DataFrame, headline: dict) -> None:
+    """The host probes around a row scale only its context column (by the ratio of its
+    probe to the calibration's; a row without one: equal to the prediction). A replayed TP
+    row's α per round carries the call work this run measured on its tp ranks at its
+    activation size (one value per size), over the ring's 2(t − 1) rounds; every other row
+    is priced at its link's α and measures none. Every row on the probe link is priced on
+    one link, this run's."""
     done = ran(df)
+    calls: dict[tuple[int, int], float] = {}
     for _, row in done.iterrows():
-        _positive(row, "cal_host_probe_s", "host_slowdown", "predicted_unnormalised_step_time_s")
+        _positive(row, "cal_host_probe_s", "host_slowdown", "predicted_host_scaled_step_time_s")
         if math.isnan(float(row["host_probe_s"])):
             assert row["host_slowdown"] == 1.0, row["config"]
-            assert row["predicted_step_time_s"] == row["predicted_unnormalised_step_time_s"]
+            assert row["predicted_host_scaled_step_time_s"] == row["predicted_step_time_s"]
         else:
             ratio = row["host_probe_s"] / row["cal_host_probe_s"]
             assert math.isclose(row["host_slowdown"], ratio, rel_tol=1e-9), row["config"]
-        plain = row["predicted_unnormalised_step_time_s"] / row["measured_step_time_s"] - 1
-        assert math.isclose(plain, row["step_error_unnormalised"], rel_tol=1e-9), row["config"]
-        tp, call = int(row["tp"]), float(row["tp_call_cpu_s"])
+        scaled = row["predicted_host_scaled_step_time_s"] / row["measured_step_time_s"] - 1
+        assert math.isclose(scaled, row["step_error_host_scaled"], rel_tol=1e-9), row["config"]
+        tp, call, numel = int(row["tp"]), float(row["tp_call_cpu_s"]), int(row["tp_call_numel"])
         alpha = row["link_alpha_s"]
         if row["ground_truth"] == "replayed" and tp > 1:
-            assert call > 0, row["config"]
+            assert call > 0 and numel > 0, row["config"]
+            assert calls.setdefault((tp, numel), call) == call, row["config"]
             alpha += call / allreduce_rounds(tp)
         else:
-            assert call == 0, row["config"]
+            assert call == 0 and numel == 0, row["config"]
         assert math.isclose(row["round_alpha_s"], alpha, rel_tol=1e-9), row["config"]
+    probed = done[done["link_source"] == PROBE_LINK]
+    assert probed["link_alpha_s"].nunique() <= 1, probed["link_alpha_s"].unique()
     speed = headline["host_speed"]
-    probed = int(pd.to_numeric(done["host_probe_s"], errors="coerce").notna().sum())
-    assert speed["rows_probed"] == probed, speed
-    assert 0 < speed["median_abs_step_error_unnormalised"] < math.inf, speed
+    assert speed["rows_probed"] == int(pd.to_numeric(done["host_probe_s"], errors="coerce")
+                                       .notna().sum()), speed  # fmt: skip
+    assert 0 < speed["median_abs_step_error_host_scaled"] < math.inf, speed
+
+
+HELD_OUT_BOUND = 0.15  # issue 33: median |step error| ≤ 15% on the held-out half
+
+
+def the_held_out_half_is_judged_apart(df: pd.DataFrame, headline: dict) -> None:
+    """Every row carries its half, by source as the config's `held_out` says, and the CI
+    grid has both; the per-row step-time target applies to the held-out rows alone, the
+    median it reports is theirs, and that median is within the issue's 15%."""
+    done = ran(df)
+    held_out = set(headline["settings"]["held_out"])
+    for _, row in done.iterrows():
+        assert row["split"] in SPLITS, (row["config"], row["split"])
+        assert (row["split"] == "held_out") == (row["source"] in held_out), row["config"]
+    assert set(done["split"]) == set(SPLITS), set(done["split"])
+    held = done[done["split"] == "held_out"]
+    for _, row in held.iterrows():
+        _positive(row, "measured_step_time_s", "predicted_step_time_s")
+    median = float(held["step_error"].abs().median())
+    (step,) = [t for t in headline["targets"] if t["column"] == "abs_step_error"]
+    assert step["where"] == {"split": "held_out"} and step["cells"] == len(held), step
+    assert math.isclose(step["median"], median, rel_tol=1e-9), (step["median"], median)
+    target = headline["held_out_step_target"]
+    assert target["rows"] == len(held) and math.isclose(target["median_abs_step_error"], median)
+    summaries = headline["accuracy"]
+    assert summaries["held_out"]["rows"] + summaries["development"]["rows"] == len(done)
+    assert target["met"] and median <= HELD_OUT_BOUND, median
 
 
 RUNTIME_OF = {"parallelism_comparison": "executor", "pipeline_utilization": "executor",
@@ -206,7 +242,8 @@ CHECKS = (
     composed_memory_within_five_percent,
     calibration_is_positive_and_recorded,
     index_shows_errors_as_gaps,
-    rows_are_priced_at_their_host_speed,
+    no_row_is_priced_on_its_own_cell,
     rows_pay_their_runtime_and_stragglers,
     meetings_are_paid_only_on_the_probed_wall_clock,
+    the_held_out_half_is_judged_apart,
 )

@@ -5,6 +5,9 @@ compares prediction with measurement.
 
 - `config.py`: the typed config;
 - `experiment.py`: the ground-truth rows read from the sources' results.csv, one cell each;
-- `ranks.py`: the calibration (GEMM table, bandwidth, per-kernel overhead) and the prediction;
-- `report.py`, `plots.py`: errors, rank correlation, the scatter plots.
+- `ranks.py`: the prediction of one row; `calibration.py`, `rounds.py`, `pool_probes.py`:
+  what this run measures on the host (GEMM table, bandwidth, per-kernel overhead, the
+  reference fits, the link and the TP call work), so no ground-truth cell prices itself;
+- `report.py`, `plots.py`: errors of the development and the held-out half (`held_out`),
+  rank correlation, the scatter plots.
 """

@@ -33,6 +33,10 @@ count a rank runs at).
 - the step-to-step spread: each fp32 b = 1 reference step of those rounds ÷ the median of
   its window (`step_jitter`); the slowest of N ranks that vary as it does is priced at its
   quantile 0.5^(1/N) (`straggler`, for wall-clock rows of N ≥ 2 ranks).
+- the link: on a fresh pool of two ranks (`pool_probes.probe_link`), the fastest exchange
+  of 4 bytes and of 1 MiB between them → α per round and β per byte, the link of every row
+  that `allreduce_scaling`'s ring fits do not price (replayed rows, rank counts that
+  experiment did not run).
 - the ranks' meeting at a collective after compute (`bench.kit.meeting`, on a fresh pool
   of two ranks, where the host has two cores or more): a one-element ring all-reduce
   after `meeting_segment_s` of matmuls, against the matmuls alone. What that call costs
@@ -48,6 +52,10 @@ replay (each action the median over its ranks, micro-batches and profiled steps)
 **fastest** for `pipeline_utilization`'s replay (each action the fastest of its stage's).
 On this host a step's median sits well above its fastest repeat (the report's calibration
 table shows both), and a fit to the other statistic misprices a row by that gap.
+
+`tp_call_work`, once per (tp, activation size) a replayed TP row needs: on a fresh pool of
+tp ranks, the thread CPU one TP all-reduce of that activation spends outside its rounds
+(`pool_probes.probe_tp_call`), the work such a replay charges each call.
 
 `rank_calibration`, at the rank's own thread count (medians, for the same reason):
 
@@ -74,7 +82,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.experiments.planner_validation import rounds
+from bench.experiments.planner_validation import pool_probes, rounds
 from bench.experiments.planner_validation.rounds import PROBE, REFERENCE, REFERENCE_MICRO, RUNTIMES
 from bench.kit.meeting import measure as measure_meeting
 from bench.kit.workloads import reference_step
@@ -83,10 +91,11 @@ from impls.costmodel.comm import allreduce_rounds
 __all__ = ["MEETING_RANKS", "REFERENCE", "REFERENCE_MICRO", "RUNTIMES", "STATISTICS",
            "action_overhead", "calibrate", "collective_meeting", "fit_for", "fit_reference",
            "host_hardware", "rank_calibration", "reference_plan", "straggler",
-           "thread_speedup"]  # fmt: skip
+           "thread_speedup", "tp_call_work"]  # fmt: skip
 
 _CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
 _RANK_CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
+_TP_CALLS: dict[tuple[int, int], float] = {}
 ROWS = 8  # calibration GEMMs are (8n × n)·(n × n): tall, as tokens × width are
 CHAIN = 50  # tiny ops in the per-kernel overhead probe (each runs forward and backward)
 SPEEDUP_ROUNDS = 3  # alternating one-thread / rank-thread rounds of the speedup probe
@@ -211,6 +220,7 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
         "host_probe_s": statistics.median(reference[PROBE]),
         "step_jitter": tuple(sorted(jitter)),
     }
+    result["link"] = pool_probes.measure(2, [], link=True, timeout_s=cfg.timeout_s)["link"]
     if (os.cpu_count() or 1) >= MEETING_RANKS:  # two ranks, each on a core of its own
         result["meeting"] = measure_meeting(
             MEETING_RANKS, cfg.meeting_segment_s, cfg.meeting_rounds, timeout_s=cfg.timeout_s
@@ -226,6 +236,16 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
             result[f"fit_{dtype}{_SUFFIX[statistic]}"] = fit_reference(result, dtype, measured)
     _CALIBRATIONS[key] = result
     return result
+
+
+def tp_call_work(cfg: Any, tp: int, numel: int) -> float:
+    """Thread CPU seconds one TP all-reduce of `numel` float32 spends outside its rounds on
+    `tp` ranks, measured on a fresh pool of them (cached per process)."""
+    key = (tp, numel)
+    if key not in _TP_CALLS:
+        probed = pool_probes.measure(tp, [numel], timeout_s=cfg.timeout_s)
+        _TP_CALLS[key] = probed["tp_call_cpu_s"][numel]
+    return _TP_CALLS[key]
 
 
 def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 1.0, *,

@@ -11,13 +11,25 @@ from pathlib import Path
 from bench.config import check_choices, check_number, check_positive, check_unique
 from bench.kit.meeting import MEETING_SEGMENT_S
 
-__all__ = ["PROBE_LINK", "SOURCES", "PlannerValidationConfig", "repository_reports"]
+__all__ = ["HELD_OUT", "PROBE_LINK", "SOURCES", "SPLITS", "PlannerValidationConfig",
+           "repository_reports"]  # fmt: skip
 
 SOURCES = ("parallelism_comparison", "zero_memory", "pipeline_utilization")
 """The experiments whose measured rows are the ground truth (DP/TP/PP/hybrids, ZeRO,
 pipeline schedules)."""
-PROBE_LINK = "parallelism_comparison probe"
-"""The `link_source` of rows priced on `parallelism_comparison`'s two-rank probe."""
+HELD_OUT = ("pipeline_utilization",)
+"""The default held-out half (`held_out`): the pipeline schedules' 57 rows, against the
+42 of `parallelism_comparison` and `zero_memory`. Those two exercise every term the
+calibration prices — TP call work, the link probe and the ring fits, ZeRO's collectives,
+meetings, stragglers, core sharing, both runtimes — so a change to any of them can be
+developed on them alone; the held-out half then tests the simulator's schedule model
+(GPipe, 1F1B, interleaved, zero-bubble at 2 and 4 stages, 1 to 32 micro-batches) where
+the development half has only plain 1F1B at M = 4, on the larger half of the rows."""
+SPLITS = ("development", "held_out")
+"""The `split` column's values."""
+PROBE_LINK = "this run's probe (probe_pairs, 2 ranks)"
+"""The `link_source` of rows priced on the two-rank link probe of this run's calibration
+(`pool_probes.probe_link`)."""
 
 
 def repository_reports() -> Path:
@@ -29,6 +41,10 @@ def repository_reports() -> Path:
 class PlannerValidationConfig:
     sources: list[str] = field(default_factory=lambda: list(SOURCES))
     """Experiments whose measured rows are predicted (their `results.csv`)."""
+    held_out: list[str] = field(default_factory=lambda: list(HELD_OUT))
+    """Source experiments whose rows form the held-out half (`split` = held_out): the
+    step-time target is judged on them alone, and the model is developed on the others
+    (`split` = development). Default: pipeline_utilization (see `HELD_OUT`)."""
     reports_root: str | None = None
     """Folder holding `<source>/results.csv`; null: the repository's reports/ (where
     `make reports` writes them, and what is committed)."""
@@ -60,6 +76,8 @@ class PlannerValidationConfig:
     def __post_init__(self) -> None:
         check_choices("sources", self.sources, SOURCES)
         check_unique("sources", self.sources)
+        check_choices("held_out", self.held_out, SOURCES)
+        check_unique("held_out", self.held_out)
         if self.reports_root is not None and not str(self.reports_root).strip():
             raise ValueError("reports_root='': give a folder, or null for the repository's "
                              "reports/")  # fmt: skip
@@ -76,11 +94,15 @@ class PlannerValidationConfig:
         check_number("meeting_segment_s", self.meeting_segment_s)
         check_positive("meeting_rounds", [self.meeting_rounds])
         check_number("timeout_s", self.timeout_s)
-        for name in dict.fromkeys(("parallelism_comparison", *self.sources)):  # link + truth
+        for name in self.sources:
             if not (self.root() / name / "results.csv").is_file():
                 raise ValueError(f"reports_root={str(self.root())!r}: {name}/results.csv does "
                                  f"not exist (run `python -m bench experiment={name}` "
                                  "first)")  # fmt: skip
+
+    def split(self, source: str) -> str:
+        """Which half (`SPLITS`) a row of `source` belongs to."""
+        return "held_out" if source in self.held_out else "development"
 
     def root(self) -> Path:
         """Where the sources' results.csv are read."""

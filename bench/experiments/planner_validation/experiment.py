@@ -20,14 +20,26 @@ Which link a row is priced on (`link_source`): a wall-clock row of N ≥ 2 ranks
 α–β fitted (`fit_ring`, a median regression on relative error) to `allreduce_scaling`'s
 ring all-reduce at the same N, run on this host (N ranks sharing its cores: a round waits
 for a descheduled rank, so α grows with N/cores, which a two-rank probe cannot see); a
-replayed row, or an N that run lacks, uses `parallelism_comparison`'s two-rank probe.
+replayed row, or an N that run lacks, uses the two-rank probe this run's calibration makes
+(`pool_probes.probe_link`).
+
+What a row takes from its source's results.csv: its configuration (layout, degrees,
+sizes, dtype, schedule, rank and core counts, the model) and its measured time and
+memory, which are compared with the prediction and never enter it. The other numbers the
+source measured in that cell — its link probe, its TP call work, the host probes around
+it — do not price the row: the calibration measures its own (`CONFIGURATION_COLUMNS`
+lists what a prediction may read; `tests/test_planner_validation_held_out.py` perturbs
+every other column and finds the predictions unchanged). The host probes are carried for
+one context column only (`step_error_host_scaled`), never the prediction.
+
+Which half a row is in (`split`): `held_out` for a source of `cfg.held_out`, else
+`development` (see `config.HELD_OUT`).
 """
 
 from __future__ import annotations
 
 import csv
 import math
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,10 +51,21 @@ from bench.experiments.base import Cell, Experiment
 from bench.experiments.planner_validation import ranks, report
 from bench.experiments.planner_validation.config import PROBE_LINK, PlannerValidationConfig
 
-__all__ = ["EXPERIMENT", "PlannerValidationConfig", "cells", "ground_truth", "to_row"]
+__all__ = ["CONFIGURATION_COLUMNS", "EXPERIMENT", "PlannerValidationConfig", "cells",
+           "ground_truth", "to_row"]  # fmt: skip
 
 _ZERO_METHODS = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 _MODEL = ("d_model", "n_layers", "n_heads", "seq_len", "vocab_size")
+_SHARED = (*_MODEL, "bias", "world_size", "host_cores", "status", "git_sha")
+CONFIGURATION_COLUMNS = {
+    "parallelism_comparison": (*_SHARED, "dp", "tp", "pp", "layout", "microbatches",
+                               "schedule", "batch_size"),
+    "zero_memory": (*_SHARED, "impl", "method", "precision", "batch_size"),
+    "pipeline_utilization": (*_SHARED, "impl", "slicing", "schedule", "stages",
+                             "microbatches", "virtual_stages", "microbatch_size"),
+}  # fmt: skip
+"""Per source, the columns of a ground-truth row its prediction may read: what the cell
+was (and whether it ran), never what it measured."""
 
 
 def _read(root: Path, name: str) -> list[dict[str, str]]:
@@ -102,14 +125,16 @@ def _parallelism(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         dp, tp, pp, m = (int(float(r[k])) for k in ("dp", "tp", "pp", "microbatches"))
+        micro, model = int(float(r["batch_size"])) // (dp * m), _model(r)
         out.append(_truth(
             "parallelism_comparison", r, f"{r['layout']}, M={m}", dp=dp, tp=tp, pp=pp,
             zero_stage=0, precision="fp32", schedule=r["schedule"] if pp > 1 else "1f1b",
-            microbatches=m, virtual_stages=1, optimizer=True,
-            microbatch_size=int(float(r["batch_size"])) // (dp * m),
+            microbatches=m, virtual_stages=1, optimizer=True, microbatch_size=micro,
             measured_peak_bytes=float(r["memory_per_rank_bytes"]),
             memory_includes_states=True, replayed=float(r["replayed_step_time_s"]),
-            tp_call_cpu_s=float(r.get("tp_call_cpu_s") or 0.0),  # its replay's price
+            # a TP all-reduce carries one micro-batch's activation (b, s, h) in fp32; its
+            # own work per call is measured by this run's calibration at that size
+            tp_call_numel=micro * model["seq_len"] * model["d_model"] if tp > 1 else 0,
             runtime="executor",  # HybridTrainer runs impls.pipeline's executor
         ))  # fmt: skip
     return out
@@ -166,17 +191,6 @@ def _pipeline(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
 
 _PARSERS = {"parallelism_comparison": _parallelism, "zero_memory": _zero,
             "pipeline_utilization": _pipeline}  # fmt: skip
-
-
-def _link(root: Path) -> tuple[float, float]:
-    """(α s, β s/byte): the median of parallelism_comparison's probes of this host."""
-    rows = _read(root, "parallelism_comparison")
-    alphas = [float(r["link_alpha_s"]) for r in rows if r.get("link_alpha_s")]
-    betas = [float(r["link_beta_s_per_byte"]) for r in rows if r.get("link_beta_s_per_byte")]
-    if not alphas or not betas:
-        raise ValueError(f"reports_root={str(root)!r}: parallelism_comparison/results.csv "
-                         "has no link_alpha_s / link_beta_s_per_byte (the link probe)")  # fmt: skip
-    return statistics.median(alphas), statistics.median(betas)
 
 
 def fit_ring(n: int, sizes: Sequence[float], times: Sequence[float], *,
@@ -241,20 +255,22 @@ def _spread(items: list, k: int | None) -> list:
 
 
 def ground_truth(cfg: PlannerValidationConfig) -> list[dict[str, Any]]:
-    """Every ground-truth configuration of `cfg.sources`, with the link it is priced on."""
+    """Every ground-truth configuration of `cfg.sources`, with its half (`split`) and the
+    link it is priced on (None: this run's own probe, measured by the rank)."""
     root = cfg.root()
-    probe, points = _link(root), _ring_points(root)
+    points = _ring_points(root)
     rings = {n: fit_ring(n, *p) for n, p in points.items()}
     squares = {n: fit_ring(n, *p, robust=False) for n, p in points.items()}  # for context
     out = []
     for source in cfg.sources:
         for t in _spread(_PARSERS[source](_read(root, source)), cfg.max_rows):
-            n = t["ranks"]
+            n, split = t["ranks"], cfg.split(source)
             if t["ground_truth"] != "replayed" and n in rings:
-                out.append({**t, "link": rings[n], "link_least_squares": squares[n],
+                out.append({**t, "split": split, "link": rings[n],
+                            "link_least_squares": squares[n],
                             "link_source": f"allreduce_scaling ring, N={n}"})  # fmt: skip
             else:
-                out.append({**t, "link": probe, "link_source": PROBE_LINK})
+                out.append({**t, "split": split, "link": None, "link_source": PROBE_LINK})
     return out
 
 
@@ -277,6 +293,7 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
     measured_step, measured_peak = t["measured_step_time_s"], t["measured_peak_bytes"]
     return {
         **cell.key,
+        "split": t["split"],
         "ranks": t["ranks"], "source_host_cores": t["host_cores"],
         "dp": t["dp"], "tp": t["tp"], "pp": t["pp"],
         "zero_stage": t["zero_stage"], "precision": t["precision"],
@@ -292,8 +309,8 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
         "measured_step_time_s": measured_step,
         "predicted_step_time_s": p["predicted_step_time_s"],
         "step_error": _error(p["predicted_step_time_s"], measured_step),
-        "step_error_unnormalised": _error(p["predicted_unnormalised_step_time_s"],
-                                          measured_step),
+        "step_error_host_scaled": _error(p["predicted_host_scaled_step_time_s"],
+                                         measured_step),
         "step_error_without_straggler": _error(p["predicted_without_straggler_step_time_s"],
                                                measured_step),
         "memory_measure": "model states + activations" if t["memory_includes_states"]

@@ -2,10 +2,12 @@
 (`calibration`: cached per process and per thread count), then predict one ground-truth
 configuration.
 
-The link's α and β are not measured here: they come with the cell (`carry`), read from
-`allreduce_scaling`'s ring at the row's rank count or from `parallelism_comparison`'s own
-probe of this host (`experiment.py` says which row takes which); a replayed TP row adds
-its collectives' measured own work per round to α (`round_alpha`).
+The link's α and β come with the cell (`carry`), fitted to `allreduce_scaling`'s ring at
+the row's rank count, or (`link` None) are this run's own two-rank probe
+(`calibration.calibrate`'s `link`; `experiment.py` says which row takes which); a
+replayed TP row adds to α its collectives' own work per round, measured by this run on a
+pool of its tp ranks at its activation's size (`calibration.tp_call_work`, `round_alpha`).
+No number the source measured in the row's own cell enters the prediction.
 
 Prediction (`predict`): the simulator (`impls.simulator.simulate`) on the calibrated
 `Hardware`, the plan laid out as this repo's implementations lay it out (blocks split
@@ -33,8 +35,9 @@ from typing import Any
 from bench.experiments.planner_validation import calibration
 from impls.costmodel.comm import allreduce_rounds
 
-__all__ = ["activation_stage_bytes", "optimizer_params", "params_per_stage", "predict",
-           "host_slowdown", "rank_rates", "round_alpha", "run", "stage_layers"]  # fmt: skip
+__all__ = ["activation_stage_bytes", "carries_tp_calls", "optimizer_params",
+           "params_per_stage", "predict", "host_slowdown", "rank_rates", "round_alpha", "run",
+           "stage_layers"]  # fmt: skip
 
 _STAT = 4  # LayerNorm / log-sum-exp statistics are fp32 (activations.activation_bytes)
 _INDEX = 8  # int64 positions
@@ -166,28 +169,34 @@ def host_slowdown(source_probe: float, calibration_probe: float) -> float:
     """How much slower the host ran around the ground-truth row than where this run
     calibrated: the host probe's step (`bench.kit.host.host_probe`) timed by the source's
     runner around the row's cell ÷ the same probe timed around the calibration's reference.
-    Every compute rate of the row's hardware is divided by it, its per-kernel overhead
-    and AdamW cost multiplied (links are read from other reports and kept as they are).
-    1 where either probe is missing (a source run without probes)."""
+    A number measured with the ground truth, so it never prices the prediction: it scales
+    one context column (`predicted_host_scaled_step_time_s`: every compute rate divided by
+    it, per-kernel overhead and AdamW cost multiplied, links kept), which shows how much of
+    the error is the host drifting between the two measurements. 1 where either probe is
+    missing (a source run without probes)."""
     probes = (source_probe, calibration_probe)
     if not all(math.isfinite(p) and p > 0 for p in probes):
         return 1.0
     return source_probe / calibration_probe
 
 
-def round_alpha(truth: dict[str, Any]) -> tuple[float, float]:
-    """(α per round the row is priced at, the TP call CPU it carries).
+def carries_tp_calls(truth: dict[str, Any]) -> bool:
+    """Whether the row's replay charges each TP all-reduce its own work (a replayed row
+    with tp ≥ 2); a wall-clock row's ring fit already holds that work in its α."""
+    return truth["ground_truth"] == "replayed" and truth["tp"] >= 2
+
+
+def round_alpha(truth: dict[str, Any], alpha: float, call: float) -> tuple[float, float]:
+    """(α per round the row is priced at, the TP call CPU it carries), from the link's
+    `alpha` and `call`, the own work of one TP all-reduce this run measured.
 
     A replayed TP row's timeline (`parallelism_comparison`'s replay) prices each TP
-    all-reduce as its measured own work between rounds (`tp_call_cpu_s`: the slicing,
-    reductions and bookkeeping of this repo's ring, one call timed on the rank's group)
-    plus α per round and β per byte. The simulator's link has one α, so that work, spread
-    over the ring's 2(t − 1) rounds, joins it: the row's TP all-reduces then cost what its
-    replay charges (its few DP rounds and pipeline sends carry the share too). A wall-clock
-    row's ring fit already contains that work in its α."""
-    alpha = truth["link"][0]
-    call = truth.get("tp_call_cpu_s", 0.0)
-    if truth["ground_truth"] != "replayed" or truth["tp"] < 2 or not call > 0:
+    all-reduce as its own work between rounds (the slicing, reductions and bookkeeping of
+    this repo's ring) plus α per round and β per byte. The simulator's link has one α, so
+    that work, spread over the ring's 2(t − 1) rounds, joins it: the row's TP all-reduces
+    then cost what such a replay charges (its few DP rounds and pipeline sends carry the
+    share too)."""
+    if not carries_tp_calls(truth) or not call > 0:
         return alpha, 0.0
     return alpha + call / allreduce_rounds(truth["tp"]), call
 
@@ -216,17 +225,21 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
         rate = speedup  # measured on the reference, not the thread count
     statistic = truth.get("statistic", "median")
     fit = calibration.fit_for(cal, truth["precision"], statistic)
-    alpha, call_cpu = round_alpha(truth)
+    wire = truth.get("link") or cal["link"]  # None: this run's own probe
+    call = (calibration.tp_call_work(cfg, truth["tp"], truth["tp_call_numel"])
+            if carries_tp_calls(truth) else 0.0)  # fmt: skip
+    alpha, call_cpu = round_alpha(truth, wire[0], call)
     probe, cal_probe = truth.get("host_probe_s", math.nan), cal.get("host_probe_s", math.nan)
     slowdown = host_slowdown(probe, cal_probe)
     action = calibration.action_overhead(cal, truth.get("runtime"))
     # the ranks' meetings after compute: on the wall clock, each rank on a core of its own
     meets = wall_clock and 2 <= truth["ranks"] <= truth["host_cores"]
-    link = (alpha, truth["link"][1])
+    link = (alpha, wire[1])
     meeting = calibration.collective_meeting(cal, truth["ranks"], link) if meets else 0.0
 
     def predicted(slower: float) -> dict[str, Any]:
-        """The row priced on a host `slower` times slower than the calibration's."""
+        """The row priced on a host `slower` times slower than the calibration's (1: the
+        prediction; the row's own host probes only for the context column)."""
         hw = calibration.host_hardware(cal, link, rate / fit["scale"] / slower,
                                        overhead_s=fit["overhead_s"] * stretch * slower,
                                        p2p_blocking=wall_clock,
@@ -237,18 +250,33 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
 
     # a wall-clock step ends with the slowest of its ranks; a replay prices each action alone
     straggle = calibration.straggler(cal, truth["ranks"]) if wall_clock else 1.0
-    row, micro = predicted(slowdown * straggle), calibration.REFERENCE_MICRO
-    plain = row if slowdown == 1.0 else predicted(straggle)
-    alone = row if straggle == 1.0 else predicted(slowdown)
+    row = predicted(straggle)
+    scaled = row if slowdown == 1.0 else predicted(slowdown * straggle)
+    alone = row if straggle == 1.0 else predicted(1.0)
     row.update({
-        "predicted_unnormalised_step_time_s": plain["predicted_step_time_s"],
+        "predicted_host_scaled_step_time_s": scaled["predicted_step_time_s"],
         "predicted_without_straggler_step_time_s": alone["predicted_step_time_s"],
         "straggler": straggle,
         "host_probe_s": probe, "cal_host_probe_s": cal_probe, "host_slowdown": slowdown,
         "threads_per_rank": threads, "compute_rate": rate, "overhead_stretch": stretch,
-        "p2p_blocking": wall_clock,
-        "cal_thread_speedup": speedup, "cal_adamw_s_per_param": local["adamw_s_per_param"],
+        "p2p_blocking": wall_clock, "cal_thread_speedup": speedup,
         "optimizer_params": optimizer_params(truth),
+        "link_alpha_s": wire[0], "link_beta_s_per_byte": wire[1],
+        "tp_call_numel": truth.get("tp_call_numel", 0),
+        "tp_call_cpu_s": call_cpu, "round_alpha_s": alpha,
+        "runtime": truth.get("runtime"), "action_overhead_s": action,
+        "collective_meeting_s": meeting,
+        **_calibration_columns(cal, local, fit, truth["precision"]),
+    })  # fmt: skip
+    return row
+
+
+def _calibration_columns(cal: dict, local: dict, fit: dict, dtype: str) -> dict[str, Any]:
+    """What the row was priced on, as this run measured it: the one-thread calibration,
+    the rank's thread-count calibration and the reference fits."""
+    micro = calibration.REFERENCE_MICRO
+    return {
+        "cal_adamw_s_per_param": local["adamw_s_per_param"],
         **{f"cal_reference_{d}_micro{micro[-1]}_{k}_s": local[f"reference_{d}_{k}_s"]
            for d in ("fp32", "bf16") for k in ("one_thread", "at_threads")},
         "cal_peak_fp32_flops": cal["peak_fp32_flops"], "cal_peak_bf16_flops":
@@ -257,17 +285,12 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
         "cal_gemm_table": ";".join(f"{f:.3g}:{e:.3f}" for f, e in cal["gemm_table"]),
         "fit_scale": fit["scale"], "fit_overhead_s": fit["overhead_s"],
         "fit_two_point": fit["two_point"],
-        **{f"fit_{stat}_{k}": calibration.fit_for(cal, truth["precision"], stat)[k]
+        **{f"fit_{stat}_{k}": calibration.fit_for(cal, dtype, stat)[k]
            for stat in calibration.STATISTICS for k in ("scale", "overhead_s")},
         **{f"reference_{d}_micro{b}{k}_s": cal[f"reference_{d}{k}_s"][b]
            for d in ("fp32", "bf16") for b in micro for k in ("", "_fastest")},
-        "link_alpha_s": truth["link"][0], "link_beta_s_per_byte": truth["link"][1],
-        "tp_call_cpu_s": call_cpu, "round_alpha_s": alpha,
-        "runtime": truth.get("runtime"), "action_overhead_s": action,
-        "collective_meeting_s": meeting,
         **{f"cal_meeting_{k}": (cal.get("meeting") or {}).get(k, math.nan)
            for k in ("after_compute_s", "call_s", "segment_s", "world_size")},
         **{f"cal_action_overhead_{name}_s": calibration.action_overhead(cal, name)
            for name in calibration.RUNTIMES},
-    })  # fmt: skip
-    return row
+    }  # fmt: skip

@@ -1,6 +1,7 @@
 """The `planner_validation` report's Calibration section: what this run measured on the
 host before it predicted (`calibration.py`), the runtimes and links each row was priced
-on, and the TP call work replayed rows carry."""
+on, and the TP call work replayed rows carry (all measured by this run, or read from a
+report that is not a ground-truth source)."""
 
 from __future__ import annotations
 
@@ -86,19 +87,21 @@ def calibration(ctx: Context) -> str | None:
     runs under it, stretched and scaled like a kernel's overhead. A median excess at or
     below zero is a cost under this run's noise: it is floored at 0 and the table says so.
 
-    Links are not measured in this run but read from two reports of this host (table
-    "Links"): a wall-clock row of N ≥ 2 ranks is priced on the α (per round) and β fitted
-    to `allreduce_scaling`'s ring all-reduce at the same N (2(N − 1) rounds carrying
+    Links (table "Links"): a wall-clock row of N ≥ 2 ranks is priced on the α (per round)
+    and β fitted to `allreduce_scaling`'s ring all-reduce at the same N, read from that
+    report of this host (not a ground-truth source; 2(N − 1) rounds carrying
     2(N − 1)/N · M bytes, the least absolute relative error over its message sizes: a
     median regression, which one size timed in another phase of the host does not drag,
     as it dragged least squares, shown beside for context): with
     more ranks than cores a round waits for descheduled ranks, which a two-rank probe
-    does not see. Replayed rows, and any N that report lacks, use the median of
-    `parallelism_comparison`'s own probe (the fastest 4-byte and 1 MiB exchanges between
-    two ranks, `bench.kit.host.probe_pairs`); a replayed row with TP adds to that α its
-    TP all-reduce's own work between rounds, measured per call by its source
-    (`tp_call_cpu_s`, the price its replay charges each call) and spread over the ring's
-    2(t − 1) rounds (table "TP call work"). On this host a collective blocks the rank's
+    does not see. Replayed rows, and any N that report lacks, use this run's own probe
+    on a fresh pool of two ranks (the fastest 4-byte and 1 MiB exchanges between them,
+    `bench.kit.host.probe_pairs`, as `parallelism_comparison` defines its probe); a
+    replayed row with TP adds to that α its TP all-reduce's own work between rounds,
+    measured by this run on a fresh pool of the row's tp ranks at the row's activation
+    size (`tp_call_cpu_s`: the work such a replay charges each call) and spread over the
+    ring's 2(t − 1) rounds (table "TP call work"). Neither is read from the ground-truth
+    cell it prices. On this host a collective blocks the rank's
     computing thread, so none of it hides under the backward (`Hardware.comm_overlap`
     False), and ZeRO rows are priced as `impls.zero` issues them: one gather or
     reduce-scatter per unit (the GPT's blocks and its root unit, `dp_collectives`). A
@@ -134,7 +137,7 @@ def calibration(ctx: Context) -> str | None:
         first = probed.iloc[0]
         link = {"alpha_s": float(first["link_alpha_s"]),
                 "beta_s_per_byte": float(first["link_beta_s_per_byte"]),
-                "source": "parallelism_comparison's probe_pairs (median of its rows)"}  # fmt: skip
+                "source": "this run's probe_pairs on a fresh pool of 2 ranks"}  # fmt: skip
     ctx.headline["calibration"] = {"host": headline, "link": link}
     table = pd.DataFrame(rows).set_index("dtype").T.rename_axis("measured").reset_index()
     return (markdown_table(table, numparse=False) + _per_thread(ctx, ok) + _runtimes(ctx, ok)
@@ -226,7 +229,9 @@ def _tp_calls(ok: pd.DataFrame) -> str:
     table = pd.DataFrame({
         "configuration": calls["config"],
         "tp": calls["tp"].astype(int),
-        "call work (measured by the source)": calls["tp_call_cpu_s"].map(format_seconds),
+        "activation (float32 elements)": calls["tp_call_numel"].astype(int)
+        if "tp_call_numel" in calls else "—",
+        "call work (this run, tp ranks)": calls["tp_call_cpu_s"].map(format_seconds),
         "α of the link": calls["link_alpha_s"].map(format_seconds),
         "α per round priced": calls["round_alpha_s"].map(format_seconds),
     })  # fmt: skip

@@ -1,0 +1,191 @@
+"""planner_validation held out from itself: no number a ground-truth cell measured prices
+that cell, and the rows are split into a development and a held-out half, the step-time
+target judged on the held-out half alone.
+
+A failure of the first test means a row's prediction reads something its source measured
+in the row's own cell (its step time, its memory, its link probe, its TP call work, the
+host probes around it): the prediction would then be partly the answer it is judged
+against. The others mean the split is not what the config says, or the report judges the
+target on rows the model was developed on."""
+
+from __future__ import annotations
+
+import csv
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench.experiments.planner_validation import calibration, experiment, ranks
+from bench.experiments.planner_validation.config import (
+    HELD_OUT,
+    SOURCES,
+    SPLITS,
+    PlannerValidationConfig,
+    repository_reports,
+)
+
+LINK = (5e-5, 3e-10)
+CAL = {"threads": 1, "peak_fp32_flops": 1e11, "peak_bf16_flops": 4e11,
+       "gemm_table": ((1e5, 0.5), (1e8, 1.0)), "memory_bandwidth": 5e10,
+       "kernel_overhead_s": 2e-6, "host_probe_s": 0.02, "link": LINK,
+       "step_jitter": (0.9, 1.0, 1.1), "action_overhead_executor_s": 1e-5,
+       "action_overhead_ledger_s": 2e-5,
+       "meeting": {"after_compute_s": 2e-3, "call_s": 1e-4, "segment_s": 4e-3,
+                   "world_size": 2},
+       **{f"reference_{d}{k}_s": {1: 1e-3, 16: 1e-2} for d in ("fp32", "bf16")
+          for k in ("", "_fastest")},
+       **{f"fit_{d}{k}": {"scale": 1.5, "overhead_s": 4e-6, "kernels": 1.0, "two_point": True}
+          for d in ("fp32", "bf16") for k in ("", "_fastest")}}  # fmt: skip
+LOCAL = {"adamw_s_per_param": 3e-9,
+         **{f"reference_{d}_{k}_s": 0.05 for d in ("fp32", "bf16")
+            for k in ("one_thread", "at_threads")}}  # fmt: skip
+READ = (*SOURCES, "allreduce_scaling")
+CONTEXT = {"predicted_host_scaled_step_time_s"}
+"""The one predicted column that may read a row's own cell (its host probes), as context."""
+
+
+def _committed(root: Path) -> None:
+    """The committed reports the experiment reads, copied under `root`."""
+    for name in READ:
+        path = repository_reports() / name / "results.csv"
+        if not path.is_file():
+            pytest.skip(f"no committed {name}/results.csv")
+        (root / name).mkdir(parents=True)
+        shutil.copy(path, root / name / "results.csv")
+
+
+def _perturbed(value: str) -> str:
+    """Another value of the same kind: a number scaled and shifted, any text changed."""
+    if not value:
+        return value
+    try:
+        return repr(float(value) * 1.37 + 0.011)
+    except ValueError:
+        return value + "-perturbed"
+
+
+def _perturb(root: Path, source: str) -> None:
+    """Every column of `source`'s rows that is not its configuration, changed."""
+    path = root / source / "results.csv"
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    keep = set(experiment.CONFIGURATION_COLUMNS[source])
+    for row in rows:
+        for column in row:
+            if column not in keep:
+                row[column] = _perturbed(row[column])
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _predictions(root: Path, monkeypatch) -> dict[tuple[str, str], tuple[dict, dict]]:
+    """{(source, config): (the row's carry, its prediction)} on a fixed calibration."""
+    monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: CAL)
+    monkeypatch.setattr(calibration, "rank_calibration",
+                        lambda cfg, threads: {**LOCAL, "threads": threads})  # fmt: skip
+    monkeypatch.setattr(calibration, "tp_call_work", lambda cfg, tp, numel: 1e-7 * numel / tp)
+    cfg = PlannerValidationConfig(reports_root=str(root))
+    out = {}
+    for cell in experiment.cells(cfg):
+        key = (cell.key["source"], cell.key["config"])
+        out[key] = (cell.carry, experiment.to_row(cfg, cell, [ranks.run(cfg, cell)]))
+    return out
+
+
+def test_no_measured_column_of_a_row_changes_its_prediction(tmp_path, monkeypatch):
+    """Every source row's measured columns perturbed (its times, memory, link probe, TP
+    call work, host probes: all but its configuration): each row's carry differs only in
+    its measured step time, peak memory and host probe, and every prediction is the same
+    to the last bit, while every error moves with the measurement."""
+    original, perturbed = tmp_path / "original", tmp_path / "perturbed"
+    _committed(original)
+    _committed(perturbed)
+    for source in SOURCES:
+        _perturb(perturbed, source)
+    before, after = _predictions(original, monkeypatch), _predictions(perturbed, monkeypatch)
+    assert before.keys() == after.keys() and len(before) >= 3 * 8
+    assert {source for source, _ in before} == set(SOURCES)
+    assert any(carry["tp"] > 1 and carry["ground_truth"] == "replayed"
+               for carry, _ in before.values())  # a TP replay, priced on its call work  # fmt: skip
+    measured = {"measured_step_time_s", "measured_peak_bytes", "host_probe_s"}
+    for key, (carry, row) in before.items():
+        carry_after, row_after = after[key]
+        differs = {k for k in carry if carry[k] != carry_after[k]}
+        assert differs <= measured, (key, differs - measured)
+        assert {"measured_step_time_s", "measured_peak_bytes"} <= differs, key
+        predicted = [c for c in row if c.startswith("predicted_") and c not in CONTEXT]
+        assert len(predicted) >= 10
+        for column in predicted:
+            assert row[column] == row_after[column], (key, column)
+        assert row["step_error"] != row_after["step_error"], key
+    # the host probes did change: they reach the context column only
+    assert any(row["predicted_host_scaled_step_time_s"]
+               != after[key][1]["predicted_host_scaled_step_time_s"]
+               for key, (_, row) in before.items())  # fmt: skip
+
+
+def test_the_split_is_by_source_and_fixed_in_the_config(tmp_path):
+    cfg = PlannerValidationConfig()
+    assert cfg.held_out == list(HELD_OUT) == ["pipeline_utilization"]
+    assert [cfg.split(s) for s in SOURCES] == ["development", "development", "held_out"]
+    assert set(SPLITS) == {"development", "held_out"}
+    with pytest.raises(ValueError, match=r"held_out=\['zero'\].*allowed values"):
+        PlannerValidationConfig(held_out=["zero"])
+
+
+PARTS = ("predicted_compute_s", "predicted_bubble_s", "predicted_tp_s", "predicted_pp_s",
+         "predicted_dp_s", "predicted_optimizer_s")  # fmt: skip
+
+
+def _rows(split_of: dict[str, str], errors: dict[str, list[float]]) -> pd.DataFrame:
+    """Result rows of each source with the given step errors (memory exact)."""
+    rows = []
+    for source, values in errors.items():
+        for i, error in enumerate(values):
+            rows.append({"source": source, "config": f"c{i}", "split": split_of[source],
+                         "status": "ok", "error": "", "git_sha": "abc1234",
+                         "host_cores": 2, "world_size": 1, "ranks": 1,
+                         "measured_step_time_s": 0.1 * (i + 1),
+                         "predicted_step_time_s": 0.1 * (i + 1) * (1 + error),
+                         "step_error": error, "measured_peak_bytes": 1e6,
+                         "predicted_peak_bytes": 1e6, "memory_error": 0.0,
+                         "ground_truth": "wall clock", "statistic": "median",
+                         "source_git_sha": "abc1234", "memory_measure": "activations",
+                         **dict.fromkeys(PARTS, 0.01)})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_the_target_is_judged_on_the_held_out_half_alone(tmp_path):
+    """A development half far off and a held-out half within 15%: the step target and the
+    finding are met, judged on the held-out rows only; both halves appear side by side,
+    with their signs. Swap which half is off and the target fails."""
+    split_of = {"parallelism_comparison": "development", "zero_memory": "development",
+                "pipeline_utilization": "held_out"}  # fmt: skip
+    errors = {"parallelism_comparison": [0.5, -0.6, 0.7], "zero_memory": [-0.4, 0.45],
+              "pipeline_utilization": [-0.05, 0.1, -0.12, 0.02]}  # fmt: skip
+    headline = experiment.EXPERIMENT.report_on(_rows(split_of, errors), tmp_path, None)
+    (step, memory) = headline["targets"]
+    assert step["where"] == {"split": "held_out"} and step["cells"] == 4 and step["met"]
+    assert memory["cells"] == 9  # memory is judged on every row
+    accuracy = headline["accuracy"]
+    assert accuracy["held_out"]["rows"] == 4 and accuracy["development"]["rows"] == 5
+    assert accuracy["held_out"]["median_abs_step_error"] == pytest.approx(0.075)
+    assert accuracy["held_out"]["optimistic_rows"] == 2
+    assert accuracy["development"]["rows_over_bound"] == 5
+    assert accuracy["development"]["median_step_error"] == pytest.approx(0.45)
+    target = headline["held_out_step_target"]
+    assert target["met"] and target["rows"] == 4
+    report = (tmp_path / "report.md").read_text()
+    assert "| development" in report and "| held_out" in report
+    assert "held out only from then on" in report  # which half development looked at
+    assert not [f for f in headline["findings"] if not f["holds"] and "held-out" in f["claim"]]
+    swapped = {s: "held_out" if h == "development" else "development"
+               for s, h in split_of.items()}  # fmt: skip
+    headline = experiment.EXPERIMENT.report_on(_rows(swapped, errors), tmp_path, None)
+    assert not headline["targets"][0]["met"] and not headline["held_out_step_target"]["met"]
+    assert math.isclose(headline["held_out_step_target"]["median_abs_step_error"], 0.5)
