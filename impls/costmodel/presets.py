@@ -249,8 +249,8 @@ def hardware(name: str, key: str = "hardware") -> Hardware:
     if isinstance(name, str) and is_hardware_file(name):
         try:
             return load_hardware(name)
-        except ValueError as error:
-            raise ValueError(f"{key}={name!r}: {error}") from None
+        except ValueError as error:  # it names the file and the key inside it
+            raise ValueError(f"{key}: {error}") from None
     if name not in HARDWARE:
         raise ValueError(f"{key}={name!r}: unknown; choose one of {', '.join(HARDWARE)}, "
                          "or a preset file (path/to/hardware.yaml)")  # fmt: skip

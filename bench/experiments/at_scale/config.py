@@ -27,7 +27,7 @@ class AtScaleConfig:
     """GPUs the GPT-3 175B run is planned on (the planner picks the layout)."""
     gpt3_hardware: str = "a100_80gb"
     """The cluster preset (`impls.costmodel.presets.HARDWARE`) the GPT-3 run is planned
-    on."""
+    on, or a preset file (`path/to/hardware.yaml`, as `device_profile` writes)."""
     chinchilla_flops: float = 5.76e23
     """Compute budget C (FLOPs) of the compute-optimal run: N = √(C/120), D = 20N (the
     default is Chinchilla's own budget, Hoffmann et al. 2022)."""
@@ -37,7 +37,7 @@ class AtScaleConfig:
     chinchilla_gpus: int = 1024
     """GPUs the Chinchilla run is planned on (the planner picks the layout)."""
     chinchilla_hardware: str = "a100_80gb"
-    """The cluster preset the Chinchilla run is planned on."""
+    """The cluster preset (or preset file) the Chinchilla run is planned on."""
     error_target: float = 0.15
     """The issue's bound on |predicted ÷ published − 1| (median over rows)."""
     timeout_s: float = 600.0
@@ -45,7 +45,7 @@ class AtScaleConfig:
 
     def __post_init__(self) -> None:
         from impls.costmodel.models import MODELS
-        from impls.costmodel.presets import HARDWARE
+        from impls.costmodel.presets import hardware
         from impls.costmodel.published import PUBLISHED_RUNS
 
         bad = [name for name in self.lecture if name not in LECTURE_ROWS]
@@ -60,8 +60,8 @@ class AtScaleConfig:
                                  f"allowed values: {', '.join(names)}")  # fmt: skip
         check_positive("gpt3_gpus", [self.gpt3_gpus])
         check_positive("chinchilla_gpus", [self.chinchilla_gpus])
-        check_choice("gpt3_hardware", self.gpt3_hardware, tuple(HARDWARE))
-        check_choice("chinchilla_hardware", self.chinchilla_hardware, tuple(HARDWARE))
+        for key in ("gpt3_hardware", "chinchilla_hardware"):  # a preset, or a preset file
+            hardware(getattr(self, key), key=key)
         check_choice("chinchilla_model", self.chinchilla_model, tuple(MODELS))
         check_number("chinchilla_flops", self.chinchilla_flops)
         check_number("error_target", self.error_target)

@@ -25,7 +25,8 @@ class AutoParallelConfig:
     (`model.n_layers=48`, `model.seq_len=4096`)."""
     hardware: str = "a100_80gb"
     """A cluster preset of `impls.costmodel.presets.HARDWARE` (a100_40gb, a100_80gb,
-    h100_sxm, v100_32gb, …): device, memory, links, each number with its source."""
+    h100_sxm, v100_32gb, …) or a preset file (`path/to/hardware.yaml`, as `device_profile`
+    writes): device, memory, links, each number with its source."""
     gpus: list[int] = field(default_factory=lambda: [64, 256, 1024])
     """GPU counts to plan for (one search each)."""
     gpus_per_node: int | None = None
@@ -132,10 +133,7 @@ class AutoParallelConfig:
 
         from impls.costmodel.presets import hardware
 
-        try:
-            hw = hardware(self.hardware)
-        except ValueError as error:
-            raise ValueError(f"hardware: {error}") from None
+        hw = hardware(self.hardware)  # its error names the key (and the file's)
         return replace(hw, devices_per_node=self.gpus_per_node) if self.gpus_per_node else hw
 
     def fixed(self) -> dict[str, Any]:

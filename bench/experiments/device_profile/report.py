@@ -1,0 +1,170 @@
+"""The `device_profile` report: the preset file it writes, then the measurements behind each
+of its numbers — GEMM rate and efficiency by shape (with the plot), the copy and launch
+probes, and the ring all-reduce's α–β fit per N beside the times it was fitted to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bench.experiments.device_profile.preset import ring_fits, write_preset
+from bench.report import (
+    Context,
+    Report,
+    format_bytes,
+    format_percent,
+    format_seconds,
+    markdown_table,
+    new_figure,
+)
+
+__all__ = ["PRESET_FILE", "REPORT"]
+
+PRESET_FILE = "hardware.yaml"
+
+
+def _of(ctx: Context, measurement: str) -> pd.DataFrame:
+    rows = ctx.ok[ctx.ok["measurement"] == measurement].copy()
+    for column in ("m", "n", "k", "flops", "flop_rate", "time_s", "bandwidth", "world_size",
+                   "message_bytes", "wrong"):  # fmt: skip
+        if column in rows:
+            rows[column] = pd.to_numeric(rows[column], errors="coerce")
+    return rows
+
+
+def _shown_path(path: Path) -> str:
+    """`path` relative to the working directory where it lies below it (the committed
+    report names `reports/device_profile/hardware.yaml`), else absolute."""
+    path = path.resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def preset(ctx: Context) -> str | None:
+    """The preset file
+
+    Every number of a `Hardware` preset, made from this run's rows and written beside this
+    report as `hardware.yaml`; any key that takes a preset name takes its path
+    (`python -m bench experiment=auto_parallel hardware=reports/device_profile/hardware.yaml`).
+    Its `sources` say where each number was measured; what the profile does not measure
+    (fp8, FlashAttention, the link between nodes) is marked there too."""
+    path = ctx.report_dir / PRESET_FILE
+    hw, why = write_preset(ctx.ok, path)
+    ctx.headline["preset_file"] = _shown_path(path) if hw is not None else None
+    if hw is None:
+        ctx.finding("the rows make a hardware preset", False, why)
+        return f"**No preset written:** {why}."
+    lines = [f"Written: `{_shown_path(path)}` — `{hw.name}`.", ""]
+    table = [("peak " + dtype, f"{flops / 1e9:.4g} GFLOP/s") for dtype, flops in
+             hw.peak_flops.items()]  # fmt: skip
+    table += [("memory bandwidth", f"{hw.memory_bandwidth / 1e9:.4g} GB/s"),
+              ("kernel overhead", format_seconds(hw.kernel_overhead_s)),
+              ("link α (per round)", format_seconds(hw.intra.alpha_s)),
+              ("link bandwidth (1/β)", f"{hw.intra.bandwidth / 1e9:.4g} GB/s"),
+              ("devices per node", str(hw.devices_per_node)),
+              ("memory per device", format_bytes(hw.memory_bytes))]  # fmt: skip
+    for figure, value in table:
+        ctx.figure(f"device_profile: {figure}", measured=value)
+    lines.append(markdown_table(pd.DataFrame(table, columns=["number", "value"]),
+                                numparse=False))  # fmt: skip
+    lines += ["", "```yaml", path.read_text(encoding="utf-8").rstrip(), "```"]
+    return "\n".join(lines)
+
+
+def gemm(ctx: Context) -> str | None:
+    """GEMM rate by shape
+
+    Each (m × k)·(k × n) product timed alone (2mnk FLOPs; the median window); its share of
+    its dtype's best rate is its efficiency. The first dtype's shares, by FLOPs, are the
+    preset's `gemm_efficiency` table; the best rate per dtype is its peak."""
+    rows = _of(ctx, "gemm")
+    if rows.empty:
+        return None
+    rows["efficiency"] = rows["flop_rate"] / rows.groupby("dtype")["flop_rate"].transform("max")
+    shown = pd.DataFrame({
+        "dtype": rows["dtype"], "m × n × k": [f"{r.m:.0f}×{r.n:.0f}×{r.k:.0f}"
+                                              for r in rows.itertuples()],
+        "GFLOP": (rows["flops"] / 1e9).map(lambda v: f"{v:.3g}"),
+        "time": rows["time_s"].map(format_seconds),
+        "GFLOP/s": (rows["flop_rate"] / 1e9).map(lambda v: f"{v:.4g}"),
+        "of peak": rows["efficiency"].map(format_percent),
+    })  # fmt: skip
+    fig, (ax,) = new_figure(7, 4)
+    for dtype, group in rows.groupby("dtype", sort=False):
+        group = group.sort_values("flops")
+        ax.plot(group["flops"], group["efficiency"], "o-", label=str(dtype))
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.05)
+    ax.set(xlabel="FLOPs of one GEMM", ylabel="fraction of the dtype's best rate")
+    ax.legend(title="dtype")
+    plot = ctx.plot(fig, "gemm_efficiency", "GEMM efficiency by FLOPs, per dtype")
+    return markdown_table(shown, numparse=False) + "\n\n" + plot
+
+
+def memory_and_launch(ctx: Context) -> str | None:
+    """Memory bandwidth and launch overhead
+
+    Bandwidth: a copy of one buffer into another, read and write (2 × its bytes) ÷ its
+    time. Launch overhead: a one-element in-place add, issued back to back (on a GPU, a
+    hundred kernels before each synchronisation): what every kernel costs beyond its work."""
+    copy, launch = _of(ctx, "copy"), _of(ctx, "launch")
+    rows = [("copy " + format_bytes(r.message_bytes), format_seconds(r.time_s),
+             f"{r.bandwidth / 1e9:.4g} GB/s") for r in copy.itertuples()]  # fmt: skip
+    rows += [("one-element add", format_seconds(r.time_s), "per kernel")
+             for r in launch.itertuples()]  # fmt: skip
+    if not rows:
+        return None
+    return markdown_table(pd.DataFrame(rows, columns=["probe", "time", "rate"]), numparse=False)
+
+
+def ring(ctx: Context) -> str | None:
+    """Ring all-reduce: α–β per N
+
+    This repo's ring all-reduce (`impls.collectives`), timed as `allreduce_scaling` times it,
+    at each size; a ring of M bytes on N ranks is 2(N − 1) rounds of α and 2(N − 1)/N · M
+    bytes of β per rank, and (α, β) minimise the sum of relative errors over the sizes (a
+    median regression, `bench.kit.profile.fit_ring`). The preset's link is the largest N's."""
+    rows = _of(ctx, "all_reduce")
+    try:
+        fits = ring_fits(ctx.ok)
+    except ValueError as error:
+        return f"No fit: {error}." if not rows.empty else None
+    out, errors = [], []
+    for row in rows.sort_values(["world_size", "message_bytes"]).itertuples():
+        n = int(row.world_size)
+        if n not in fits:
+            continue
+        alpha, beta = fits[n]
+        model = 2 * (n - 1) * alpha + 2 * (n - 1) / n * row.message_bytes * beta
+        errors.append(abs(model / row.time_s - 1))
+        out.append({"N": n, "size": format_bytes(row.message_bytes),
+                    "measured": format_seconds(row.time_s), "α–β": format_seconds(model),
+                    "error": f"{model / row.time_s - 1:+.1%}", "wrong": int(row.wrong)})  # fmt: skip
+    summary = [f"N = {n}: α = {format_seconds(a)} per round, 1/β = {1 / b / 1e9:.4g} GB/s"
+               for n, (a, b) in fits.items()]  # fmt: skip
+    ctx.headline["ring_median_abs_error"] = float(np.median(errors)) if errors else None
+    return "\n".join(f"- {s}" for s in summary) + "\n\n" + markdown_table(
+        pd.DataFrame(out), numparse=False)  # fmt: skip
+
+
+REPORT = Report(
+    title="Device profile: this device measured for the simulator",
+    intro=(
+        "GEMM efficiency by shape, the best GEMM rate per dtype, memory bandwidth, kernel "
+        "launch overhead and the ring all-reduce's α–β over the rank pool, measured on the "
+        "device this ran on (`device=auto`: a GPU where one is visible, else the CPU) and "
+        "written as a hardware preset file that `hardware=<path>` takes in `auto_parallel`, "
+        "`at_scale` and everywhere a preset name is taken. Run it on your own machine to "
+        "plan for it: `python -m bench experiment=device_profile report_dir=my_gpu`."
+    ),
+    sections=(preset, gemm, memory_and_launch, ring),
+    correctness="`wrong` counts, after the timed windows, the result elements off their "
+    "reference: a GEMM's first rows against the same product in float64 (within a few "
+    "units of the dtype's last place × √k), the copy's target against its source, the "
+    "launch probe's counter against the calls made, and the ring all-reduce's result (one "
+    "call on a known pattern) against the exact sum.",
+)
