@@ -7,7 +7,9 @@
 - `memory`: model-state bytes a rank holds, and a ledger over one forward and backward;
 - `host`: the host-wide compute lock and the pairwise transfer probes (replays "as if
   every rank had its own device");
-- `collectives` / `collective_specs`: timed collectives, nccl-tests style.
+- `collectives` / `collective_specs`: timed collectives, nccl-tests style;
+- `profile`: a device's microbenchmarks (GEMM by shape, copy, launch), each checked, and
+  the ring all-reduce's α–β fit: what a hardware preset is measured from.
 
 Rank-side modules import torch and `impls` only (no pandas, no plotting): they run in
 every rank process.

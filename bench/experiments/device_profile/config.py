@@ -19,12 +19,35 @@ GEMM_DTYPE_NAMES = ("fp32", "tf32", "bf16", "fp16")  # bench.kit.profile.GEMM_DT
 MESSAGE_DTYPES = ("float32", "float16", "bfloat16")
 
 
-def _shapes() -> list[list[int]]:
+def _cpu_shapes() -> list[list[int]]:
     """Squares, then a GPT layer's GEMMs at 2048 tokens and width 1024: QKV (d → 3d), the
     attention output (d → d), the MLP's up (d → 4d) and down (4d → d) projections."""
     squares = [[n, n, n] for n in (128, 256, 512, 1024, 2048)]
     return [*squares, [2048, 3072, 1024], [2048, 1024, 1024], [2048, 4096, 1024],
             [2048, 1024, 4096]]  # fmt: skip
+
+
+def _gpu_shapes() -> list[list[int]]:
+    """The same at a GPU's scale: squares to 8192 (where MAMF's best shapes sit), and a
+    GPT layer's GEMMs at 8192 tokens and width 4096."""
+    squares = [[n, n, n] for n in (512, 1024, 2048, 4096, 8192)]
+    return [*squares, [8192, 12288, 4096], [8192, 4096, 4096], [8192, 16384, 4096],
+            [8192, 4096, 16384]]  # fmt: skip
+
+
+DEFAULT_DTYPES = {"cpu": ["fp32", "bf16"], "cuda": ["bf16", "fp16", "tf32", "fp32"]}
+"""Per device: the first is the preset's efficiency table (what training runs in there)."""
+
+
+def _check_shapes(shapes: list) -> None:
+    """[m, n, k] triples of integers ≥ 1, none repeated."""
+    if not shapes or any(
+        not isinstance(s, list) or len(s) != 3
+        or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in s)
+        for s in shapes
+    ):  # fmt: skip
+        raise ValueError(f"gemm_shapes={shapes}: give [m, n, k] triples of integers ≥ 1")
+    check_unique("gemm_shapes", [tuple(s) for s in shapes])
 
 
 @dataclass(kw_only=True)
@@ -34,12 +57,14 @@ class DeviceProfileConfig(TimedGridConfig):
     device: str = "auto"
     """Where the GEMM, copy and launch cells run: cuda (a GPU of this machine), cpu, or
     auto (cuda where one is visible, else cpu)."""
-    gemm_shapes: list[list[int]] = field(default_factory=_shapes)
-    """GEMMs to time, each [m, n, k]: an (m × k)·(k × n) product, 2mnk FLOPs. On a GPU
-    add larger ones (e.g. [8192, 8192, 8192]) so the best rate reaches the plateau."""
-    gemm_dtypes: list[str] = field(default_factory=lambda: ["fp32", "bf16"])
-    """GEMM dtypes (fp32, tf32, bf16, fp16; tf32 on CUDA only). Each one's best rate is its
-    peak in the preset; the first one's rates by shape are the preset's efficiency table."""
+    gemm_shapes: list[list[int]] | None = None
+    """GEMMs to time, each [m, n, k]: an (m × k)·(k × n) product, 2mnk FLOPs; null: the
+    device's own grid (squares and a GPT layer's GEMMs, to 2048 on a CPU, to 8192 on a GPU,
+    where the best rate reaches the plateau)."""
+    gemm_dtypes: list[str] | None = None
+    """GEMM dtypes (fp32, tf32, bf16, fp16; tf32 on CUDA only); null: the device's (cpu:
+    fp32, bf16; cuda: bf16, fp16, tf32, fp32). Each one's best rate is its peak in the
+    preset; the first one's rates by shape are the preset's efficiency table."""
     copy_mib: int = 256
     """MiB copied by the memory-bandwidth cell (well beyond every cache)."""
     threads_per_device: int | None = None
@@ -57,19 +82,14 @@ class DeviceProfileConfig(TimedGridConfig):
 
     def __post_init__(self) -> None:
         check_choice("device", self.device, DEVICES)
-        check_choices("gemm_dtypes", self.gemm_dtypes, GEMM_DTYPE_NAMES)
-        check_unique("gemm_dtypes", self.gemm_dtypes)
-        if self.device == "cpu" and "tf32" in self.gemm_dtypes:
-            raise ValueError("gemm_dtypes=[..., tf32]: tf32 is a CUDA tensor-core mode; "
-                             "device=cpu has none")  # fmt: skip
-        if not self.gemm_shapes or any(
-            not isinstance(s, list) or len(s) != 3
-            or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in s)
-            for s in self.gemm_shapes
-        ):  # fmt: skip
-            raise ValueError(f"gemm_shapes={self.gemm_shapes}: give [m, n, k] triples of "
-                             "integers ≥ 1")  # fmt: skip
-        check_unique("gemm_shapes", [tuple(s) for s in self.gemm_shapes])
+        if self.gemm_dtypes is not None:
+            check_choices("gemm_dtypes", self.gemm_dtypes, GEMM_DTYPE_NAMES)
+            check_unique("gemm_dtypes", self.gemm_dtypes)
+            if self.device == "cpu" and "tf32" in self.gemm_dtypes:
+                raise ValueError("gemm_dtypes=[..., tf32]: tf32 is a CUDA tensor-core mode; "
+                                 "device=cpu has none")  # fmt: skip
+        if self.gemm_shapes is not None:
+            _check_shapes(self.gemm_shapes)
         check_positive("copy_mib", [self.copy_mib])
         if self.threads_per_device is not None:
             check_positive("threads_per_device", [self.threads_per_device])
@@ -79,6 +99,26 @@ class DeviceProfileConfig(TimedGridConfig):
             raise ValueError(f"message_bytes={self.message_bytes}: give at least 2 distinct "
                              "sizes (the link's α and β are fitted to them)")  # fmt: skip
         super().__post_init__()
+
+    def on_cuda(self) -> bool:
+        """Whether the device cells run on a GPU (`auto`: whether this process sees one)."""
+        if self.device != "auto":
+            return self.device == "cuda"
+        import torch
+
+        return torch.cuda.is_available()
+
+    def shapes(self) -> list[list[int]]:
+        """`gemm_shapes`, or the device's own grid."""
+        if self.gemm_shapes is not None:
+            return self.gemm_shapes
+        return _gpu_shapes() if self.on_cuda() else _cpu_shapes()
+
+    def dtypes(self) -> list[str]:
+        """`gemm_dtypes`, or the device's own."""
+        if self.gemm_dtypes is not None:
+            return self.gemm_dtypes
+        return DEFAULT_DTYPES["cuda" if self.on_cuda() else "cpu"]
 
     def threads(self) -> int:
         """CPU threads of the device cells (see `threads_per_device`)."""
@@ -90,5 +130,6 @@ class DeviceProfileConfig(TimedGridConfig):
     def rank_bytes(self) -> int:
         """An upper bound on one rank's allocation: the larger of a ring cell's buffers, the
         copy's two buffers and the largest GEMM's three fp32 matrices."""
-        gemm = max(4 * (m * k + k * n + m * n) for m, n, k in self.gemm_shapes)
+        shapes = self.gemm_shapes or _cpu_shapes()  # a GPU's GEMMs live in its own memory
+        gemm = max(4 * (m * k + k * n + m * n) for m, n, k in shapes)
         return max(super().rank_bytes(), 2 * self.copy_mib * 2**20, gemm)

@@ -27,8 +27,8 @@ def _key(measurement: str, dtype: str, m: int = 0, n: int = 0, k: int = 0, world
 
 def cells(cfg: DeviceProfileConfig) -> list[Cell]:
     """The device's cells on one rank, then the ring's, N ascending (one pool per N)."""
-    device = [_key("gemm", dtype, m, n, k) for dtype in cfg.gemm_dtypes
-              for m, n, k in cfg.gemm_shapes]  # fmt: skip
+    device = [_key("gemm", dtype, m, n, k) for dtype in cfg.dtypes()
+              for m, n, k in cfg.shapes()]  # fmt: skip
     device += [_key("copy", "fp32", message_bytes=cfg.copy_mib * 2**20), _key("launch", "fp32")]
     out = [Cell(world_size=1, key=key, fn=ranks.run) for key in device]
     ring = CollectiveCall("all_reduce", "distbench", "ring")

@@ -82,6 +82,12 @@ def _gemm(rows: pd.DataFrame) -> tuple[dict[str, float], tuple, str]:
     return peaks, tuple((float(f), float(e)) for f, e in table.items()), first
 
 
+_GLOO_ON_GPU = (
+    "; assumption: the ring ran on gloo between host processes, not on the "
+    "GPUs' own link: run under cluster=torchrun (NCCL) to measure that"
+)
+
+
 def _sources(rows: pd.DataFrame, first: str, ring_n: int, cuda: bool) -> dict[str, str]:
     """Where each number of the preset came from: "measured here, <date>, <device>,
     <host>" and how, or what was assumed."""
@@ -92,6 +98,8 @@ def _sources(rows: pd.DataFrame, first: str, ring_n: int, cuda: bool) -> dict[st
     copy = rows[rows["measurement"] == "copy"]["message_bytes"]
     sizes = rows[rows["measurement"] == "all_reduce"]["message_bytes"].nunique()
     threads = int(_numbers(rows[rows["measurement"] == "gemm"], "threads").max())
+    ring = rows[rows["measurement"] == "all_reduce"]
+    backend = str(ring["backend"].iloc[0]) if "backend" in ring and len(ring) else "?"
     return {
         "peak_flops": f"{here}: the best GEMM rate per dtype over {shapes} (median window, "
         "bench.kit.profile.gemm_step)",
@@ -99,8 +107,9 @@ def _sources(rows: pd.DataFrame, first: str, ring_n: int, cuda: bool) -> dict[st
         "memory_bandwidth": f"{here}: a {copy.iloc[0]}-byte copy, 2 × its bytes ÷ its time; "
         "elementwise_efficiency 1 (the rate is the achieved one)",
         "kernel_overhead_s": f"{here}: a one-element add, per kernel",
-        "intra": f"{here}: this repo's ring all-reduce on {ring_n} ranks at {sizes} sizes, α "
-        "per round and β per byte fitted (bench.kit.profile.fit_ring, a median regression)",
+        "intra": f"{here}: this repo's ring all-reduce on {ring_n} ranks ({backend}) at {sizes} "
+        "sizes, α per round and β per byte fitted (bench.kit.profile.fit_ring, a median "
+        "regression)" + (_GLOO_ON_GPU if cuda and backend == "gloo" else ""),
         "inter": "assumption: one machine profiled, inter = intra; set your cluster's network "
         "here for plans across nodes",
         "devices_per_node": f"{here}: " + ("the GPUs torch sees" if cuda else
