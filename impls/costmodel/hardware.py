@@ -12,10 +12,10 @@ training step has two kinds of kernels:
   instead: the table's large-GEMM plateau × the useful share of its tiles and waves (NVIDIA,
   "Matrix Multiplication Background User's Guide" §3.1–3.2: an m × n output cut into
   tiles, the edge tiles partly padding, runs in ⌈tiles ÷ SMs⌉ waves, the last partly
-  idle; the best of cuBLAS's large tiles), ÷ that share for the shape the plateau was
-  measured on
-  (`gemm_plateau_wave`), and never faster than reading A and B and writing C at the
-  achieved memory bandwidth (the roofline: a thin GEMM is memory-bound);
+  idle; the best of cuBLAS's large tiles) — the plateau is the best rate a search over
+  shapes found (MAMF), so no shape is priced above it — and never faster than reading A
+  and B and writing C at the achieved memory bandwidth (the roofline: a thin GEMM is
+  memory-bound);
 - element-wise work (norms, activations, softmax, residual adds, the optimizer) is bound
   by memory bandwidth: bytes moved ÷ (`memory_bandwidth` × `elementwise_efficiency`).
 
@@ -153,20 +153,12 @@ class Hardware:
     """Streaming multiprocessors per device; > 0 prices each GEMM by its shape (wave
     quantisation and the roofline, module docstring); 0 uses the FLOPs table alone (a CPU
     host, whose table is measured)."""
-    gemm_plateau_wave: float = 1.0
-    """The tile-and-wave share (`wave_fraction`) of the GEMM shape the 16-bit table's plateau
-    was measured on (MAMF's best shape): the plateau ÷ it is a perfectly tiled GEMM's."""
-    fp8_plateau_wave: float = 1.0
-    """The same for `fp8_gemm_efficiency`'s plateau."""
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name})"
         if not isinstance(self.sms, int) or isinstance(self.sms, bool) or self.sms < 0:
             raise ValueError(f"{owner}.sms={self.sms!r}: must be an integer ≥ 0")
-        for key in ("gemm_plateau_wave", "fp8_plateau_wave"):
-            if not 0 < getattr(self, key) <= 1:
-                raise ValueError(f"{owner}.{key}={getattr(self, key)!r}: must lie in (0, 1]")
         if not isinstance(self.devices_per_node, int) or self.devices_per_node < 1:
             raise ValueError(f"{owner}.devices_per_node={self.devices_per_node!r}: must be ≥ 1")
         _positive(owner, memory_bytes=self.memory_bytes, memory_bandwidth=self.memory_bandwidth,
@@ -242,9 +234,7 @@ class Hardware:
         if not self.sms:
             fraction = self.efficiency(flops, dtype)
             return count * (flops / (self.peak(dtype) * fraction) + self.kernel_overhead_s)
-        measured_on = self.fp8_plateau_wave if dtype == "fp8" else self.gemm_plateau_wave
-        plateau = self.efficiency(math.inf, dtype) / measured_on
-        fraction = min(1.0, plateau * wave_fraction(m, n, self.sms))
+        fraction = self.efficiency(math.inf, dtype) * wave_fraction(m, n, self.sms)
         compute = flops / (self.peak(dtype) * fraction)
         operands = ELEMENT_BYTES[dtype] * (m * k + k * n + m * n)
         memory = operands / (self.memory_bandwidth * self.elementwise_efficiency)

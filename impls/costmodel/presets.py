@@ -17,8 +17,8 @@ end-to-end training throughputs the simulator is asked to predict:
   cuBLAS tile of §2.3) keeps tiles ÷ (waves × SMs) of the SMs busy; that fraction times
   the large-GEMM efficiency is the table's value at n = 256 … 4096 (`_wave_table`); the
   simulator prices each GEMM by its own shape from the plateau and the SM count instead
-  (`Hardware.sms`, `hardware.wave_fraction`: the A100, H100 and V100 SM counts from their
-  whitepapers, as cited for the table);
+  (`Hardware.sms`, `hardware.wave_fraction`: the A100 and V100 SM counts from their
+  whitepapers, as cited for the table; not the H100, see `_h100`);
 - links: `bandwidth` per device and direction from the datasheets, `efficiency` the
   nccl-tests bus bandwidth over it (busbw is comparable with a link's bandwidth, nccl-tests
   `doc/PERFORMANCE.md`), α NCCL's own per-step latency for the LL128 protocol
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from impls.costmodel.hardware import Hardware, Link, wave_fraction
+from impls.costmodel.hardware import Hardware, Link
 
 __all__ = ["HARDWARE", "hardware", "host_hardware"]
 
@@ -78,7 +78,6 @@ def _a100(memory_gb: int, bandwidth: float) -> Hardware:
         # MAMF: 267.9 of 312 TFLOP/s (85.9 %) at 6912 × 16384 × 2048.
         gemm_efficiency=_wave_table(108, 2.0 * 6912 * 16384 * 2048, 0.859),
         sms=108,
-        gemm_plateau_wave=wave_fraction(6912, 16384, 108),
         # A100 80GB: a large copy at 1490 of 2039 GB/s (chsasank/device-benchmarks).
         elementwise_efficiency=0.73,
         kernel_overhead_s=4e-6,
@@ -130,9 +129,9 @@ def _h100() -> Hardware:
         inter=Link(name="NDR InfiniBand", alpha_s=4.0e-6, bandwidth=50 * GB, efficiency=0.96),
         # MAMF: 792.1 of 989 TFLOP/s (80.1 %) at 6144 × 17920 × 2816.
         gemm_efficiency=_wave_table(132, 2.0 * 6144 * 17920 * 2816, 0.801),
-        sms=132,
-        gemm_plateau_wave=wave_fraction(6144, 17920, 132),
-        fp8_plateau_wave=wave_fraction(1024, 9216, 132),
+        # Not priced per shape (sms = 0): MAMF's best FP8 shape below fills only 87% of its
+        # tiles and waves under `hardware.wave_fraction`, yet no better-tiled shape beat it
+        # in the search: Hopper's cuBLAS avoids the quantisation that model charges.
         # fp8 MAMF: 1402.6 of 1979 TFLOP/s (70.9 %) at 1024 × 9216 × 14336.
         fp8_gemm_efficiency=_wave_table(132, 2.0 * 1024 * 9216 * 14336, 1402.6 / 1979),
         elementwise_efficiency=0.815,
@@ -183,7 +182,6 @@ def _v100(name: str, *, memory_gb: int, per_node: int, intra_bw: float, inter_bw
         # Best square fp16 matmul 84 of 125 TFLOP/s (sizes up to 6888).
         gemm_efficiency=_wave_table(80, 2.0 * 6888**3, 84 / 125),
         sms=80,
-        gemm_plateau_wave=wave_fraction(6888, 6888, 80),
         elementwise_efficiency=766 / 900,
         kernel_overhead_s=4e-6,
         sources={

@@ -110,7 +110,7 @@ def run_plan(run: PublishedRun) -> ParallelPlan:
     if run.layout == "megatron" and run.pp > 1:
         layers = megatron_stage_layers(model(run.model).n_layers, run.pp * run.virtual_stages)
     return ParallelPlan(
-        dp=run.dp, tp=run.tp, pp=run.pp, sp=run.sp, zero_stage=run.zero_stage,
+        dp=run.dp, cp=run.cp, tp=run.tp, pp=run.pp, sp=run.sp, zero_stage=run.zero_stage,
         microbatch_size=run.microbatch_size, num_microbatches=run.num_microbatches,
         schedule=run.schedule if run.pp > 1 else "1f1b",
         virtual_stages=run.virtual_stages, recompute=run.recompute, stage_layers=layers,

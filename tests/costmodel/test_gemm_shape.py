@@ -42,14 +42,6 @@ def test_a_ragged_last_wave_costs_its_idle_sms():
     assert ragged / full == pytest.approx(1.1 / (220 / 300))
 
 
-def test_the_plateau_is_measured_on_its_own_shape():
-    """A plateau measured on a shape whose last wave was 80% full is 1/0.8 of it for a
-    perfectly tiled GEMM (capped at the peak)."""
-    hw = replace(HW, gemm_plateau_wave=0.8)
-    m, n, k = 256 * 20, 128 * 50, 8192
-    assert hw.gemm_seconds(m, n, k) == pytest.approx(2.0 * m * n * k / PEAK)
-
-
 def test_a_thin_gemm_is_memory_bound():
     m, n, k = 256 * 100, 128 * 100, 8  # k = 8: 2 FLOPs per byte or so
     operands = ELEMENT_BYTES["bf16"] * (m * k + k * n + m * n)
