@@ -162,10 +162,15 @@ def test_wall_clock_rows_use_the_ring_fitted_at_their_rank_count(tmp_path):
     assert zero3["link_source"] == "allreduce_scaling ring, N=8"
     assert zero3["dp_collectives"] == MODEL["n_layers"] + 1  # the blocks and the root unit
     assert by_config["dp2, M=4"]["link_source"] == "allreduce_scaling ring, N=2"
-    # the runner's probes, carried: the faster of the two around the cell, not their mean
-    assert by_config["dp2×pp2, M=4"]["host_probe_s"] == 0.025
-    assert experiment._host_probe({"host_probe_s": "0.02"}) == 0.02  # only the mean recorded
+    # a row's own probes (and its neighbours', timed next to its cell) never price it:
+    # the first pc row's are the only ones, so neither pc row has another to go by
+    assert math.isnan(by_config["dp2×pp2, M=4"]["host_probe_s"])
+    assert math.isnan(by_config["dp2, M=4"]["host_probe_s"])
     assert math.isnan(zero3["host_probe_s"])  # a source row without one: not scaled
+    # per row the faster of the two around the cell, not their mean
+    assert experiment._host_probe({"host_probe_before_s": "0.035",
+                                   "host_probe_after_s": "0.025"}) == 0.025  # fmt: skip
+    assert experiment._host_probe({"host_probe_s": "0.02"}) == 0.02  # only the mean recorded
     for config in ("dp2×pp2, M=4", "interleaved_1f1b, P=4, M=8, V=2"):  # replayed
         assert by_config[config]["link_source"] == PROBE_LINK
         assert by_config[config]["link"] is None  # this run's probe, measured by the rank
@@ -495,26 +500,53 @@ def test_a_replayed_tp_row_pays_the_call_work_this_run_measured(monkeypatch):
         assert ranks.round_alpha(other, LINK[0], call) == (LINK[0], 0.0)
 
 
-def test_the_hosts_probes_around_a_row_never_price_it(monkeypatch):
-    """The source's runner timed the host probe around the row: a number from the
-    ground-truth cell, so the prediction is the same with or without it. It scales only
-    the context column: a host 1.5× slower around the row gets 1.5× the compute and
-    optimizer time there (links kept)."""
+def test_this_runs_own_link_and_call_work_are_priced_at_the_source_hosts_speed(monkeypatch):
+    """Measured in this run, the link probe and the TP call work are scaled like compute to
+    the host speed of the row's source run; a ring fit read from a report is kept."""
+    monkeypatch.setattr(calibration, "calibrate",
+                        lambda cfg, threads: {**RUN_CAL, "host_probe_s": 0.02, "link": LINK})  # fmt: skip
+    monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
+    monkeypatch.setattr(calibration, "tp_call_work", lambda cfg, tp, numel: 4e-4)
+    tp = 4
+    replayed = {**_truth(4, label="replayed"), "dp": 1, "tp": tp, "tp_call_numel": 1 << 15,
+                "link": None, "host_probe_s": 0.03}  # fmt: skip
+    row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=replayed))
+    assert row["link_scale"] == pytest.approx(1.5)
+    assert row["round_alpha_s"] == pytest.approx(1.5 * (LINK[0] + 4e-4 / (2 * (tp - 1))))
+    assert (row["link_alpha_s"], row["tp_call_cpu_s"]) == (LINK[0], 4e-4)  # as measured
+    ring = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**_truth(2), "host_probe_s": 0.03}))
+    assert ring["link_scale"] == 1.0 and ring["round_alpha_s"] == LINK[0]
+
+
+def test_a_source_probe_leaves_out_the_probes_next_to_the_rows_cell():
+    """The probe between two cells is recorded on both: a row's source probe is the median
+    of the others, its own and its neighbours' left out."""
+    probes = [1.0, 2.0, 30.0, 4.0, 5.0, math.nan, 7.0]
+    assert experiment.source_host_probe(probes, 2) == 5.0  # of 1, 5, 7 (2 and 4 beside it)
+    assert experiment.source_host_probe(probes, 0) == 6.0  # of 30, 4, 5, 7
+    assert experiment.source_host_probe(probes, 6) == 4.0  # of 1, 2, 30, 4, 5
+    assert math.isnan(experiment.source_host_probe([1.0, 2.0], 0))
+
+
+def test_a_row_is_predicted_at_the_host_speed_of_its_source_run(monkeypatch):
+    """The source's runner timed the host probe between its cells; the calibration timed
+    it too. A host 1.5× slower during the source's run gets 1.5× the compute and optimizer
+    time (its link, read from a report, kept); without a probe on either side nothing is
+    scaled."""
     monkeypatch.setattr(calibration, "calibrate",
                         lambda cfg, threads: {**RUN_CAL, "host_probe_s": 0.02})  # fmt: skip
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
-    truth = {**_truth(1), "zero_stage": 3, "optimizer": True}
+    truth = {**_truth(2), "zero_stage": 3}
     slow = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**truth, "host_probe_s": 0.03}))
     plain = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))  # no source probe
     assert slow["host_slowdown"] == pytest.approx(1.5) and plain["host_slowdown"] == 1.0
     assert (slow["host_probe_s"], slow["cal_host_probe_s"]) == (0.03, 0.02)
-    for column in ("predicted_step_time_s", "predicted_compute_s", "predicted_optimizer_s"):
-        assert slow[column] == plain[column], column
-    one = {**truth, "dp": 1, "zero_stage": 0}  # one rank: the step is compute + optimizer
-    slow = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**one, "host_probe_s": 0.03}))
-    assert slow["predicted_host_scaled_step_time_s"] == pytest.approx(
-        1.5 * slow["predicted_step_time_s"])  # fmt: skip
-    assert plain["predicted_host_scaled_step_time_s"] == plain["predicted_step_time_s"]
+    for part in ("predicted_compute_s", "predicted_optimizer_s"):
+        assert slow[part] == pytest.approx(1.5 * plain[part]), part
+    assert slow["predicted_dp_s"] == pytest.approx(plain["predicted_dp_s"])  # the link's
+    assert slow["predicted_unscaled_step_time_s"] == pytest.approx(
+        plain["predicted_step_time_s"])  # fmt: skip
+    assert plain["predicted_unscaled_step_time_s"] == plain["predicted_step_time_s"]
     for source, cal in ((math.nan, 0.02), (0.03, math.nan), (0.0, 0.02)):
         assert ranks.host_slowdown(source, cal) == 1.0
 

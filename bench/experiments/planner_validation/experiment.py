@@ -29,8 +29,14 @@ memory, which are compared with the prediction and never enter it. The other num
 source measured in that cell — its link probe, its TP call work, the host probes around
 it — do not price the row: the calibration measures its own (`CONFIGURATION_COLUMNS`
 lists what a prediction may read; `tests/test_planner_validation_held_out.py` perturbs
-every other column and finds the predictions unchanged). The host probes are carried for
-one context column only (`step_error_host_scaled`), never the prediction.
+every other column of a row and finds its prediction unchanged).
+
+How fast the host ran while the source measured (`host_probe_s`, `source_host_probe`):
+the source's runner timed `bench.kit.host.host_probe` between its cells, and the row is
+priced at the median of those probes over the source's other cells — the probes timed
+next to the row's own cell (its two, which its neighbours in the file share) left out.
+It is the host's speed during the source's run, not during the row: a calibration made
+at another time, or on another machine, is scaled to it (`ranks.host_slowdown`).
 
 Which half a row is in (`split`): `held_out` for a source of `cfg.held_out`, else
 `development` (see `config.HELD_OUT`).
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import csv
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,7 +59,7 @@ from bench.experiments.planner_validation import ranks, report
 from bench.experiments.planner_validation.config import PROBE_LINK, PlannerValidationConfig
 
 __all__ = ["CONFIGURATION_COLUMNS", "EXPERIMENT", "PlannerValidationConfig", "cells",
-           "ground_truth", "to_row"]  # fmt: skip
+           "ground_truth", "source_host_probe", "to_row"]  # fmt: skip
 
 _ZERO_METHODS = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 _MODEL = ("d_model", "n_layers", "n_heads", "seq_len", "vocab_size")
@@ -91,6 +98,18 @@ def _label(ranks_: int, cores: int, replayed: bool) -> str:
     return f"wall clock, {ranks_} ranks on {cores} cores (modelled core sharing)"
 
 
+_POSITION = "_position"  # a row's place in its source's results.csv (set on reading)
+
+
+def source_host_probe(probes: Sequence[float], position: int) -> float:
+    """The median of a source's host probes (`_host_probe` per finished row, in file order) leaving
+    out the row at `position` and its neighbours: the probe timed between two cells is
+    recorded on both, so theirs were timed next to the row's cell too. NaN where no other
+    probe is finite."""
+    others = [p for i, p in enumerate(probes) if abs(i - position) > 1 and math.isfinite(p)]
+    return statistics.median(others) if others else math.nan
+
+
 def _host_probe(row: dict[str, str]) -> float:
     """The host's step time around the row: the faster of the probes its source's runner
     timed before and after its cell. A disturbance only ever slows a probe, and one
@@ -114,11 +133,10 @@ def _truth(source: str, row: dict[str, str], config: str, *, replay_statistic: s
     label = _label(n, cores, replayed is not None)
     measured = float(row["step_time_s"]) if label != "replayed" else replayed
     statistic = replay_statistic if label == "replayed" else "median"
-    probe = _host_probe(row)
     return {"source": source, "config": config, "ranks": n, "host_cores": cores,
             "ground_truth": label, "measured_step_time_s": measured, "statistic": statistic,
             "source_git_sha": row.get("git_sha", ""), "model": _model(row),
-            "host_probe_s": probe, **plan}  # fmt: skip
+            "position": row[_POSITION], **plan}  # fmt: skip
 
 
 def _parallelism(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
@@ -263,7 +281,12 @@ def ground_truth(cfg: PlannerValidationConfig) -> list[dict[str, Any]]:
     squares = {n: fit_ring(n, *p, robust=False) for n, p in points.items()}  # for context
     out = []
     for source in cfg.sources:
-        for t in _spread(_PARSERS[source](_read(root, source)), cfg.max_rows):
+        rows = _read(root, source)
+        for position, row in enumerate(rows):
+            row[_POSITION] = position
+        probes = [_host_probe(row) for row in rows]
+        for t in _spread(_PARSERS[source](rows), cfg.max_rows):
+            t["host_probe_s"] = source_host_probe(probes, t.pop("position"))
             n, split = t["ranks"], cfg.split(source)
             if t["ground_truth"] != "replayed" and n in rings:
                 out.append({**t, "split": split, "link": rings[n],
@@ -309,8 +332,7 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
         "measured_step_time_s": measured_step,
         "predicted_step_time_s": p["predicted_step_time_s"],
         "step_error": _error(p["predicted_step_time_s"], measured_step),
-        "step_error_host_scaled": _error(p["predicted_host_scaled_step_time_s"],
-                                         measured_step),
+        "step_error_unscaled": _error(p["predicted_unscaled_step_time_s"], measured_step),
         "step_error_without_straggler": _error(p["predicted_without_straggler_step_time_s"],
                                                measured_step),
         "memory_measure": "model states + activations" if t["memory_includes_states"]

@@ -7,7 +7,9 @@ the row's rank count, or (`link` None) are this run's own two-rank probe
 (`calibration.calibrate`'s `link`; `experiment.py` says which row takes which); a
 replayed TP row adds to α its collectives' own work per round, measured by this run on a
 pool of its tp ranks at its activation's size (`calibration.tp_call_work`, `round_alpha`).
-No number the source measured in the row's own cell enters the prediction.
+No number the source measured in the row's own cell enters the prediction. What this run
+measured on the host is priced at the host speed of the source's run (`host_slowdown`):
+compute, overheads, AdamW, the TP call work and its own link alike.
 
 Prediction (`predict`): the simulator (`impls.simulator.simulate`) on the calibrated
 `Hardware`, the plan laid out as this repo's implementations lay it out (blocks split
@@ -166,14 +168,15 @@ def predict(truth: dict[str, Any], hw: Any, adamw_s_per_param: float | None = No
 
 
 def host_slowdown(source_probe: float, calibration_probe: float) -> float:
-    """How much slower the host ran around the ground-truth row than where this run
-    calibrated: the host probe's step (`bench.kit.host.host_probe`) timed by the source's
-    runner around the row's cell ÷ the same probe timed around the calibration's reference.
-    A number measured with the ground truth, so it never prices the prediction: it scales
-    one context column (`predicted_host_scaled_step_time_s`: every compute rate divided by
-    it, per-kernel overhead and AdamW cost multiplied, links kept), which shows how much of
-    the error is the host drifting between the two measurements. 1 where either probe is
-    missing (a source run without probes)."""
+    """How much slower the host ran while the source measured than where this run
+    calibrated: the host probe's step (`bench.kit.host.host_probe`) as the source's runner
+    timed it between its other cells (`experiment.source_host_probe`: the probes next to
+    the row's own cell left out) ÷ the same probe timed among the calibration's reference
+    rounds. Every compute rate of the row's hardware is divided by it, its per-kernel
+    overhead, AdamW cost, TP call work and this run's own link (α and β) multiplied (a
+    ring fit read from `allreduce_scaling`'s report is kept as it is): a calibration made
+    at another time, or on another machine, priced at the speed the source's run saw.
+    1 where either probe is missing (a source run without probes)."""
     probes = (source_probe, calibration_probe)
     if not all(math.isfinite(p) and p > 0 for p in probes):
         return 1.0
@@ -223,38 +226,43 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
     speedup = calibration.thread_speedup(local, truth["precision"])
     if threads > 1:
         rate = speedup  # measured on the reference, not the thread count
-    statistic = truth.get("statistic", "median")
-    fit = calibration.fit_for(cal, truth["precision"], statistic)
-    wire = truth.get("link") or cal["link"]  # None: this run's own probe
+    fit = calibration.fit_for(cal, truth["precision"], truth.get("statistic", "median"))
+    own = truth.get("link") is None  # this run's probe, not a ring fit read from a report
+    wire = cal["link"] if own else truth["link"]
     call = (calibration.tp_call_work(cfg, truth["tp"], truth["tp_call_numel"])
             if carries_tp_calls(truth) else 0.0)  # fmt: skip
-    alpha, call_cpu = round_alpha(truth, wire[0], call)
     probe, cal_probe = truth.get("host_probe_s", math.nan), cal.get("host_probe_s", math.nan)
     slowdown = host_slowdown(probe, cal_probe)
     action = calibration.action_overhead(cal, truth.get("runtime"))
     # the ranks' meetings after compute: on the wall clock, each rank on a core of its own
     meets = wall_clock and 2 <= truth["ranks"] <= truth["host_cores"]
-    link = (alpha, wire[1])
-    meeting = calibration.collective_meeting(cal, truth["ranks"], link) if meets else 0.0
 
-    def predicted(slower: float) -> dict[str, Any]:
-        """The row priced on a host `slower` times slower than the calibration's (1: the
-        prediction; the row's own host probes only for the context column)."""
+    def predicted(host: float, straggle: float) -> dict[str, Any]:
+        """The row priced on a host `host` times slower than the calibration's, its rank
+        `straggle` times slower again (compute only). What this run measured on the host
+        — compute, overheads, AdamW, the TP call work and its own link — is scaled by
+        `host`; a link read from another report is kept."""
+        scale = host if own else 1.0
+        alpha, _ = round_alpha(truth, wire[0] * scale, call * host)
+        link = (alpha, wire[1] * scale)
+        slower = host * straggle
         hw = calibration.host_hardware(cal, link, rate / fit["scale"] / slower,
                                        overhead_s=fit["overhead_s"] * stretch * slower,
                                        p2p_blocking=wall_clock,
                                        action_overhead_s=action * stretch * slower,
-                                       meeting_s=meeting)  # fmt: skip
+                                       meeting_s=calibration.collective_meeting(
+                                           cal, truth["ranks"], link) if meets else 0.0)  # fmt: skip
         adamw = local["adamw_s_per_param"] / min(rate, 1.0)  # a core share stretches it
-        return predict(truth, hw, adamw * slower)
+        return {**predict(truth, hw, adamw * slower), "round_alpha_s": alpha,
+                "link_scale": scale, "collective_meeting_s": hw.collective_meeting_s}  # fmt: skip
 
     # a wall-clock step ends with the slowest of its ranks; a replay prices each action alone
     straggle = calibration.straggler(cal, truth["ranks"]) if wall_clock else 1.0
-    row = predicted(straggle)
-    scaled = row if slowdown == 1.0 else predicted(slowdown * straggle)
-    alone = row if straggle == 1.0 else predicted(1.0)
+    row = predicted(slowdown, straggle)
+    plain = row if slowdown == 1.0 else predicted(1.0, straggle)
+    alone = row if straggle == 1.0 else predicted(slowdown, 1.0)
     row.update({
-        "predicted_host_scaled_step_time_s": scaled["predicted_step_time_s"],
+        "predicted_unscaled_step_time_s": plain["predicted_step_time_s"],
         "predicted_without_straggler_step_time_s": alone["predicted_step_time_s"],
         "straggler": straggle,
         "host_probe_s": probe, "cal_host_probe_s": cal_probe, "host_slowdown": slowdown,
@@ -262,10 +270,8 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
         "p2p_blocking": wall_clock, "cal_thread_speedup": speedup,
         "optimizer_params": optimizer_params(truth),
         "link_alpha_s": wire[0], "link_beta_s_per_byte": wire[1],
-        "tp_call_numel": truth.get("tp_call_numel", 0),
-        "tp_call_cpu_s": call_cpu, "round_alpha_s": alpha,
+        "tp_call_numel": truth.get("tp_call_numel", 0), "tp_call_cpu_s": call,
         "runtime": truth.get("runtime"), "action_overhead_s": action,
-        "collective_meeting_s": meeting,
         **_calibration_columns(cal, local, fit, truth["precision"]),
     })  # fmt: skip
     return row

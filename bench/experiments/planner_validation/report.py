@@ -123,9 +123,15 @@ def accuracy(ctx: Context) -> str | None:
     its verdict, never tuned to.
 
     No number measured in a ground-truth cell prices that cell: the links, the TP call
-    work and the calibration are this run's own measurements (Calibration), and a row's
-    host probes (timed by its source's runner around its cell) scale only a context
-    column, `step_error_host_scaled`, shown below.
+    work and the calibration are this run's own measurements (Calibration). Each row is
+    predicted at the speed the host ran at during its source's run: that source's runner
+    timed a small reference step (`bench.kit.host.host_probe`) between its cells, this run
+    timed the same probe where it calibrated, and the row's compute rates are divided by
+    the ratio (`host_slowdown`; 1 for a source without probes), the source's probe being
+    the median over its other cells, the probes timed next to the row's own cell left out
+    (`experiment.source_host_probe`). The same predictions without it
+    (`step_error_unscaled`) are shown beside: the difference is how far the host's speed
+    moved between the source's run and this one.
 
     A wall-clock step of N ranks ends with the slowest of them (they meet at every
     collective); the simulator prices one deterministic rank. Each such row is priced at
@@ -186,34 +192,34 @@ def _index(ctx: Context, summaries: dict[str, dict[str, float]]) -> None:
 
 
 def _host_speed(ctx: Context, ok: pd.DataFrame) -> str:
-    """The host-speed ratios around the rows, and the error were they scaled by them."""
-    if "host_slowdown" not in ok.columns or "step_error_host_scaled" not in ok.columns:
+    """The host-speed ratios rows were predicted at, and the error without them."""
+    if "host_slowdown" not in ok.columns or "step_error_unscaled" not in ok.columns:
         return ""
     slowdown = pd.to_numeric(ok["host_slowdown"], errors="coerce")
     probed = pd.to_numeric(ok["host_probe_s"], errors="coerce").notna()
-    scaled = pd.to_numeric(ok["step_error_host_scaled"], errors="coerce").abs()
+    plain = pd.to_numeric(ok["step_error_unscaled"], errors="coerce").abs()
     ctx.headline["host_speed"] = {
         "rows_probed": int(probed.sum()),
         "median_slowdown": float(slowdown[probed].median()) if probed.any() else math.nan,
         "min_slowdown": float(slowdown[probed].min()) if probed.any() else math.nan,
         "max_slowdown": float(slowdown[probed].max()) if probed.any() else math.nan,
-        "median_abs_step_error_host_scaled": float(scaled.median()),
+        "median_abs_step_error_unscaled": float(plain.median()),
     }  # fmt: skip
     if not probed.any():
-        return "\n\nNo source row carries a host probe (no host-scaled context column)."
+        return (f"\n\nNo source carries host probes: every row is predicted at the "
+                f"calibration's host speed (median |step error| "
+                f"{format_percent(plain.median())}).")  # fmt: skip
     by_source = "; ".join(
-        f"{source} {format_percent(scaled[ok['source'] == source].median())}"
+        f"{source} {format_percent(plain[ok['source'] == source].median())}"
         for source in ok["source"].unique()
     )  # fmt: skip
-    return (f"\n\nHost speed (context, not the prediction): {int(probed.sum())} of "
-            f"{len(ok)} rows carry the host probe their source's runner timed around their "
-            f"cell (`bench.kit.host.host_probe`, the faster of before and after; this run's "
-            f"calibration probe {format_seconds(float(ok['cal_host_probe_s'].iloc[0]))}); "
-            f"the host ran {slowdown[probed].median():.3f}× as slow around the median row "
+    return (f"\n\nHost speed: {int(probed.sum())} of {len(ok)} rows are priced at their "
+            f"source's host probes (this run's calibration probe "
+            f"{format_seconds(float(ok['cal_host_probe_s'].iloc[0]))}); the host ran "
+            f"{slowdown[probed].median():.3f}× as slow during the median row's source run "
             f"({slowdown[probed].min():.3f}–{slowdown[probed].max():.3f}×) as where this "
-            f"run calibrated. Priced that much slower, the median |step error| would be "
-            f"{format_percent(scaled.median())} ({by_source}): a number from the "
-            f"ground-truth cell, so it never enters the prediction.")  # fmt: skip
+            f"run calibrated. Without that scaling, median |step error| "
+            f"{format_percent(plain.median())} ({by_source}).")  # fmt: skip
 
 
 def _stragglers(ctx: Context, ok: pd.DataFrame) -> str:
@@ -265,9 +271,9 @@ def every_row(ctx: Context) -> str | None:
     or the saved activations alone (pipeline_utilization). `statistic` is what the
     measured time is of its samples, and which reference fit predicts it (Calibration).
     `commit` is the commit that measured the ground truth; `half` the row's split.
-    `host slowdown` is how much slower the host ran around the row than where this run
-    calibrated (the source's probes around its cell), `error host-scaled` the error were
-    the row priced that much slower (context only: the prediction never reads it);
+    `host slowdown` is how much slower the host ran during the row's source run than where
+    this run calibrated (its source's probes between its other cells; the row's compute
+    is priced that much slower), `error unscaled` the error without it;
     `straggler` the slowest-of-N factor a wall-clock row of N ≥ 2 ranks is priced at
     (modelled, Accuracy) and `runtime` the runtime its source steps under (Calibration)."""
     ok = ctx.ok
@@ -284,8 +290,8 @@ def every_row(ctx: Context) -> str | None:
         "step error": ok["step_error"].map(lambda v: f"{v:+.0%}"),
         "host slowdown": ok["host_slowdown"].map(lambda v: f"{v:.3f}×")
         if "host_slowdown" in ok else "—",
-        "error host-scaled": ok["step_error_host_scaled"].map(lambda v: f"{v:+.0%}")
-        if "step_error_host_scaled" in ok else "—",
+        "error unscaled": ok["step_error_unscaled"].map(lambda v: f"{v:+.0%}")
+        if "step_error_unscaled" in ok else "—",
         "straggler": ok["straggler"].map(lambda v: f"{v:.3f}×") if "straggler" in ok else "—",
         "runtime": ok["runtime"].fillna("—") if "runtime" in ok else "—",
         "memory": ok["memory_measure"],

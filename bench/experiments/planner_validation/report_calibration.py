@@ -101,7 +101,9 @@ def calibration(ctx: Context) -> str | None:
     measured by this run on a fresh pool of the row's tp ranks at the row's activation
     size (`tp_call_cpu_s`: the work such a replay charges each call) and spread over the
     ring's 2(t − 1) rounds (table "TP call work"). Neither is read from the ground-truth
-    cell it prices. On this host a collective blocks the rank's
+    cell it prices; both, measured in this run, are scaled like its compute to the host
+    speed of the row's source run (`host_slowdown`, Accuracy), while a ring fit read from
+    `allreduce_scaling` is kept as it is. On this host a collective blocks the rank's
     computing thread, so none of it hides under the backward (`Hardware.comm_overlap`
     False), and ZeRO rows are priced as `impls.zero` issues them: one gather or
     reduce-scatter per unit (the GPT's blocks and its root unit, `dp_collectives`). A
