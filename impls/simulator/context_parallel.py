@@ -20,6 +20,11 @@ The work on a rank is balanced under causal masking: Megatron-core gives each ra
 2·cp sequence chunks (i and 2cp − 1 − i) so every rank computes the same share of the
 visible blocks (Megatron-core API guide, "context parallelism"); the attention core is
 priced on s/cp queries against all s keys, its causal half (`costs._attention_core`).
+
+Memory: a rank keeps its layer's activations for s/cp tokens (`local_spec` into
+`activation_bytes_per_layer`); a materialized core then keeps one (s/cp)² block of scores
+per head, as `impls.sequence_parallel.analytic.activation_bytes_per_rank` counts ring
+attention, and a flash core only its output and log-sum-exp.
 """
 
 from __future__ import annotations
