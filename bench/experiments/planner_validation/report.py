@@ -75,7 +75,7 @@ def _signed(value: float) -> str:
 
 def _summary_table(summaries: dict[str, dict[str, float]], halves: dict[str, str]) -> str:
     table = pd.DataFrame([
-        {"rows": name, "half": halves.get(name, "—"), "configurations": s["rows"],
+        {"rows": name, "half (its sources)": halves.get(name, "—"), "configurations": s["rows"],
          "median abs step error": format_percent(s["median_abs_step_error"]),
          "worst abs step error": format_percent(s["worst_abs_step_error"]),
          f"rows over {STEP_BOUND:.0%}": s["rows_over_bound"],
@@ -94,11 +94,12 @@ def _summaries(ok: pd.DataFrame) -> tuple[dict[str, dict[str, float]], dict[str,
     """({rows: summary} for all rows, each half and each source; {source: its half})."""
     summaries = {"all": _summary(ok)}
     split = ok["split"] if "split" in ok.columns else pd.Series("—", index=ok.index)
+    halves = {str(source): str(split[ok["source"] == source].iloc[0])
+              for source in ok["source"].unique()}  # fmt: skip
     for half in SPLITS:
         if (split == half).any():
             summaries[half] = _summary(ok[split == half])
-    halves = {str(source): str(split[ok["source"] == source].iloc[0])
-              for source in ok["source"].unique()}  # fmt: skip
+            halves[half] = ", ".join(sorted(s for s, h in halves.items() if h == half))
     for source, sub in ok.groupby("source"):
         summaries[str(source)] = _summary(sub)
     return summaries, halves

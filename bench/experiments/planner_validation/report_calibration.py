@@ -235,7 +235,7 @@ def _tp_calls(ok: pd.DataFrame) -> str:
         if "tp_call_numel" in calls else "—",
         "call work (this run, tp ranks)": calls["tp_call_cpu_s"].map(format_seconds),
         "α of the link": calls["link_alpha_s"].map(format_seconds),
-        "α per round priced": calls["round_alpha_s"].map(format_seconds),
+        "α per round priced (× host slowdown)": calls["round_alpha_s"].map(format_seconds),
     })  # fmt: skip
     return "\n\nTP call work (replayed rows):\n\n" + markdown_table(table, numparse=False)
 
