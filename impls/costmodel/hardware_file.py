@@ -16,7 +16,9 @@ a field to where its number came from::
 
 Fields are read generically from the dataclasses (`dataclasses.fields`), so a field added
 to `Hardware` or `Link` is written and read without a change here. A field without a
-default must be present; one with a default may be left out and takes it. A bad file is
+default must be present; one with a default may be left out and takes it, and is left
+out when written at its default (a file then stays readable where `Hardware` gains or
+drops an optional field the preset does not use). A bad file is
 refused with one line naming the file and the key (missing, unknown, of the wrong type);
 the values themselves are checked by `Hardware` and `Link` (`__post_init__`), whose error
 is prefixed with the file too.
@@ -51,11 +53,21 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def _at_default(field: dataclasses.Field, value: Any) -> bool:
+    if field.default is not dataclasses.MISSING:
+        return value == field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return value == field.default_factory()
+    return False
+
+
 def to_plain(value: Any) -> Any:
-    """`value` as YAML's plain types: a dataclass as a mapping of its fields (in order),
-    mappings as dicts, tuples as lists."""
+    """`value` as YAML's plain types: a dataclass as a mapping of its fields (in order, a
+    field at its default left out: it reads back as that), mappings as dicts, tuples as
+    lists."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not _at_default(f, getattr(value, f.name))}  # fmt: skip
     if isinstance(value, Mapping):
         return {str(k): to_plain(v) for k, v in value.items()}
     if isinstance(value, tuple | list):
@@ -75,7 +87,8 @@ _Dumper.add_representer(list, _Dumper.represent_list)
 
 
 def dump_hardware(hw: Hardware, path: str | Path) -> Path:
-    """Write `hw` to `path` as YAML (every field, in the dataclass's order); the path."""
+    """Write `hw` to `path` as YAML (its fields in the dataclass's order, those at their
+    default left out); the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.dump(to_plain(hw), Dumper=_Dumper, sort_keys=False, allow_unicode=True,
