@@ -221,3 +221,22 @@ def test_the_target_is_judged_on_the_held_out_half_alone(tmp_path):
     headline = experiment.EXPERIMENT.report_on(_rows(swapped, errors), tmp_path, None)
     assert not headline["targets"][0]["met"] and not headline["held_out_step_target"]["met"]
     assert math.isclose(headline["held_out_step_target"]["median_abs_step_error"], 0.5)
+
+
+def test_the_pool_probes_take_medians_over_ranks_and_keep_a_finite_link(monkeypatch):
+    """What replaces the sources' own link and call work: medians over the pool's ranks
+    (as `parallelism_comparison` took them); a 1 MiB exchange timed no slower than the
+    4-byte one (a disturbed α) leaves β at its floor, never 0 (an infinite bandwidth)."""
+    import bench.kit.host
+    from bench.experiments.planner_validation import pool_probes
+
+    per_rank = [{"tp_call_cpu_s": {64: t}, "link": (a, 1e-10)}
+                for t, a in ((1e-4, 3e-5), (3e-4, 5e-5), (2e-4, 4e-5))]  # fmt: skip
+    merged = pool_probes._merge(per_rank, [64])
+    assert merged == {"world_size": 3, "tp_call_cpu_s": {64: 2e-4}, "link": (4e-5, 1e-10)}
+    times = {1: 2e-3, 1 << 18: 1e-3}  # by float32 elements: 4 bytes, 1 MiB
+    monkeypatch.setattr(bench.kit.host, "probe_pairs",
+                        lambda tensor, exchange, trials: times[tensor.numel()])  # fmt: skip
+    assert pool_probes.probe_link() == (2e-3, 1e-15)
+    times[1 << 18] = 2e-3 + (1 << 20) * 1e-9
+    assert pool_probes.probe_link() == pytest.approx((2e-3, 1e-9 * (1 << 20) / ((1 << 20) - 4)))
