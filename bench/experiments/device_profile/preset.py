@@ -94,7 +94,7 @@ def _sources(rows: pd.DataFrame, first: str, ring_n: int, cuda: bool) -> dict[st
     o = _origin(rows)
     here = f"measured here, {o['date']}, {o['device']}, {o['host']}"
     gemm = rows[rows["measurement"] == "gemm"]
-    shapes = ", ".join(sorted({f"{r.m}×{r.n}×{r.k}" for r in gemm.itertuples()}))
+    shapes = ", ".join(dict.fromkeys(f"{r.m}×{r.n}×{r.k}" for r in gemm.itertuples()))
     copy = rows[rows["measurement"] == "copy"]["message_bytes"]
     sizes = rows[rows["measurement"] == "all_reduce"]["message_bytes"].nunique()
     threads = int(_numbers(rows[rows["measurement"] == "gemm"], "threads").max())
