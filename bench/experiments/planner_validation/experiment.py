@@ -102,10 +102,10 @@ _POSITION = "_position"  # a row's place in its source's results.csv (set on rea
 
 
 def source_host_probe(probes: Sequence[float], position: int) -> float:
-    """The median of a source's host probes (`_host_probe` per finished row, in file order) leaving
-    out the row at `position` and its neighbours: the probe timed between two cells is
-    recorded on both, so theirs were timed next to the row's cell too. NaN where no other
-    probe is finite."""
+    """The median of a source's host probes (`_host_probe` per finished row, in file
+    order) leaving out the row at `position` and its neighbours: the probe timed between
+    two cells is recorded on both, so theirs were timed next to the row's cell too. NaN
+    where no other probe is finite."""
     others = [p for i, p in enumerate(probes) if abs(i - position) > 1 and math.isfinite(p)]
     return statistics.median(others) if others else math.nan
 

@@ -246,15 +246,15 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
         alpha, _ = round_alpha(truth, wire[0] * scale, call * host)
         link = (alpha, wire[1] * scale)
         slower = host * straggle
+        meeting = calibration.collective_meeting(cal, truth["ranks"], link) if meets else 0.0
         hw = calibration.host_hardware(cal, link, rate / fit["scale"] / slower,
                                        overhead_s=fit["overhead_s"] * stretch * slower,
                                        p2p_blocking=wall_clock,
                                        action_overhead_s=action * stretch * slower,
-                                       meeting_s=calibration.collective_meeting(
-                                           cal, truth["ranks"], link) if meets else 0.0)  # fmt: skip
+                                       meeting_s=meeting)  # fmt: skip
         adamw = local["adamw_s_per_param"] / min(rate, 1.0)  # a core share stretches it
         return {**predict(truth, hw, adamw * slower), "round_alpha_s": alpha,
-                "link_scale": scale, "collective_meeting_s": hw.collective_meeting_s}  # fmt: skip
+                "link_scale": scale, "collective_meeting_s": meeting}  # fmt: skip
 
     # a wall-clock step ends with the slowest of its ranks; a replay prices each action alone
     straggle = calibration.straggler(cal, truth["ranks"]) if wall_clock else 1.0

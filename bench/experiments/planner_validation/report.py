@@ -184,7 +184,8 @@ def _index(ctx: Context, summaries: dict[str, dict[str, float]]) -> None:
         "median_abs_step_error": median, "bound": STEP_BOUND, "rows": held["rows"] if held else 0,
         "met": bool(median <= STEP_BOUND), "source": HELD_OUT_ISSUE}  # fmt: skip
     ctx.finding(f"median |step-time error| ≤ {STEP_BOUND:.0%} on the held-out half",
-                median <= STEP_BOUND, format_percent(median) if held else "no held-out row")  # fmt: skip
+                median <= STEP_BOUND,
+                format_percent(median) if held else "no held-out row")  # fmt: skip
     ctx.finding(f"median |peak-memory error| ≤ {MEMORY_BOUND:.0%}",
                 overall["median_abs_memory_error"] <= MEMORY_BOUND,
                 format_percent(overall["median_abs_memory_error"]))  # fmt: skip
