@@ -53,6 +53,17 @@ def test_published_runs_of_the_model_get_their_own_slots():
     assert ranks.published_runs(small) == []
 
 
+def test_context_parallel_degrees_are_searched_when_asked():
+    cfg = AutoParallelConfig(model={**SMALL, "seq_len": 8192}, gpus=[8], global_batch=16,
+                             top_k=1, rejected_k=0, cp=[2], tp=1)  # fmt: skip
+    row = _run(cfg, 8, "best", 1)
+    assert row["cp"] == 2 and row["dp"] * row["cp"] * row["tp"] * row["pp"] == 8
+    with pytest.raises(ValueError, match=r"cp=\[3\].*seq_len=8192"):
+        AutoParallelConfig(model={**SMALL, "seq_len": 8192}, gpus=[8], cp=[3])
+    with pytest.raises(ValueError, match="cp="):
+        AutoParallelConfig(model=SMALL, gpus=[8], cp=[0])
+
+
 def test_a_slot_reports_the_plan_the_simulator_priced():
     cfg = AutoParallelConfig(model=SMALL, gpus=[8], global_batch=64, top_k=2)
     first, second = _run(cfg, 8, "best", 1), _run(cfg, 8, "best", 2)

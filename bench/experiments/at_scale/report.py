@@ -157,8 +157,9 @@ def published(ctx: Context) -> str | None:
     error = rows["ratio"] - 1
     table = pd.DataFrame({
         "run": rows["name"], "GPUs": rows["gpus"].map(format_count),
-        "layout (dp·tp·pp)": rows.apply(
-            lambda r: "·".join(format_count(r[k]) for k in ("dp", "tp", "pp")), axis=1),
+        "layout (dp·cp·tp·pp)": rows.apply(
+            lambda r: "·".join(format_count(r.get(k, 1)) for k in ("dp", "cp", "tp", "pp")),
+            axis=1),
         "metric": rows["metric"], "published": rows["published"].map(_fmt),
         "simulator": rows["predicted"].map(_fmt),
         "error": error.map(lambda v: f"{100 * v:+.1f}%"),
@@ -243,12 +244,17 @@ def _per_source(ctx: Context, rows: pd.DataFrame) -> tuple[str, int]:
 
 
 def _plot(ctx: Context, rows: pd.DataFrame) -> str:
+    values = pd.concat(
+        [pd.to_numeric(rows[c], errors="coerce") for c in ("published", "predicted")]
+    )
+    values = values[values.map(math.isfinite) & (values > 0)]
+    if values.empty:  # nothing a log scale can place
+        return "(no positive published or predicted figure to plot)"
     fig, axes = new_figure(6.0, 5.0)
     ax = axes[0]
     for label, group in rows.groupby("origin", sort=False):
         ax.scatter(group["published"], group["predicted"], label=str(label)[:40], s=14)
-    low = float(min(rows["published"].min(), rows["predicted"].min())) * 0.8
-    high = float(max(rows["published"].max(), rows["predicted"].max())) * 1.2
+    low, high = float(values.min()) * 0.8, float(values.max()) * 1.2
     ax.plot([low, high], [low, high], "k--", label="predicted = published")
     ax.plot([low, high], [0.75 * low, 0.75 * high], "k:", lw=0.8, label="±25%")
     ax.plot([low, high], [1.25 * low, 1.25 * high], "k:", lw=0.8)

@@ -53,6 +53,10 @@ class AutoParallelConfig:
     """Fixed model chunks per rank for the interleaved schedule; null: searched."""
     recompute: str | None = None
     """none, selective or full; null: searched."""
+    cp: list[int] = field(default_factory=lambda: [1])
+    """Context-parallel degrees searched (ring attention over s/cp-token shards; each must
+    divide the model's seq_len): [1] plans without it, [1, 2, 4] lets long sequences use
+    it."""
     allow_cross_node_tp: bool = False
     """Let tensor parallelism span nodes (off: tp ≤ gpus_per_node, as Megatron-LM advises)."""
     top_k: int = 5
@@ -77,6 +81,11 @@ class AutoParallelConfig:
         check_positive("global_batch", [self.global_batch])
         if self.gpus_per_node is not None:
             check_positive("gpus_per_node", [self.gpus_per_node])
+        check_positive("cp", self.cp)
+        bad = [cp for cp in self.cp if self.spec().seq_len % cp]
+        if bad:
+            raise ValueError(f"cp={self.cp}: {bad} do not divide the model's seq_len="
+                             f"{self.spec().seq_len}")  # fmt: skip
         check_positive("top_k", [self.top_k])
         check_positive("rejected_k", [self.rejected_k], minimum=0)
         check_number("timeout_s", self.timeout_s)

@@ -18,6 +18,8 @@ BREAKDOWN = (("compute_s", "compute"), ("bubble_s", "pipeline bubble"),
 
 def plan_label(row: Any) -> str:
     sp = "" if row["sp"] == "none" else f" {row['sp']}"
+    cp = int(row.get("cp", 1) or 1)
+    sp = f" cp{cp}{sp}" if cp > 1 else sp
     v = f" V{int(row['virtual_stages'])}" if row["virtual_stages"] > 1 else ""
     return (f"dp{int(row['dp'])} tp{int(row['tp'])} pp{int(row['pp'])}{sp} "
             f"Z{int(row['zero_stage'])} b{int(row['microbatch_size'])} {row['schedule']}{v} "

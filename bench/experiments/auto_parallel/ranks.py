@@ -9,8 +9,9 @@ from typing import Any
 
 __all__ = ["PLAN_COLUMNS", "run"]
 
-PLAN_COLUMNS = ("dp", "tp", "pp", "sp", "zero_stage", "microbatch_size", "num_microbatches",
-                "schedule", "virtual_stages", "recompute", "stage_layers")  # fmt: skip
+PLAN_COLUMNS = ("dp", "cp", "tp", "pp", "sp", "zero_stage", "microbatch_size",
+                "num_microbatches", "schedule", "virtual_stages", "recompute",
+                "stage_layers")  # fmt: skip
 GB = 1e9
 
 
@@ -26,7 +27,7 @@ def _search(cfg: Any, gpus: int) -> Any:
         _SEARCHES.clear()  # a new config: the old searches will not be asked again
         _SEARCHES[key] = search(cfg.spec(), cfg.cluster(), gpus=gpus, global_batch=cfg.global_batch,
                   fixed=cfg.fixed(), dtype=cfg.dtype, top_k=cfg.top_k,
-                  allow_cross_node_tp=cfg.allow_cross_node_tp)  # fmt: skip
+                  allow_cross_node_tp=cfg.allow_cross_node_tp, cps=tuple(cfg.cp))  # fmt: skip
     return _SEARCHES[key]
 
 

@@ -51,12 +51,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bench.charts import Chart
 from bench.experiments.base import Cell, Experiment
 from bench.experiments.planner_validation import ranks, report
 from bench.experiments.planner_validation.config import PROBE_LINK, PlannerValidationConfig
+from bench.kit.profile import fit_ring
 
 __all__ = ["CONFIGURATION_COLUMNS", "EXPERIMENT", "PlannerValidationConfig", "cells",
            "ground_truth", "source_host_probe", "to_row"]  # fmt: skip
@@ -209,41 +208,6 @@ def _pipeline(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
 
 _PARSERS = {"parallelism_comparison": _parallelism, "zero_memory": _zero,
             "pipeline_utilization": _pipeline}  # fmt: skip
-
-
-def fit_ring(n: int, sizes: Sequence[float], times: Sequence[float], *,
-             robust: bool = True) -> tuple[float, float]:  # fmt: skip
-    """(α s per round, β s per byte) of a ring all-reduce on `n` ranks, fitted to its
-    times at ≥ 2 message sizes, on relative error (each time weighted by 1/t, so the small
-    messages that set α count as much as the large ones that set β), α, β > 0.
-
-    A ring all-reduce of M bytes is 2(n − 1) rounds carrying 2(n − 1)/n · M bytes per rank
-    (`impls.costmodel.comm`). `robust` (the default) minimises the sum of absolute
-    relative errors, a median regression (`scipy.optimize.linprog`); otherwise least
-    squares. Each time is one cell's median, and on this host a cell that ran in another
-    phase of it is an outlier: at f26124e the N = 4 ring at 64 KiB read 2.27 ms between
-    neighbours of 5.9–9.3 ms, and least squares put α at 606 µs where the median
-    regression puts it at 962 µs; on the six committed draws before it the two α agreed
-    within 17% at every N."""
-    m, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
-    design = np.stack([np.full_like(m, 2.0 * (n - 1)), 2.0 * (n - 1) / n * m], axis=1)
-    design /= t[:, None]
-    if not robust:
-        (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
-        return max(float(alpha), 1e-9), max(float(beta), 1e-15)
-    from scipy.optimize import linprog
-
-    scale = design.max(axis=0)  # unknowns of order 1: α and β differ by 10⁶
-    k = len(t)
-    # minimise Σ eᵢ over (x, e) ≥ 0 with −eᵢ ≤ (design · x)ᵢ − 1 ≤ eᵢ
-    a_ub = np.block([[design / scale, -np.eye(k)], [-design / scale, -np.eye(k)]])
-    b_ub = np.concatenate([np.ones(k), -np.ones(k)])
-    cost = np.concatenate([np.zeros(2), np.ones(k)])
-    solved = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
-    if not solved.success:
-        raise RuntimeError(f"the ring fit on N={n} did not solve: {solved.message}")
-    alpha, beta = solved.x[:2] / scale
-    return max(float(alpha), 1e-9), max(float(beta), 1e-15)
 
 
 def ring_links(root: Path, *, robust: bool = True) -> dict[int, tuple[float, float]]:
