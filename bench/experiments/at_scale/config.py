@@ -38,8 +38,6 @@ class AtScaleConfig:
     """GPUs the Chinchilla run is planned on (the planner picks the layout)."""
     chinchilla_hardware: str = "a100_80gb"
     """The cluster preset (or preset file) the Chinchilla run is planned on."""
-    error_target: float = 0.15
-    """The issue's bound on |predicted ÷ published − 1| (median over rows)."""
     timeout_s: float = 600.0
     """A cell not finished by then is recorded as failed."""
 
@@ -64,7 +62,6 @@ class AtScaleConfig:
             hardware(getattr(self, key), key=key)
         check_choice("chinchilla_model", self.chinchilla_model, tuple(MODELS))
         check_number("chinchilla_flops", self.chinchilla_flops)
-        check_number("error_target", self.error_target)
         check_number("timeout_s", self.timeout_s)
 
     def published_names(self) -> list[str]:
