@@ -268,6 +268,7 @@ BUILD_CASES = {
         (["sp=context"], ["sp", "context", "ulysses"]), (["zero_stage=4"], ["zero_stage=4"]),
         (["gpus=[64,64]"], ["gpus", "repeats"]), (["top_k=0"], ["top_k=[0]"]),
         (["dtype=fp8"], ["dtype", "fp8", "bf16"]),
+        (["cp=[3]"], ["cp=[3]", "seq_len=2048"]), (["cp=[0]"], ["cp=[0]"]),
         (["tp=16"], ["tp=16", "gpus_per_node=8", "allow_cross_node_tp"]),
     ],
     "device_profile": [
@@ -293,6 +294,7 @@ BUILD_CASES = {
         (["reference_window_s=-1"], ["reference_window_s=-1"]),
         (["meeting_segment_s=0"], ["meeting_segment_s=0"]),
         (["meeting_rounds=0"], ["meeting_rounds=[0]"]),
+        (["held_out=[bogus]"], ["held_out", "bogus", "pipeline_utilization"]),
     ],
     "parallelism_comparison": [
         (["world_sizes=[4]", "layouts=[{dp:4},{dp:4}]"], ["layouts", "repeats"]),
