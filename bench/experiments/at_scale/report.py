@@ -236,7 +236,9 @@ def _per_source(ctx: Context, rows: pd.DataFrame) -> tuple[str, int]:
                 f"{len(rows)} covered ({format_percent(float(covers.mean()))}; a 90% interval "
                 "should cover about 90%)")  # fmt: skip
     intro = (
-        f"Per source ({rows['source'].nunique()} sources). Leave-one-source-out median "
+        f"Per source family ({rows['origin'].nunique()} families of "
+        f"{rows['source'].nunique()} cited sources; NeMo's releases count as one). "
+        "Leave-one-source-out median "
         f"|error| {format_percent(loso)}: the plain median, since no term of the simulator "
         "is fitted to any source; holding a source out tests the interval instead."
     )
