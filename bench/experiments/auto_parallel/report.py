@@ -163,7 +163,7 @@ def against_published(ctx: Context) -> str | None:
     ok = ctx.ok
     if ok.empty or "published" not in set(ok["list"]):
         return None
-    runs = ok[ok["list"] == "published"]
+    runs = _found(ok, "published")
     best = _found(ok, "best")
     best = best[best["rank"] == 1].set_index("gpus")
     rows = []
