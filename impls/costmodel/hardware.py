@@ -153,10 +153,19 @@ class Hardware:
     """Streaming multiprocessors per device; > 0 prices each GEMM by its shape (wave
     quantisation and the roofline, module docstring); 0 uses the FLOPs table alone (a CPU
     host, whose table is measured)."""
+    comm_compute_share: float = 0.0
+    """Share of the device's compute a running data-parallel collective holds: NCCL's
+    thread blocks each take a whole SM and share it with no compute kernel (NCCL
+    maintainer, NVIDIA/nccl issue #689), so compute that a collective hides under runs on
+    the SMs left. 0: collectives take no compute from the kernels they overlap (a CPU
+    host, whose collectives do not overlap at all)."""
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name})"
+        share = self.comm_compute_share
+        if not isinstance(share, int | float) or isinstance(share, bool) or not 0 <= share < 1:
+            raise ValueError(f"{owner}.comm_compute_share={share!r}: must be in [0, 1)")
         if not isinstance(self.sms, int) or isinstance(self.sms, bool) or self.sms < 0:
             raise ValueError(f"{owner}.sms={self.sms!r}: must be an integer ≥ 0")
         if not isinstance(self.devices_per_node, int) or self.devices_per_node < 1:

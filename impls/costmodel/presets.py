@@ -44,6 +44,19 @@ _WAVES = ("NVIDIA Matrix Multiplication Background User's Guide §3.2 wave quant
           "256×128 tiles (§2.3), scaled by the large-GEMM efficiency")  # fmt: skip
 _NCCL_LAT = "NCCL src/graph/tuning.cc hwLatencies, ring LL128 (commit 5067397)"
 _KERNEL = "assumption: 4 µs launch + tail per kernel (no published figure used)"
+_NCCL_SMS = (
+    "NVIDIA/nccl issue #689, the NCCL maintainer: 'If you have a PCI system with a single "
+    "NIC ... it should just launch 2 SMs. If you are on DGX with 8 NICs ... it would use 16 "
+    "SMs', and 'NCCL CTAs won't share an SM with compute kernels': 2 SMs per NIC of the node"
+)
+
+
+def _nccl_share(nics: int, sms: int) -> float:
+    """The share of a device's SMs that one NCCL collective holds while it runs: 2 per NIC
+    of the node (the NCCL maintainer's two data points, `_NCCL_SMS`)."""
+    return 2 * nics / sms
+
+
 _FA2 = "Dao 2023, FlashAttention-2 (arXiv 2307.08691)"
 _FA3 = "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608)"
 _FA2_H100 = ((512, 191, 214), (1024, 260, 260), (2048, 298, 291), (4096, 319, 310),
@@ -78,6 +91,7 @@ def _a100(memory_gb: int, bandwidth: float) -> Hardware:
         # MAMF: 267.9 of 312 TFLOP/s (85.9 %) at 6912 × 16384 × 2048.
         gemm_efficiency=_wave_table(108, 2.0 * 6912 * 16384 * 2048, 0.859),
         sms=108,
+        comm_compute_share=_nccl_share(nics=8, sms=108),
         # A100 80GB: a large copy at 1490 of 2039 GB/s (chsasank/device-benchmarks).
         elementwise_efficiency=0.73,
         kernel_overhead_s=4e-6,
@@ -101,6 +115,7 @@ def _a100(memory_gb: int, bandwidth: float) -> Hardware:
             f"small GEMMs: {_WAVES}, 108 SMs (A100 whitepaper)",
             "elementwise_efficiency": f"{_SQUARE}: A100 80GB copy 1490 of 2039 GB/s",
             "kernel_overhead_s": _KERNEL,
+            "comm_compute_share": f"{_NCCL_SMS}; 8 HDR HCAs per node, 108 SMs",
             "attention_efficiency": f"{_FA2}, §1: 'reaching up to 73% of the theoretical max "
             "throughput in the forward pass, and up to 63% of the theoretical max throughput "
             "in the backward pass' (A100 80GB SXM4, §4.1); the best of its sweep over "
@@ -136,6 +151,7 @@ def _h100() -> Hardware:
         fp8_gemm_efficiency=_wave_table(132, 2.0 * 1024 * 9216 * 14336, 1402.6 / 1979),
         elementwise_efficiency=0.815,
         kernel_overhead_s=4e-6,
+        comm_compute_share=_nccl_share(nics=8, sms=132),
         attention_efficiency=tuple((s, fwd / 989, bwd / 989) for s, fwd, bwd in _FA2_H100),
         sources={
             "peak_flops": "NVIDIA H100 Tensor Core GPU datasheet, SXM5 (dense = half the "
@@ -154,6 +170,10 @@ def _h100() -> Hardware:
             "fp8_gemm_efficiency": f"{_MAMF}, its FP8 (float8_e4m3fn) table: H100 SXM "
             "1402.6/1979 = 70.9 % at 1024×9216×14336 (torch 2.7.0+cu126); small GEMMs: "
             f"{_WAVES}, 132 SMs",
+            "comm_compute_share": f"{_NCCL_SMS}; 8 NDR HCAs per node, 132 SMs. A user's "
+            "H100 profile shows ncclAllGather on 24 blocks beside an FSDP GEMM (NVIDIA "
+            "developer forum, 'Compute-communication overlap causes severe GEMM performance "
+            "degradation because of tail effect'): the share may be larger than this",
             "elementwise_efficiency": f"{_SQUARE}: H100 PCIe copy 1630 of 2000 GB/s, "
             "assumption: the same fraction on SXM5",
             "kernel_overhead_s": _KERNEL,
@@ -170,7 +190,7 @@ def _h100() -> Hardware:
 
 
 def _v100(name: str, *, memory_gb: int, per_node: int, intra_bw: float, inter_bw: float,
-          notes: dict[str, str]) -> Hardware:  # fmt: skip
+          nics: int, notes: dict[str, str]) -> Hardware:  # fmt: skip
     return Hardware(
         name=name,
         devices_per_node=per_node,
@@ -182,6 +202,7 @@ def _v100(name: str, *, memory_gb: int, per_node: int, intra_bw: float, inter_bw
         # Best square fp16 matmul 84 of 125 TFLOP/s (sizes up to 6888).
         gemm_efficiency=_wave_table(80, 2.0 * 6888**3, 84 / 125),
         sms=80,
+        comm_compute_share=_nccl_share(nics=nics, sms=80),
         elementwise_efficiency=766 / 900,
         kernel_overhead_s=4e-6,
         sources={
@@ -197,6 +218,7 @@ def _v100(name: str, *, memory_gb: int, per_node: int, intra_bw: float, inter_bw
             "V100 benchmark is used; attention='flash' is priced as its GEMMs (assumption)",
             "elementwise_efficiency": f"{_SQUARE}: V100 32GB copy 766 of 900 GB/s",
             "kernel_overhead_s": _KERNEL,
+            "comm_compute_share": f"{_NCCL_SMS}; {nics} EDR HCAs per node, 80 SMs",
             **notes,
         },
     )
@@ -212,6 +234,7 @@ HARDWARE: dict[str, Hardware] = {
         per_node=8,
         intra_bw=150 * GB,
         inter_bw=50 * GB / 8,
+        nics=4,
         notes={
             "intra.bandwidth": "NVLink 2.0: 25 GB/s per link and direction (Alibaba Cloud ACK "
             "'topology-aware GPU scheduling'), 6 links per V100 = 150 GB/s; assumption: a "
@@ -226,6 +249,7 @@ HARDWARE: dict[str, Hardware] = {
         per_node=6,
         intra_bw=50 * GB,
         inter_bw=25 * GB / 6,
+        nics=2,
         notes={
             "devices_per_node": "OLCF Summit: 6 V100 16GB per node (as stated in the issue "
             "brief; the OLCF user guide was not re-read here)",

@@ -118,10 +118,13 @@ def run_plan(run: PublishedRun) -> ParallelPlan:
 
 
 def run_hardware(run: PublishedRun) -> Hardware:
-    """The run's cluster preset, with the node size the run states."""
+    """The run's cluster preset, with the node size and the node's network the run states."""
     hw = hardware(run.hardware)
     if run.gpus_per_node != hw.devices_per_node:
         hw = replace(hw, devices_per_node=run.gpus_per_node)
+    if run.node_network_gbps is not None:
+        per_gpu = run.node_network_gbps * 1e9 / 8 / run.gpus_per_node
+        hw = replace(hw, inter=replace(hw.inter, bandwidth=per_gpu))
     return hw
 
 

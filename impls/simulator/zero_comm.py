@@ -32,7 +32,10 @@ transfer is never hidden and each later one hides only under one unit of compute
 
 (at most units · ℓ, the whole transfer). With ℓ below a unit's compute only the first unit
 is exposed; with ℓ above it the link is the bottleneck and the compute hides (units − 1)
-of its units. On hardware whose collectives block the computing thread
+of its units. A hidden collective is not free: NCCL's thread blocks hold whole SMs
+that no compute kernel shares (NVIDIA/nccl issue #689), so the compute beside it runs on
+the rest, and each hidden second costs `Hardware.comm_compute_share` of a second of
+compute (16 of the A100's 108 SMs on a DGX with 8 NICs). On hardware whose collectives block the computing thread
 (`Hardware.comm_overlap` False) nothing hides: the whole transfer is exposed, and each
 meeting of the ranks after compute adds `Hardware.collective_meeting_s` (the first rank to
 arrive waits for the last; calls issued back to back meet once). Meetings, as
@@ -86,9 +89,10 @@ Transfer = tuple[str, float]
 
 def exposed(transfers: tuple[Transfer, ...], plan: ParallelPlan, hw: Hardware, window: float,
             collectives: int = 1, meetings: int = 1) -> float:  # fmt: skip
-    """Seconds of `transfers`, sharing the rank's link, left after `window` seconds of
-    compute: each kind sent as `collectives` equal calls, pipelined one unit ahead of the
-    compute (module docstring); `meetings` of the calls meet the ranks after compute."""
+    """Seconds `transfers`, sharing the rank's link, add to `window` seconds of compute:
+    the part left exposed (each kind sent as `collectives` equal calls, pipelined one unit
+    ahead of the compute, module docstring) plus the compute the hidden part slows;
+    `meetings` of the calls meet the ranks after compute."""
     size, stride = dp_group(plan)
     transfers = tuple((kind, nbytes) for kind, nbytes in transfers if nbytes > 0)
     if size == 1 or not transfers:
@@ -99,7 +103,9 @@ def exposed(transfers: tuple[Transfer, ...], plan: ParallelPlan, hw: Hardware, w
     if not hw.comm_overlap:
         return total + meetings * hw.collective_meeting_s
     hidden_under = window / collectives
-    return min(total, per_unit + (collectives - 1) * max(0.0, per_unit - hidden_under))
+    left = min(total, per_unit + (collectives - 1) * max(0.0, per_unit - hidden_under))
+    # The compute that the hidden part runs beside loses the collective's SMs meanwhile.
+    return left + (total - left) * hw.comm_compute_share
 
 
 def bucketed(

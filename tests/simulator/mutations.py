@@ -158,6 +158,10 @@ def _plateau(hw):
     return replace(hw, **changes)
 
 
+def _collectives_take_no_sms(hw):
+    return replace(hw, comm_compute_share=0.0) if hw.comm_compute_share else None
+
+
 def _sparse_peak(hw):
     return replace(hw, peak_flops={dtype: 2 * flops for dtype, flops in hw.peak_flops.items()})
 
@@ -218,6 +222,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("gemm_plateau_every_shape",
              "every GEMM at the large-GEMM plateau (no wave-quantisation roll-off)",
              lambda: _presets(_plateau)),
+    Mutation("hidden_collectives_free",
+             "a collective hidden under compute takes none of the SMs the compute runs on",
+             lambda: _presets(_collectives_take_no_sms)),
     Mutation("sparse_peak_flops",
              "peak FLOP/s read from the datasheet's sparsity figures (2× the dense peak)",
              lambda: _presets(_sparse_peak)),

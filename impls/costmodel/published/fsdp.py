@@ -19,7 +19,8 @@ __all__ = ["FSDP_RUNS"]
 def _fsdp(name: str, *, model: str, hardware: str, gpus: int, mbs: int, gbs: int, seq: int,
           recompute: str, source: str, origin: str, notes: str, tokens: float,
           mfu: float | None = None, hfu: float | None = None,
-          assumed: tuple[str, ...] = ()) -> PublishedRun:  # fmt: skip
+          assumed: tuple[str, ...] = (), node_network_gbps: float | None = None,
+          ) -> PublishedRun:  # fmt: skip
     """One FSDP FULL_SHARD row: every GPU a data-parallel rank holding 1/N of the states."""
     return PublishedRun(
         name=name, model=model, hardware=hardware, gpus=gpus, gpus_per_node=8, dp=gpus,
@@ -27,6 +28,7 @@ def _fsdp(name: str, *, model: str, hardware: str, gpus: int, mbs: int, gbs: int
         seq_len=seq, schedule="1f1b", virtual_stages=1, recompute=recompute, dtype="bf16",
         flops_convention="model_6n", source=source, origin=origin, notes=notes,
         tokens_per_s_per_gpu=tokens, mfu=mfu, hfu=hfu, attention="flash", assumed=assumed,
+        node_network_gbps=node_network_gbps,
     )  # fmt: skip
 
 
@@ -135,19 +137,22 @@ _FMS_NOTES = (
     "0.32, 70B 0.50 / 0.34 on A100 / H100 '80G') follows 'NanoGPT and PaLM' without stating "
     "N; 6·N + 12·l·h·s with our N gives 0.50 / 0.53 on A100 from these rates, so tokens/s "
     "is the row's metric. H100 SXM is assumed (the table says 'H100 80G'); eight GPUs per "
-    "node is assumed."
+    "node is assumed. '400Gbps' / '800 Gbps' is read as each node's network, shared by its "
+    "eight GPUs (a DGX gives each A100 200 Gb/s and each H100 400 Gb/s of its own, so a "
+    "per-GPU reading would exceed the node's NICs); the NCCL SM share stays the preset's."
 )
 
 
 def _fms(size: str, hardware: str, gpus: int, tokens: float) -> PublishedRun:
     gpu = "a100" if hardware.startswith("a100") else "h100"
-    assumed = ("global_batch", "seq_len", "gpus_per_node")
+    assumed = ("global_batch", "seq_len", "gpus_per_node", "node_network_gbps")
     if gpu == "h100":
         assumed += ("hardware",)
     return _fsdp(
         f"fms_fsdp_llama2_{size}_{gpu}_{gpus}", model=f"llama2_{size}", hardware=hardware,
         gpus=gpus, mbs=2, gbs=2 * gpus, seq=4096, recompute="full", source=_FMS,
         origin="fms_fsdp", notes=_FMS_NOTES, tokens=tokens, assumed=assumed,
+        node_network_gbps=400 if gpu == "a100" else 800,
     )  # fmt: skip
 
 

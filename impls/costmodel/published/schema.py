@@ -81,6 +81,10 @@ class PublishedRun:
     the first stage and the LM head on the last); `equal`: blocks sliced evenly."""
     cp: int = 1
     """Context-parallel degree (NeMo's CP column); gpus = dp·cp·tp·pp."""
+    node_network_gbps: float | None = None
+    """The inter-node network of one node as the source states it (Gb/s, all its NICs),
+    where that is not the preset's; shared evenly by the node's GPUs. None: the preset's
+    per-GPU NIC."""
     assumed: tuple[str, ...] = ()
     """Fields whose value is not published: chosen here, explained in `notes`."""
 
@@ -98,6 +102,10 @@ class PublishedRun:
             raise ValueError(f"PublishedRun.cp={self.cp!r}: must be an integer ≥ 1")
         if self.seq_len % self.cp:
             raise ValueError(f"{self.name}: cp={self.cp} does not divide seq_len={self.seq_len}")
+        gbps = self.node_network_gbps
+        if gbps is not None and (isinstance(gbps, bool) or not isinstance(gbps, int | float)
+                                 or not 0 < gbps < float("inf")):  # fmt: skip
+            raise ValueError(f"{self.name}: node_network_gbps={gbps!r} must be > 0 or None")
         if not self.origin:
             raise ValueError(f"{self.name}: origin must name the source family")
         if self.dp * self.cp * self.tp * self.pp != self.gpus:
