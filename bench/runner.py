@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from bench.config import CLUSTER_KINDS
 from bench.experiments.base import Cell, Experiment
 from bench.launch import RankFailure, RankPool
 from bench.results import ResultStore, run_metadata, settings_hash
@@ -36,8 +37,6 @@ from bench.wandb_log import WandbLogger
 __all__ = ["run_experiment"]
 
 log = logging.getLogger("bench")
-
-CLUSTER_KINDS = ("local", "torchrun", "slurm")
 
 
 def run_experiment(

@@ -18,22 +18,22 @@ On CUDA a timed step ends with `torch.cuda.synchronize()`, so a window's clock s
 when its kernels have run; `per_call` kernels run back to back before it (the launch
 probe: the rate at which the host issues kernels, not a synchronisation's round trip).
 
-`fit_ring` turns a ring all-reduce timed at several sizes (`bench.kit.collectives`) into
-a link's (α, β): the one α–β fit for such rows (moved here from `planner_validation`).
+`fit_ring` (re-exported from `impls.costmodel.fit`, the one α–β fit) turns a ring
+all-reduce timed at several sizes (`bench.kit.collectives`) into a link's (α, β).
 """
 
 from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import torch
 
 from bench.kit.timing import alternate, calibrate_iters
+from impls.costmodel.fit import fit_ring
 
 __all__ = ["GEMM_DTYPES", "TOLERANCE", "Step", "copy_step", "device_name", "device_memory_bytes", "fit_ring",
            "gemm_step", "launch_step", "resolve_device", "timed"]  # fmt: skip
@@ -162,39 +162,3 @@ def timed(fn: Callable[[], Any], *, device: str, warmup: int, repeats: int, wind
                        iters={"step": iters})["step"]  # fmt: skip
     return {"seconds": timing.median / per_call, "fastest_s": min(timing.seconds) / per_call,
             "iters": iters * per_call}  # fmt: skip
-
-
-def fit_ring(n: int, sizes: Sequence[float], times: Sequence[float], *,
-             robust: bool = True) -> tuple[float, float]:  # fmt: skip
-    """(α s per round, β s per byte) of a ring all-reduce on `n` ranks, fitted to its
-    times at ≥ 2 message sizes, on relative error (each time weighted by 1/t, so the small
-    messages that set α count as much as the large ones that set β), α, β > 0.
-
-    A ring all-reduce of M bytes is 2(n − 1) rounds carrying 2(n − 1)/n · M bytes per rank
-    (`impls.costmodel.comm`). `robust` (the default) minimises the sum of absolute
-    relative errors, a median regression (`scipy.optimize.linprog`); otherwise least
-    squares. On a shared host a size timed in another phase of it is an outlier: one such
-    cell at f26124e moved the least-squares α by a third, the median regression's not at
-    all (planner_validation's links, issue 14)."""
-    m, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
-    if n < 2 or len(set(m)) < 2 or not (np.all(np.isfinite(t)) and np.all(t > 0)):
-        raise ValueError(f"a ring fit needs N ≥ 2 and positive times at ≥ 2 sizes; got N={n}, "
-                         f"sizes={list(m)}, times={list(t)}")  # fmt: skip
-    design = np.stack([np.full_like(m, 2.0 * (n - 1)), 2.0 * (n - 1) / n * m], axis=1)
-    design /= t[:, None]
-    if not robust:
-        (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
-        return max(float(alpha), 1e-9), max(float(beta), 1e-15)
-    from scipy.optimize import linprog
-
-    scale = design.max(axis=0)  # unknowns of order 1: α and β differ by 10⁶
-    k = len(t)
-    # minimise Σ eᵢ over (x, e) ≥ 0 with −eᵢ ≤ (design · x)ᵢ − 1 ≤ eᵢ
-    a_ub = np.block([[design / scale, -np.eye(k)], [-design / scale, -np.eye(k)]])
-    b_ub = np.concatenate([np.ones(k), -np.ones(k)])
-    cost = np.concatenate([np.zeros(2), np.ones(k)])
-    solved = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
-    if not solved.success:
-        raise RuntimeError(f"the ring fit on N={n} did not solve: {solved.message}")
-    alpha, beta = solved.x[:2] / scale
-    return max(float(alpha), 1e-9), max(float(beta), 1e-15)

@@ -32,6 +32,9 @@ Anything not found in a published source is marked "assumption: …" in `sources
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
+from typing import Any
 
 from impls.costmodel.hardware import Hardware, Link
 
@@ -279,49 +282,40 @@ def hardware(name: str, key: str = "hardware") -> Hardware:
     return HARDWARE[name]
 
 
-def host_hardware(
-    *,
-    gemm_efficiency: tuple[tuple[float, float], ...],
-    peak_flops: dict[str, float],
-    memory_bandwidth: float,
-    link_alpha_s: float,
-    link_bandwidth: float,
-    cores: int,
-    ranks: int,
-    memory_bytes: float | None = None,
-) -> Hardware:
-    """This CPU host as a `Hardware` of `ranks` devices, from measurements.
+def host_hardware(cal: Mapping[str, Any], link: tuple[float, float], rate: float = 1.0, *,
+                  overhead_s: float | None = None, p2p_blocking: bool = False,
+                  action_overhead_s: float = 0.0, meeting_s: float = 0.0) -> Hardware:  # fmt: skip
+    """A CPU host calibrated by microbenchmarks as the simulator's `Hardware`.
 
-    `peak_flops` and `memory_bandwidth` are what the whole host measured with `cores`
-    threads. With ranks ≤ cores each rank has cores // ranks threads of its own, so a rank
-    gets (cores // ranks) / cores of the host; with more ranks than cores they time-share,
-    each getting 1/ranks. Every rank sits on one node (devices_per_node = ranks) joined by
-    one loopback link, intra = inter; the copy bandwidth is already achieved, so
-    elementwise_efficiency = 1.
-    """
-    for key, value in (("cores", cores), ("ranks", ranks)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{key}={value!r}: must be an integer ≥ 1")
-    share = (cores // ranks) / cores if ranks <= cores else 1.0 / ranks
-    wire = Link(name="loopback", alpha_s=link_alpha_s, bandwidth=link_bandwidth)
-    memory = memory_bytes
-    if memory is None:
-        import os
-
-        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / ranks
+    `cal` holds what was measured: `peak_fp32_flops`, `peak_bf16_flops`,
+    `memory_bandwidth` (bytes/s), `gemm_table` ((FLOPs, fraction of peak) points) and
+    `kernel_overhead_s`; `link` the loopback's fitted (α s, β s/B)
+    (`impls.costmodel.fit`). FLOP/s and bandwidth are scaled by `rate` (a rank's share of
+    the host), `overhead_s` replaces the measured per-kernel overhead (None keeps it).
+    Every rank sits on this one host, so the intra link serves throughout; collectives
+    block the rank's one computing thread (`comm_overlap` False); with `p2p_blocking` a
+    pipeline send holds its rank (the wall clock), else it is a latency (a replay);
+    `meeting_s` is paid per meeting of the ranks at a collective after compute."""
+    alpha, beta = link
+    wire = Link(name="loopback (gloo)", alpha_s=alpha, bandwidth=1.0 / beta)
+    overhead = cal["kernel_overhead_s"] if overhead_s is None else overhead_s
     return Hardware(
-        name=f"this host: {ranks} rank(s) on {cores} core(s), {share:.3g} of it each",
-        devices_per_node=ranks,
-        peak_flops={dtype: flops * share for dtype, flops in peak_flops.items()},
-        memory_bytes=memory,
-        memory_bandwidth=memory_bandwidth * share,
+        name=f"this host, rate {rate:.3g} of one thread",
+        devices_per_node=1 << 20,
+        peak_flops={
+            "fp32": cal["peak_fp32_flops"] * rate,
+            "bf16": cal["peak_bf16_flops"] * rate,
+        },  # fmt: skip
+        memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+        memory_bandwidth=cal["memory_bandwidth"] * rate,
         intra=wire,
         inter=wire,
-        gemm_efficiency=tuple(sorted(gemm_efficiency)),
-        elementwise_efficiency=1.0,
-        sources={
-            "all": "measured on this host (impls.costmodel.calibrate or the caller)",
-            "share": "a rank's share of the host: (cores // ranks) / cores, or 1/ranks when "
-            "ranks > cores (time-shared)",
-        },
+        gemm_efficiency=tuple(sorted(cal["gemm_table"])),
+        elementwise_efficiency=1.0,  # the copy's achieved bandwidth is already the rate
+        kernel_overhead_s=overhead,
+        action_overhead_s=action_overhead_s,
+        collective_meeting_s=meeting_s,
+        comm_overlap=False,
+        p2p_blocking=p2p_blocking,
+        sources={"all": "measured on this host in this run (microbenchmarks of the caller)"},
     )

@@ -56,21 +56,16 @@ def test_unknown_name_is_refused_with_the_choices():
         hardware("tpu")
 
 
-def test_host_hardware_shares_the_host():
-    common = dict(gemm_efficiency=((1e9, 0.5), (1e6, 0.1)), peak_flops={"fp32": 100e9},
-                  memory_bandwidth=10e9, link_alpha_s=1e-5, link_bandwidth=1e9, cores=4,
-                  memory_bytes=8e9)  # fmt: skip
-    two = host_hardware(ranks=2, **common)  # 2 threads each of 4
-    assert two.peak("fp32") == pytest.approx(50e9)
-    assert two.memory_bandwidth == pytest.approx(5e9)
-    assert two.devices_per_node == 2 and two.intra is two.inter
-    assert two.gemm_efficiency == ((1e6, 0.1), (1e9, 0.5))  # sorted
-    three = host_hardware(ranks=3, **common)  # 1 thread each, one core idle
-    assert three.peak("fp32") == pytest.approx(25e9)
-    eight = host_hardware(ranks=8, **common)  # time-shared: 1/8 each
-    assert eight.peak("fp32") == pytest.approx(12.5e9)
-    with pytest.raises(ValueError, match="ranks=0"):
-        host_hardware(ranks=0, **common)
+def test_host_hardware_from_a_calibration():
+    cal = {"peak_fp32_flops": 100e9, "peak_bf16_flops": 50e9, "memory_bandwidth": 10e9,
+           "gemm_table": ((1e9, 0.5), (1e6, 0.1)), "kernel_overhead_s": 2e-6}  # fmt: skip
+    hw = host_hardware(cal, (1e-5, 1e-9), 0.5)
+    assert hw.peak("fp32") == pytest.approx(50e9) and hw.peak("bf16") == pytest.approx(25e9)
+    assert hw.memory_bandwidth == pytest.approx(5e9)
+    assert hw.intra is hw.inter and hw.intra.bandwidth == pytest.approx(1e9)
+    assert hw.gemm_efficiency == ((1e6, 0.1), (1e9, 0.5))  # sorted
+    assert hw.kernel_overhead_s == 2e-6 and not hw.comm_overlap
+    assert host_hardware(cal, (1e-5, 1e-9), overhead_s=0.0).kernel_overhead_s == 0.0
 
 
 @pytest.mark.parametrize("key", ["kernel_overhead_s", "action_overhead_s", "collective_meeting_s"])

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from impls.costmodel import fit as link_fit
+
 __all__ = [
     "GROWTH_ORDERS",
     "AlphaBetaFit",
@@ -217,23 +219,6 @@ class AlphaBetaFit:
         )
 
 
-def _nonnegative_lstsq(design: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0, by trying each active set (two unknowns)."""
-    n_coef = design.shape[1]
-    best_coef, best_sse = np.zeros(n_coef), float(np.sum(target**2))
-    for mask in range(1, 2**n_coef):
-        active = [i for i in range(n_coef) if mask >> i & 1]
-        sub, *_ = np.linalg.lstsq(design[:, active], target, rcond=None)
-        if np.any(sub < 0):
-            continue
-        coef = np.zeros(n_coef)
-        coef[active] = sub
-        sse = float(np.sum((design @ coef - target) ** 2))
-        if sse < best_sse:
-            best_coef, best_sse = coef, sse
-    return best_coef
-
-
 def _alpha_beta_rows(df: pd.DataFrame) -> pd.DataFrame:
     rows = df[df["algorithm"] != "torch"]
     if "status" in rows:
@@ -250,10 +235,8 @@ def _fit_rows(rows: pd.DataFrame, scope: str) -> AlphaBetaFit:
         raise ValueError(f"α–β fit for {scope} needs >= 2 ok rows, got {len(rows)}")
     time = rows["time_s"].to_numpy(float)
     design = rows[["rounds", "peak_bytes"]].to_numpy(float)
-    # Relative weighting: times span 4 KiB to 64 MiB messages, and an unweighted fit would
-    # explain only the largest ones.
-    weight = 1.0 / time
-    alpha, beta = _nonnegative_lstsq(design * weight[:, None], time * weight)
+    # On relative error (`impls.costmodel.fit`): times span 4 KiB to 64 MiB messages.
+    alpha, beta = link_fit.fit_alpha_beta(design[:, 0], design[:, 1], time, "least_squares")
     predicted = design @ np.array([alpha, beta])
     total = float(np.sum((time - time.mean()) ** 2))
     r2 = 1.0 - float(np.sum((time - predicted) ** 2)) / total if total > 0 else float("nan")

@@ -87,6 +87,7 @@ from bench.experiments.planner_validation.rounds import PROBE, REFERENCE, REFERE
 from bench.kit.meeting import measure as measure_meeting
 from bench.kit.workloads import reference_step
 from impls.costmodel.comm import allreduce_rounds
+from impls.costmodel.presets import host_hardware
 
 __all__ = ["MEETING_RANKS", "REFERENCE", "REFERENCE_MICRO", "RUNTIMES", "STATISTICS",
            "action_overhead", "calibrate", "collective_meeting", "fit_for", "fit_reference",
@@ -246,42 +247,6 @@ def tp_call_work(cfg: Any, tp: int, numel: int) -> float:
         probed = pool_probes.measure(tp, [numel], timeout_s=cfg.timeout_s)
         _TP_CALLS[key] = probed["tp_call_cpu_s"][numel]
     return _TP_CALLS[key]
-
-
-def host_hardware(cal: dict[str, Any], link: tuple[float, float], rate: float = 1.0, *,
-                  overhead_s: float | None = None, p2p_blocking: bool = False,
-                  action_overhead_s: float = 0.0, meeting_s: float = 0.0) -> Any:  # fmt: skip
-    """The calibrated host as the simulator's `Hardware`: the microbenchmarks' FLOP/s and
-    bandwidth × `rate`, `overhead_s` per kernel (None: the microbenchmark's); with
-    `p2p_blocking`, a pipeline send holds its rank (the wall clock: the executor waits out
-    each round on the rank's one thread), else it is a latency (a replay's convention);
-    `meeting_s` per meeting of the ranks at a collective after compute."""
-    from impls.costmodel.hardware import Hardware, Link
-
-    alpha, beta = link
-    wire = Link(name="loopback (gloo)", alpha_s=alpha, bandwidth=1.0 / beta)
-    # this repo's collectives are blocking calls on the rank's one computing thread
-    overhead = cal["kernel_overhead_s"] if overhead_s is None else overhead_s
-    return Hardware(
-        name=f"this host, rate {rate:.3g} of one thread",
-        devices_per_node=1 << 20,  # every rank on this one host: the intra link throughout
-        peak_flops={
-            "fp32": cal["peak_fp32_flops"] * rate,
-            "bf16": cal["peak_bf16_flops"] * rate,
-        },  # fmt: skip
-        memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
-        memory_bandwidth=cal["memory_bandwidth"] * rate,
-        intra=wire,
-        inter=wire,
-        gemm_efficiency=tuple(sorted(cal["gemm_table"])),
-        elementwise_efficiency=1.0,  # the copy's achieved bandwidth is already the rate
-        kernel_overhead_s=overhead,
-        action_overhead_s=action_overhead_s,
-        collective_meeting_s=meeting_s,
-        comm_overlap=False,
-        p2p_blocking=p2p_blocking,
-        sources={"all": "measured on this host in this run (planner_validation.calibration)"},
-    )
 
 
 def _reference_timings(micro: int, dtype: str, repeats: int) -> list[float]:
