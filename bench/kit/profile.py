@@ -173,9 +173,8 @@ def fit_ring(n: int, sizes: Sequence[float], times: Sequence[float], *,
     A ring all-reduce of M bytes is 2(n − 1) rounds carrying 2(n − 1)/n · M bytes per rank
     (`impls.costmodel.comm`). `robust` (the default) minimises the sum of absolute
     relative errors, a median regression (`scipy.optimize.linprog`); otherwise least
-    squares. On a shared host a size timed in another phase of it is an outlier: one such
-    cell at f26124e moved the least-squares α by a third, the median regression's not at
-    all (planner_validation's links, issue 14)."""
+    squares. On a shared host a size timed in another phase of it is an outlier, which drags
+    a least-squares α far more than a median regression's (planner_validation's links)."""
     m, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
     if n < 2 or len(set(m)) < 2 or not (np.all(np.isfinite(t)) and np.all(t > 0)):
         raise ValueError(f"a ring fit needs N ≥ 2 and positive times at ≥ 2 sizes; got N={n}, "
