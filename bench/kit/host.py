@@ -8,11 +8,10 @@
   step on shared cores, a transfer mostly measures the wait for a descheduled peer; so
   each pair of neighbouring ranks takes turns while the others wait at a barrier, and
   keeps its *fastest* trial: on shared cores a slower one is one where a peer was
-  descheduled, the interference such a replay sets out to remove (the median moved
-  0.1–2 ms between runs on 2 busy cores; the fastest stayed within 0.1–0.3 ms).
+  descheduled, the interference such a replay sets out to remove (on busy shared cores
+  the median swings between runs; the fastest is steady).
 - `host_probe`: how fast this host runs right now. A shared host drifts between fast and
-  slow phases lasting seconds to minutes (a reference step's median moved by 5–15%
-  between runs an hour apart here); a prediction calibrated at one time and compared
+  slow phases lasting seconds to minutes; a prediction calibrated at one time and compared
   with a measurement taken at another reads that drift as its own error. The runner
   times the probe between cells of an experiment that asks for it
   (`Experiment.host_probe`), and `planner_validation` times it again where it calibrates.

@@ -15,11 +15,11 @@ three sides every six rounds):
 
 What one call costs after compute is, per round, meeting − segment (the slowest rank's
 time of each loop), and the median over the rounds (`after_compute_s`); the same call back
-to back is `call_s`. On this host the first was 1.9–3.0 ms in four probes, whether the back
-to back call took 0.1 ms (the host's fast phases) or 1.7–2.2 ms (its slow ones): what a
-link fitted to back-to-back calls leaves out is after_compute_s less that link's price of
-the call (`planner_validation` prices it as `Hardware.collective_meeting_s`). The rounds
-are short and take turns, so the host's drift between phases hits the three loops alike.
+to back is `call_s`. On a shared host the first stays high in the host's fast phases and
+slow ones alike, while the second swings with them: what a link fitted to back-to-back
+calls leaves out is after_compute_s less that link's price of the call (`planner_validation`
+prices it as `Hardware.collective_meeting_s`). The rounds are short and take turns, so the
+host's drift between phases hits the three loops alike.
 
 `measure` runs the probe on a fresh pool in a child interpreter (`python -m
 bench.kit.meeting`): a rank of another pool is a daemonic process, which may not start

@@ -5,7 +5,6 @@ metadata as a sentence, and files written atomically."""
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import tempfile
@@ -20,10 +19,8 @@ from bench.results import MEASURED
 
 __all__ = [
     "METADATA_COLUMNS",
-    "failed_cells_markdown",
     "failed_rows",
     "failures_list",
-    "figure_row",
     "format_bytes",
     "format_count",
     "format_percent",
@@ -36,7 +33,6 @@ __all__ = [
     "ok_rows",
     "run_context",
     "to_jsonable",
-    "write_headline",
     "write_bytes_atomic",
     "write_text_atomic",
 ]
@@ -130,15 +126,6 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
-def failed_cells_markdown(failures: list[dict[str, Any]]) -> str:
-    """A "Failed cells (k)" subsection listing each failed cell's keys and error."""
-    table = pd.DataFrame(failures)
-    if "message_bytes" in table:
-        table["message_bytes"] = table["message_bytes"].map(format_bytes)
-    listing = markdown_table(table) if failures else "No failed cells."
-    return f"### Failed cells ({len(failures)})\n\n{listing}\n"
-
-
 def metadata_summary(df: pd.DataFrame) -> dict[str, str]:
     """Each metadata column's distinct values, joined; "unknown" where the column is absent."""
     summary = {}
@@ -193,11 +180,6 @@ def markdown_table(df: pd.DataFrame, *, numparse: bool = True) -> str:
     return escaped.to_markdown(index=False, disable_numparse=not numparse)
 
 
-def figure_row(figure: str, theory: str, source: str, measured: str, gap: str) -> dict[str, str]:
-    """One row of the headline table that `reports/README.md` collects."""
-    return {"figure": figure, "theory": theory, "source": source, "measured": measured, "gap": gap}
-
-
 def to_jsonable(value: Any) -> Any:
     """numpy scalars to Python, NaN/inf to None, containers recursively."""
     if isinstance(value, Mapping):
@@ -234,9 +216,3 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
-
-def write_headline(report_dir: Path, headline: Mapping[str, Any]) -> Path:
-    path = Path(report_dir) / "headline.json"
-    write_text_atomic(path, json.dumps(to_jsonable(headline), indent=2, ensure_ascii=False) + "\n")
-    return path

@@ -58,8 +58,8 @@ __all__ = [
 ]
 
 # Used when nobody calibrated: this repo's own measurement of its gloo ranks, the
-# machine-wide α–β fit of reports/allreduce_scaling (161 µs per round, 1/β = 1.36 GB/s,
-# commit 6e0c2fe, 2 cores, loopback TCP). On NCCL: the A100 preset's NVLink3 link.
+# machine-wide α–β fit of reports/allreduce_scaling (2 cores, loopback TCP). On NCCL: the
+# A100 preset's NVLink3 link.
 GLOO_LOOPBACK = Link(name="gloo loopback (allreduce_scaling's fit)", alpha_s=161e-6,
                      bandwidth=1.36e9)  # fmt: skip
 DEFAULT_CALIBRATION_SIZES = (4 << 10, 64 << 20)

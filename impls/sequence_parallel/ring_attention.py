@@ -19,7 +19,7 @@ around the ring again, and each block's dK/dV accumulator follows one hop behind
 accumulator for block j, received from r − 1 while this rank computes its own contribution
 to block j, is added afterwards and sent on in the next step; a last hop returns it to its
 owner. Forward moves (P − 1) K/V blocks per rank; backward (P − 1) K/V blocks and P dK/dV
-blocks (see `analytic.ring_attention_traffic`).
+blocks (see `analytic.layer_traffic`).
 
 Uneven sequence lengths are end-padded by `common.shard_sequence`; padded keys come after
 every real query, so the causal mask already hides them.

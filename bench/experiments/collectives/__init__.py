@@ -5,7 +5,7 @@ from scratch on the counted point-to-point layer, timed beside torch.distributed
 the same buffers: algbw, busbw (nccl-tests' bus factors, derived in the report) and
 `wrong` against a known answer.
 
-- `experiment.py`: the config schema, the grid, a cell's row;
+- `config.py`: the config schema; `experiment.py`: the grid, a cell's row;
 - the rank side is `bench.kit.collectives.measure_collective` (shared with
   `allreduce_scaling`);
 - `report.py`: the bus factors, the per-collective tables and the plot.

@@ -7,7 +7,7 @@ degrees N × stages 0–3, all computed by `impls.costmodel.memory` — the mode
 prediction `zero_memory` holds against measured runs; the report reads that experiment's
 `results.csv` to say how well it matched.
 
-- `experiment.py`: the config schema, the grid, a cell's row;
+- `config.py`: the config schema; `experiment.py`: the grid, a cell's row;
 - `ranks.py`: the cost model evaluated at one grid point (on a one-rank pool);
 - `report.py`: the lecture's table, the plots, the comparison with measured runs.
 """

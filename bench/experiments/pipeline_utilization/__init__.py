@@ -2,8 +2,8 @@
 × 4 micro-batches 57%) measured, then every schedule over micro-batch counts, beside
 torch.distributed.pipelining's GPipe / 1F1B / interleaved 1F1B.
 
-- `experiment.py`: the config schema, the grid (each cell's plan built once and carried),
-  the row, and the traces a cell leaves (`artefacts`);
+- `config.py`: the config schema; `experiment.py`: the grid (each cell's plan built once
+  and carried), the row, and the traces a cell leaves (`artefacts`);
 - `names.py`: the schedule names and torch's rules, shared by all three sides;
 - `ranks.py`: what one rank does in a cell (timed steps, profiling steps, reference check);
 - `timeline.py`: a distbench cell's records turned into utilization, spans and traces;

@@ -21,8 +21,8 @@ count a rank runs at).
 
 - the host probe's step (`bench.kit.host.host_probe`: the reference in fp32 at micro-batch
   `PROBE_MICRO`), a fifth configuration of the same rounds; its median over every round is
-  where this run's host stood while it calibrated (one probe window alone moved by ±4%
-  between consecutive windows). The sources' runner timed the same probe around each
+  where this run's host stood while it calibrated (one probe window alone is too noisy
+  to say). The sources' runner timed the same probe around each
   ground-truth row, and a row is predicted on rates scaled by the ratio
   (`ranks.host_slowdown`): a shared host drifts between fast and slow phases, and the
   calibration and the ground truth are measured minutes to hours apart.

@@ -240,9 +240,8 @@ def ground_truth(cfg: PlannerValidationConfig) -> list[dict[str, Any]]:
     """Every ground-truth configuration of `cfg.sources`, with its half (`split`) and the
     link it is priced on (None: this run's own probe, measured by the rank)."""
     root = cfg.root()
-    points = _ring_points(root)
-    rings = {n: fit_ring(n, *p) for n, p in points.items()}
-    squares = {n: fit_ring(n, *p, robust=False) for n, p in points.items()}  # for context
+    rings = ring_links(root)
+    squares = ring_links(root, robust=False)  # for context
     out = []
     for source in cfg.sources:
         rows = _read(root, source)

@@ -3,8 +3,8 @@ holds counted, beside the ZeRO paper's formulas (per-rank model states, 2Î¨ / 3Î
 per step) and torch's DDP, ZeroRedundancyOptimizer and FSDP2 on the same model and ranks,
 timed side by side; distbench's DDP with and without overlap.
 
-- `experiment.py`: the config schema, the grid, a cell's row (with the cost model's
-  prediction beside every measurement);
+- `config.py`: the config schema; `experiment.py`: the grid, a cell's row (with the cost
+  model's prediction beside every measurement);
 - `methods.py`: the methods, their stage and torch twin, and `Plan` (a cell's `carry`);
 - `ranks.py`: what one rank does in a cell (train, check against one process, count, time);
 - `report.py`: the report's memory, traffic and correctness sections and the targets;

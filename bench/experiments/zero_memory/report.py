@@ -57,7 +57,7 @@ TARGETS = (MODEL_STATES, *SPEED_TARGETS)
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """The columns the targets read: |model-state error| (from the bytes, so a row with
-    nothing measured has none) and the step-time ratios (`timing.prepare_ratios`)."""
+    nothing measured has none) and the step-time ratios (`speed.prepare_ratios`)."""
     predicted = numeric(df, "predicted_model_state_bytes")
     error = numeric(df, "model_state_bytes") / predicted.where(predicted > 0) - 1
     df["model_state_abs_error"] = error.abs()
