@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench.config import RUN_KEYS, ClusterConfig, RunConfig, check_host, parse_run
 from bench.experiments import Experiment, experiments
+from bench.presets import follow_preset
 
 __all__ = ["JobFailed", "Plan", "build", "check_launch", "job_restarted", "main", "summary"]
 
@@ -65,14 +66,23 @@ def build(cfg: DictConfig, name: str | None = None) -> Plan:
         allowed = ", ".join(known)
         raise ValueError(f"experiment={name!r} is unknown; allowed values: {allowed}")
     OmegaConf.set_readonly(cfg, True)
-    values = OmegaConf.to_container(cfg, resolve=True)
-    values.pop("hydra", None)  # present when composed with return_hydra_config
+    own = [key for key in cfg if key != "hydra"]  # hydra: composed with return_hydra_config
+    values = OmegaConf.to_container(OmegaConf.masked_copy(cfg, own), resolve=True)
+    follow_preset(values, _choices(cfg), name)
     run = parse_run({key: values.pop(key, None) for key in RUN_KEYS})
     experiment = known[name]
     typed = experiment.parse(values)
     check_launch(typed, run.cluster)
     report_dir = Path(run.report_dir) if run.report_dir else REPO_ROOT / "reports" / name
     return Plan(experiment=experiment, cfg=typed, report_dir=report_dir, run=run)
+
+
+def _choices(cfg: DictConfig) -> dict[str, Any]:
+    """The config groups' chosen options: from the `hydra` node where the config was
+    composed with it, else from the running app's."""
+    if "hydra" in cfg:
+        return dict(cfg.hydra.runtime.choices)
+    return dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
 
 
 def check_launch(typed: Any, cluster: ClusterConfig) -> None:

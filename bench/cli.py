@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import RunConfig
+from bench.presets import check_groups, experiment_groups, normalize, presets_help
 
 __all__ = [
     "KeyHelp",
@@ -36,6 +37,7 @@ __all__ = [
     "field_docs",
     "intercept",
     "main_help",
+    "normalize_argv",
     "run_keys",
     "schema_keys",
     "summaries",
@@ -60,7 +62,12 @@ python -m bench experiment=allreduce_scaling algorithms=[ring,torch] world_sizes
     message_bytes=[1048576] report_dir=/tmp/ar                    # any key can be overridden
 python -m bench -m experiment=collectives world_sizes=[2],[4]     # a Hydra multirun sweep
 python -m bench experiment=collectives resume=true                # skip cells already done
-python -m bench experiment=collectives wandb.mode=online          # offline | online | disabled"""
+python -m bench experiment=collectives wandb.mode=online          # offline | online | disabled
+python -m bench experiment=auto_parallel model=llama2_70b gpus=[512]  # a model preset (model=, hardware=)
+python -m bench experiment=auto_parallel model=llama2_70b model.seq_len=8192 \\
+    hardware=h100_sxm gpus=[512]                                  # a preset's fields, by name
+python -m bench experiment=auto_parallel \\
+    hardware=reports/device_profile/hardware.yaml                 # a preset file device_profile wrote"""
 # Options Hydra answers without the app's config, or with another primary config.
 HYDRA_OWN = {"--hydra-help", "--version", "--info", "-i", "--config-name", "-cn",
              "--config-path", "-cp", "--config-dir", "-cd", "--experimental-rerun"}  # fmt: skip
@@ -274,8 +281,15 @@ def experiment_help(name: str) -> str:
         f"{name}: {experiment.summary}",
         f"keys (profile=ci shrinks the grid: experiments/profile_grid/ci_{name}.yaml):\n"
         + "\n".join(k.render() for k in keys),
+        *([_wrap_presets(presets_help(name))] if experiment_groups(name) else []),
         textwrap.fill(f"run-level keys ({run}): python -m bench --help", WIDTH),
     ])  # fmt: skip
+
+
+def _wrap_presets(text: str) -> str:
+    return "presets (config groups):\n" + "\n".join(
+        textwrap.fill(line, WIDTH, initial_indent="  ", subsequent_indent="      ")
+        for line in text.splitlines())  # fmt: skip
 
 
 def _experiment_override(argv: list[str]) -> str | None:
@@ -302,6 +316,12 @@ def check_experiment(argv: list[str]) -> str | None:
     return None
 
 
+def normalize_argv(argv: list[str]) -> list[str]:
+    """`argv` as Hydra takes it: the experiment's preset spellings `normalize`d."""
+    value = _experiment_override(argv)
+    return normalize(argv, value) if value in experiment_names() else argv
+
+
 def _completion_line(environ: dict[str, str]) -> None:
     """Rewrite `COMP_LINE` so that Hydra's bash completion, which strips `python file.py`
     or `app` from its start, also strips `python -m bench` (else it reads `-m` as
@@ -326,23 +346,26 @@ def _page(text: str) -> None:
 
 
 def intercept(argv: list[str], environ: Any = os.environ) -> None:
-    """Answer `--help` and refuse a missing or unknown experiment (exit status 2) before
-    Hydra sees `argv`; return when Hydra should take the command line as it is."""
+    """Answer `--help` and refuse a missing or unknown experiment, or an unknown preset or
+    preset field (exit status 2), before Hydra sees `argv`; return when Hydra should take
+    the command line (`normalize`d: bench/presets.py)."""
     if COMPLETION & set(argv):
         _completion_line(environ)
         return
     if HYDRA_OWN & {a.split("=", 1)[0] for a in argv}:
         return
+    value, known = _experiment_override(argv), experiment_names()
     if {"--help", "-h"} & set(argv):
-        value = _experiment_override(argv)
         if value is None:
             _page(main_help())
         error = check_experiment(argv)
-        if error is None and value in experiment_names():
+        if error is None and value in known:
             _page(experiment_help(value))
         error = error or "bad config: --help takes one experiment=NAME, not a sweep"
     else:
         error = check_experiment(argv)
+        if error is None:
+            error = check_groups(normalize(argv, value), value) if value in known else None
         if error is None:
             return
     print(error, file=sys.stderr)

@@ -29,6 +29,7 @@ from hydra.errors import HydraException
 from bench.app import CONFIG_DIR, build, summary
 from bench.config import rank_limit
 from bench.experiments import experiments
+from bench.presets import normalize
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Refusing costs one interpreter start (~4 s); generous for a loaded host. A grid that
@@ -54,6 +55,10 @@ CLI_CASES = [
     ("resume_not_a_bool", [AR, "resume=maybe"], 1, ["resume", "maybe", "not a valid bool"]),
     ("torchrun_without_torchrun", [AR, "cluster=torchrun"], 2,
      ["cluster=torchrun", "RANK", "WORLD_SIZE", "MASTER_ADDR"]),
+    ("unknown_model_preset", ["experiment=auto_parallel", "model=gpt5"], 2,
+     ["model='gpt5' is unknown", "allowed values", "gpt3_175b", "llama2_70b"]),
+    ("unknown_model_field", ["experiment=auto_parallel", "model=llama2_7b", "model.width=4"], 2,
+     ["model.width", "model=llama2_7b", "allowed keys", "n_layers", "seq_len"]),
     ("report_dir_is_a_file", [AR, *TINY], 2, ["report_dir"]),
     ("report_dir_of_another_experiment", [AR, *TINY], 2, ["collectives"]),
 ]  # fmt: skip
@@ -263,6 +268,10 @@ BUILD_CASES = {
         (["hardware=/nonexistent/hw.yaml"], ["hardware", "/nonexistent/hw.yaml", "cannot read"]),
         (["gpus=[0]"], ["gpus=[0]"]), (["global_batch=-1"], ["global_batch=[-1]"]),
         (["+model.n_layers=0"], ["model", "n_layers"]), (["+model.width=4"], ["model", "width"]),
+        (["model=llama2_7b", "pp=64", "gpus=[64]"], ["pp=64", "32 layers"]),
+        (["model.seq_len=0"], ["seq_len=0"]), (["model.n_heads=7"], ["n_heads=7"]),
+        (["hardware.devices_per_node=0"], ["hardware=a100_80gb", "devices_per_node"]),
+        (["hardware=h100_sxm", "hardware.intra.bandwidth=-1"], ["hardware=h100_sxm", "bandwidth"]),
         (["schedule=zero_bubble_v"], ["schedule", "zero_bubble_v", "1f1b"]),
         (["recompute=partial"], ["recompute", "partial", "selective"]),
         (["sp=context"], ["sp", "context", "ulysses"]), (["zero_stage=4"], ["zero_stage=4"]),
@@ -368,8 +377,9 @@ def refusal(composer, experiment: str, overrides: list[str], report_dir: Path) -
     composing, 2 for what `build` refuses, 0 if nothing refuses the config."""
     if not any(o.startswith("report_dir=") for o in overrides):
         overrides = [*overrides, f"report_dir={report_dir}"]
+    overrides = normalize([f"experiment={experiment}", *overrides], experiment)  # as the CLI
     try:
-        cfg = composer("config", overrides=[f"experiment={experiment}", *overrides])
+        cfg = composer("config", overrides=overrides, return_hydra_config=True)
     except HydraException as error:
         return 1, f"{error}\n{error.__cause__ or ''}"
     try:

@@ -178,3 +178,21 @@ def test_help_piped_into_head_ends_quietly():
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
                           timeout=60)  # fmt: skip
     assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+
+
+def test_an_experiment_with_presets_lists_them(capsys):
+    from impls.costmodel.models import MODELS
+    from impls.costmodel.presets import HARDWARE
+
+    text = _flat(cli.experiment_help("auto_parallel"))
+    model_line = text.split("model= (default gpt3_175b): ", 1)[1].split(" hardware=", 1)[0]
+    assert model_line.split(", ") == sorted(MODELS)
+    hardware_line = text.split("hardware= (default a100_80gb): ", 1)[1].split(";", 1)[0]
+    assert hardware_line.split(", ") == sorted(HARDWARE)
+    assert "hardware=path/to/hardware.yaml" in text and "model.seq_len=8192" in text
+    assert "presets" not in _flat(cli.experiment_help("collectives"))
+    with pytest.raises(SystemExit) as exit_:  # an unknown preset: one line, status 2
+        cli.intercept(["experiment=auto_parallel", "hardware=h200"], environ={})
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "hardware='h200' is unknown" in err and "h100_sxm" in err

@@ -39,7 +39,7 @@ import yaml
 
 from impls.costmodel.hardware import Hardware
 
-__all__ = ["dump_hardware", "is_hardware_file", "load_hardware", "to_plain"]
+__all__ = ["dump_hardware", "is_hardware_file", "load_hardware", "read_hardware", "to_plain"]
 
 
 def is_hardware_file(name: str) -> bool:
@@ -198,6 +198,12 @@ def load_hardware(path: str | Path) -> Hardware:
         mark = getattr(error, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise ValueError(f"{shown}: not YAML{at}") from None
+    return read_hardware(data, shown)
+
+
+def read_hardware(data: Any, shown: str) -> Hardware:
+    """The `Hardware` a mapping of its fields describes (a preset file's contents, or the
+    `hardware` config group's); ValueError (one line, prefixed with `shown`) naming the key."""
     try:
         return _build(Hardware, data)
     except ValueError as error:

@@ -5,7 +5,7 @@ plotting or report code."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from bench.config import check_choice, check_number, check_positive
@@ -14,19 +14,29 @@ __all__ = ["AXES", "MODEL_FIELDS", "AutoParallelConfig"]
 
 AXES = ("dp", "tp", "pp", "sp", "zero_stage", "microbatch_size", "schedule",
         "virtual_stages", "recompute")  # fmt: skip
-MODEL_FIELDS = ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len", "d_ff", "kv_heads")
+
+
+def _spec_fields() -> tuple[str, ...]:
+    from impls.costmodel.compute import TransformerSpec
+
+    return tuple(f.name for f in fields(TransformerSpec))
+
+
+MODEL_FIELDS = _spec_fields()
+"""What `model.<field>=` overrides: every field of `TransformerSpec`."""
 
 
 @dataclass(kw_only=True)
 class AutoParallelConfig:
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "gpt3_175b"})
-    """The transformer: `preset` (a name of `impls.costmodel.models.MODELS`: gpt3_175b,
-    gpt3_1_3b, llama2_7b, llama2_70b, small_gpt, …) and any of its fields to override
-    (`model.n_layers=48`, `model.seq_len=4096`)."""
-    hardware: str = "a100_80gb"
-    """A cluster preset of `impls.costmodel.presets.HARDWARE` (a100_40gb, a100_80gb,
-    h100_sxm, v100_32gb, …) or a preset file (`path/to/hardware.yaml`, as `device_profile`
-    writes): device, memory, links, each number with its source."""
+    """The transformer: `model=<preset>` (experiments/model/, one file per
+    `impls.costmodel.models.MODELS` entry), then any of its fields overridden by name
+    (`model.seq_len=8192`, `model.n_layers=48`)."""
+    hardware: Any = "a100_80gb"
+    """The cluster: `hardware=<preset>` (experiments/hardware/, one file per
+    `impls.costmodel.presets.HARDWARE` entry; fields override by name, as
+    `hardware.devices_per_node=4`), or a preset file (`hardware=path/to/hardware.yaml`, as
+    `device_profile` writes): device, memory, links, each number with its source."""
     gpus: list[int] = field(default_factory=lambda: [64, 256, 1024])
     """GPU counts to plan for (one search each)."""
     gpus_per_node: int | None = None
@@ -136,13 +146,30 @@ class AutoParallelConfig:
         except ValueError as error:
             raise ValueError(f"model: {error}") from None
 
+    def hardware_name(self) -> str:
+        """What the rows call the hardware: the preset's name, or the file's path."""
+        if isinstance(self.hardware, dict):
+            return str(self.hardware.get("preset") or self.hardware.get("path"))
+        return str(self.hardware)
+
     def cluster(self) -> Any:
-        """The `Hardware` preset, with `gpus_per_node` applied."""
+        """The `Hardware`: a preset by name, a preset file, or a preset's fields as the
+        `hardware` group composes them (with any overridden); `gpus_per_node` applied."""
         from dataclasses import replace
 
+        from impls.costmodel.hardware_file import read_hardware
         from impls.costmodel.presets import hardware
 
-        hw = hardware(self.hardware)  # its error names the key (and the file's)
+        values = self.hardware
+        if isinstance(values, dict) and set(values) == {"path"}:
+            values = values["path"]  # hardware=file hardware.path=...
+        if isinstance(values, dict):
+            fields_only = {k: v for k, v in values.items() if k != "preset"}
+            hw = read_hardware(fields_only, f"hardware={self.hardware_name()}")
+        elif isinstance(values, str):
+            hw = hardware(values)  # its error names the key (and the file's)
+        else:
+            raise ValueError(f"hardware={values!r}: give a preset name or a preset file")
         return replace(hw, devices_per_node=self.gpus_per_node) if self.gpus_per_node else hw
 
     def fixed(self) -> dict[str, Any]:

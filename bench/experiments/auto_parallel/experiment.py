@@ -21,7 +21,7 @@ __all__ = ["EXPERIMENT", "AutoParallelConfig", "cells", "to_row"]
 
 
 def cells(cfg: AutoParallelConfig) -> list[Cell]:
-    shared = {"model": cfg.model["preset"], "hardware": cfg.hardware,
+    shared = {"model": cfg.model["preset"], "hardware": cfg.hardware_name(),
               "gpus_per_node": cfg.cluster().devices_per_node,
               "global_batch": cfg.global_batch}  # fmt: skip
     slots = [("best", k) for k in range(1, cfg.top_k + 1)]

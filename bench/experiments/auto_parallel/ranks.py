@@ -38,7 +38,7 @@ def published_runs(cfg: Any) -> list[Any]:
 
     shape = ("n_layers", "d_model", "n_heads", "ffn", "kv_fraction")
     wanted = tuple(getattr(cfg.spec(), name) for name in shape)
-    return [run for run in PUBLISHED_RUNS if run.hardware == cfg.hardware
+    return [run for run in PUBLISHED_RUNS if run.hardware == cfg.hardware_name()
             and tuple(getattr(model(run.model), name) for name in shape) == wanted]  # fmt: skip
 
 
