@@ -35,7 +35,7 @@ from impls.models.stages import Stage
 from impls.pipeline.actions import COMPUTE_KINDS, Plan
 from impls.pipeline.executor import PipelineExecutor
 
-__all__ = ["EmbeddingGroup", "sync_tied_gradients"]
+__all__ = ["EmbeddingGroup"]
 
 
 class EmbeddingGroup:
@@ -119,14 +119,6 @@ class EmbeddingGroup:
                 rnd.recv(received, peer)
             grad.add_(received.view_as(grad))  # mine + theirs: the same sum on both ranks
         return traffic
-
-
-def sync_tied_gradients(
-    comm: Communicator, stage_modules: Mapping[int, nn.Module], *, first_rank: int, last_rank: int
-) -> TrafficCounters:
-    """One-shot `EmbeddingGroup(...).all_reduce_gradients()`: check, then sum over the pair."""
-    group = EmbeddingGroup(comm, stage_modules, first_rank=first_rank, last_rank=last_rank)
-    return group.all_reduce_gradients()
 
 
 def _checked_stages(stage_modules: Mapping[int, nn.Module]) -> dict[int, Stage]:
