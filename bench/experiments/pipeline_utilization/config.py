@@ -9,19 +9,22 @@ from typing import Any, ClassVar
 
 from bench.config import check_choices, check_number, check_positive, gpt_rank_bytes
 from bench.experiments.pipeline_utilization.names import (
-    INTERLEAVED,
     SLICINGS,
     TORCH_SCHEDULES,
-    V_SHAPED,
     torch_refuses,
+    torch_twin,
 )
 from impls.models import GPTConfig
 from impls.pipeline import SCHEDULES, Plan, build_plan
+from impls.pipeline.schedules import INTERLEAVED as DISTBENCH_INTERLEAVED
+from impls.pipeline.schedules import V_SHAPED
 
 __all__ = ["ALLOWED", "PAIR_KEYS", "Carry", "PipelineUtilizationConfig", "alpa_refuses",
            "plan_or_reason", "why_not"]  # fmt: skip
 
 ALLOWED = [*SCHEDULES, *TORCH_SCHEDULES]
+# torch's twin of an interleaved schedule interleaves too
+INTERLEAVED = DISTBENCH_INTERLEAVED | {torch_twin(s) for s in DISTBENCH_INTERLEAVED} - {None}
 MODEL_KEYS = ("d_model", "n_layers", "n_heads", "seq_len", "vocab_size")
 LIST_KEYS = ("schedules", "stages", "microbatches", "trace_microbatches", "slicings",
              "slicing_pairs")  # fmt: skip

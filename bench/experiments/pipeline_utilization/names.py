@@ -8,8 +8,7 @@ interleaved schedules need M divisible by P).
 
 from __future__ import annotations
 
-__all__ = ["INTERLEAVED", "SLICINGS", "TORCH_SCHEDULES", "V_SHAPED", "slicing_of",
-           "torch_refuses", "torch_twin"]  # fmt: skip
+__all__ = ["SLICINGS", "TORCH_SCHEDULES", "slicing_of", "torch_refuses", "torch_twin"]
 
 # distbench name of each torch.distributed.pipelining baseline -> torch's schedule class
 TORCH_SCHEDULES = {
@@ -17,8 +16,6 @@ TORCH_SCHEDULES = {
     "torch_1f1b": "Schedule1F1B",
     "torch_interleaved_1f1b": "ScheduleInterleaved1F1B",
 }
-INTERLEAVED = frozenset({"interleaved_1f1b", "torch_interleaved_1f1b"})
-V_SHAPED = frozenset({"zero_bubble_v"})  # exactly 2 chunks per rank, stages r and 2P−1−r
 # How a cell cuts the model into stages: equal block counts, or Alpa's cut (`slicing.py`)
 SLICINGS = ("equal", "alpa")
 

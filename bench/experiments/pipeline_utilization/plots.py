@@ -13,12 +13,12 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from bench.report import format_percent, log2_axis, new_figure
+from impls.pipeline.schedules import SCHEDULES
 
 __all__ = ["gantt", "memory", "utilization"]
 
 KIND_COLOURS = {"F": "#4C72B0", "B": "#55A868", "I": "#DD8452", "W": "#8172B3"}
-MARKERS = {"naive": "D", "gpipe": "o", "1f1b": "s", "interleaved_1f1b": "^", "zero_bubble_h1": "v",
-           "zero_bubble_h2": "P", "zero_bubble_v": "X"}  # fmt: skip
+MARKERS = {name: spec.marker for name, spec in SCHEDULES.items()}
 
 
 def _panels(rows: pd.DataFrame, draw: Callable[..., None], title: str, schedules: list[str],

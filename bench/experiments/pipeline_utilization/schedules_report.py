@@ -1,6 +1,7 @@
 """The pipeline_utilization report's sections on the schedules themselves: utilization
 against the bubble bound, activation memory and in-flight micro-batches, ZB-H1 against
-1F1B, and the Gantt charts. Reads results only (never `impls`)."""
+1F1B, and the Gantt charts. Reads results, and the schedules' declarations (label, bound,
+marker: `impls.pipeline.schedules.SCHEDULES`), never a computation of `impls`."""
 
 from __future__ import annotations
 
@@ -13,26 +14,15 @@ import pandas as pd
 from bench.experiments.pipeline_utilization import plots
 from bench.experiments.pipeline_utilization.names import slicing_of
 from bench.report import Context, format_bytes, format_percent, format_seconds, markdown_table
+from impls.pipeline.schedules import SCHEDULES
 
 __all__ = ["BOUND_SOURCE", "distbench_rows", "gantt", "memory", "points", "schedule_order",
            "stage_costs", "utilization", "zero_bubble"]  # fmt: skip
 
-SCHEDULE_ORDER = ("naive", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble_h1",
-                  "zero_bubble_h2", "zero_bubble_v")  # fmt: skip
-LABELS = {"naive": "naive", "gpipe": "GPipe", "1f1b": "1F1B",
-          "interleaved_1f1b": "interleaved 1F1B", "zero_bubble_h1": "ZB-H1",
-          "zero_bubble_h2": "ZB-H2", "zero_bubble_v": "ZB-V"}  # fmt: skip
-BOUND_SOURCE = {
-    "naive": "1/P — GPipe (Huang et al. 2019), Fig. 2b",
-    "gpipe": "M/(M+P−1) — GPipe (Huang et al. 2019), §2.3",
-    "1f1b": "M/(M+P−1) — Narayanan et al. 2021, §2.2.1",
-    "interleaved_1f1b": "M/(M+(P−1)/V) — Narayanan et al. 2021 (Megatron-LM), §2.2.2",
-    "zero_bubble_h1": "3M/(3M+P−1), T_F = T_I = T_W, M ≥ P — Qi et al. 2024, §2.1",
-    "zero_bubble_h2": "3M/(3M+P−1) (no idle inside any rank's span; the (P−1)·T_F ramp "
-    "skew remains in a synchronous step), T_F = T_I = T_W, M ≥ 2P−1 — Qi et al. 2024, §2.2",
-    "zero_bubble_v": "6M/(6M+P−1) in half-stage chunks, T_F = T_I = T_W, M ≥ P — Qi et al. "
-    "2024, §6, and Pipeline Parallelism with Controllable Memory, §3",
-}
+SCHEDULE_ORDER = tuple(SCHEDULES)  # the registry's order
+LABELS = {name: spec.label for name, spec in SCHEDULES.items()}
+BOUND_SOURCE = {name: spec.bound_source for name, spec in SCHEDULES.items()}
+SPLIT_BACKWARD = {name for name, spec in SCHEDULES.items() if spec.split_backward}
 NEAR_BOUND = 0.05  # points of utilization a replay may sit from its bound and "reach" it
 
 
@@ -75,7 +65,7 @@ def utilization(ctx: Context) -> str | None:
     order = schedule_order(rows)
     bounds = "; ".join(f"`{s}` {BOUND_SOURCE[s]}" for s in order if s in BOUND_SOURCE)
     parts = [f"Bounds: {bounds}."]
-    if {"zero_bubble_h1", "zero_bubble_h2", "zero_bubble_v"} & set(order):
+    if SPLIT_BACKWARD & set(order):
         parts.append(
             "The zero-bubble schedules split each backward as the paper does: I is one "
             "backward that leaves every linear layer's weight GEMM (x, grad_y) for W, so "
