@@ -1,9 +1,7 @@
 """Reports: the skeleton every report shares, targets judged on every cell, the index,
 and the formatting and plotting helpers the experiments' report sections use.
 
-Report code reads results only: it never imports `impls` to compute. It may read a
-variant's declaration (a schedule's or an all-reduce algorithm's label, bound, marker,
-O(·) orders) from its registry, so that a variant is declared in one place.
+Report code reads results only: it never imports `impls`.
 """
 
 from bench.report.format import (

@@ -8,7 +8,10 @@ interleaved schedules need M divisible by P).
 
 from __future__ import annotations
 
-__all__ = ["SLICINGS", "TORCH_SCHEDULES", "slicing_of", "torch_refuses", "torch_twin"]
+from typing import Any
+
+__all__ = ["SLICINGS", "TORCH_SCHEDULES", "declared", "slicing_of", "torch_refuses",
+           "torch_twin"]  # fmt: skip
 
 # distbench name of each torch.distributed.pipelining baseline -> torch's schedule class
 TORCH_SCHEDULES = {
@@ -37,3 +40,13 @@ def torch_refuses(schedule: str, stages: int, microbatches: int) -> str | None:
     if schedule == "torch_1f1b" and microbatches < stages:
         return f"torch's Schedule1F1B needs microbatches ≥ stages={stages}"
     return None
+
+
+def declared(rows: Any, column: str) -> dict[str, Any]:
+    """Schedule -> what its spec declares in `column` of the results (`schedule_label`,
+    `bound_source`, `marker`, `schedule_rank`, `split_backward`: the experiment writes
+    them, `config.declared_columns`), for the schedules whose rows hold one."""
+    if column not in rows.columns or rows.empty:
+        return {}
+    held = rows[rows[column].notna() & (rows[column].astype(str) != "")]
+    return {str(s): v for s, v in held.groupby("schedule")[column].first().items()}
