@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.experiments.pipeline_utilization.config import declared_columns
 from bench.experiments.pipeline_utilization.experiment import EXPERIMENT
 from bench.experiments.pipeline_utilization.report import prepare, split_backward_ratio
 from bench.report.index import write_index
@@ -80,6 +81,7 @@ def synthetic(stages=(2, 4)) -> pd.DataFrame:
                     "trace_file": "", "spans_file": "", "repeats": 3, "n_layers": 8,
                     "d_model": 64, "n_heads": 4, "seq_len": 16, "vocab_size": 64,
                     "batch_size": 8, "status": "ok", "error": "", "world_size": p, **METADATA,
+                    **declared_columns(schedule),  # what the experiment writes from the spec
                 })  # fmt: skip
         for schedule in ["torch_gpipe", "torch_1f1b", "torch_interleaved_1f1b"]:
             for m in MICROBATCHES:
@@ -89,6 +91,7 @@ def synthetic(stages=(2, 4)) -> pd.DataFrame:
                         "virtual_stages": V if "interleaved" in schedule else 1,
                         "impl": "torch", "step_time_s": 0.1 * (1 + 1 / m), "loss": 4.2,
                         "status": "ok", "error": "", "world_size": p, **METADATA,
+                        **declared_columns(schedule),
                     })  # fmt: skip
     return pd.DataFrame(rows)
 

@@ -8,8 +8,11 @@ that are not written.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +20,15 @@ import pandas as pd
 import pytest
 
 from bench.experiments.allreduce_scaling import experiment as allreduce_experiment
-from bench.experiments.allreduce_scaling import report as allreduce_scaling
+from bench.experiments.allreduce_scaling.config import declared_columns
 from bench.experiments.collectives import experiment as collectives_experiment
 from bench.report import format_bytes
 from bench.report.index import write_index
+from impls.collectives.algorithms import ALGORITHMS
+
+# The lecture's orders as the algorithms' specs declare them; the report reads them from
+# the rows' `lecture_order_*` columns (`declared_columns`), never from `impls`.
+LECTURE_ORDERS = {name: dict(spec.orders) for name, spec in ALGORITHMS.items() if spec.orders}
 
 ALPHA_S = 40e-6
 BETA_S_PER_BYTE = 1 / 2e9
@@ -86,11 +94,12 @@ def _allreduce_row(algorithm: str, n: int, m: int) -> dict:
         "status": "ok",
         "error": "",
         **METADATA,
+        **declared_columns(algorithm),  # what the experiment writes from the spec
     }
 
 
 def allreduce_frame(world_sizes=(2, 4, 8), failed: bool = True) -> pd.DataFrame:
-    algorithms = list(allreduce_scaling.ALGORITHM_ORDER)
+    algorithms = [*ALGORITHMS, "torch"]
     rows = [_allreduce_row(a, n, m) for a in algorithms for n in world_sizes for m in MESSAGES]
     if failed:
         broken = _allreduce_row("parallel", 8, 64 * 2**20)
@@ -137,14 +146,14 @@ def test_allreduce_report_files_and_headline(tmp_path: Path) -> None:
 def test_allreduce_growth_matches_every_lecture_row(tmp_path: Path) -> None:
     headline = write_allreduce(allreduce_frame(), tmp_path)
     matches = headline["growth_matches_lecture"]
-    assert set(matches) == set(allreduce_scaling.LECTURE_ORDERS)
-    for algorithm, lecture in allreduce_scaling.LECTURE_ORDERS.items():
+    assert set(matches) == set(LECTURE_ORDERS)
+    for algorithm, lecture in LECTURE_ORDERS.items():
         assert matches[algorithm] == dict.fromkeys(lecture, True), algorithm
     report = (tmp_path / "report.md").read_text()
     section = report.split("## The lecture's comparison table")[1].split("\n## ")[0]
     assert "✗" not in section
     assert all(f["holds"] for f in headline["findings"])
-    for algorithm, lecture in allreduce_scaling.LECTURE_ORDERS.items():
+    for algorithm, lecture in LECTURE_ORDERS.items():
         rows = [line for line in section.splitlines() if line.startswith(f"| {algorithm} ")]
         summary, details = rows[0], rows[1:]
         assert summary.count("✓") == len(lecture), summary
@@ -259,3 +268,30 @@ def test_index_collects_every_headline(tmp_path: Path) -> None:
     assert "0.80× over 3 cells" in target and "algorithm=ring" in target
     assert "not met in 3 of 3 cells" in target
     assert readme.count("| allreduce_scaling") >= 5
+
+
+ALLREDUCE_FOLDER = Path(__file__).resolve().parents[1] / "bench/experiments/allreduce_scaling"
+ALLREDUCE_REPORT_MODULES = ("report.py", "auto.py", "fits.py", "paired_rounds.py")
+
+
+def test_allreduce_writer_reads_results_only():
+    """The allreduce_scaling report's modules import no `impls` or torch, and importing the
+    report loads neither (each algorithm's orders and place reach it as result columns)."""
+    for name in ALLREDUCE_REPORT_MODULES:
+        tree = ast.parse((ALLREDUCE_FOLDER / name).read_text())
+        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [m for m in imported if m and m.split(".")[0] in ("impls", "torch")], name
+        assert not [m for m in imported if m and m.endswith((".config", ".experiment"))], name
+    code = (
+        "import sys, bench.experiments\n"
+        "def loaded(): return {m for m in sys.modules if m.split('.')[0] in ('impls', 'torch')}\n"
+        "before = loaded()\n"
+        "import bench.experiments.allreduce_scaling.report\n"
+        "bad = sorted(loaded() - before)\n"
+        "assert not bad, bad\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ALLREDUCE_FOLDER.parents[2],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr

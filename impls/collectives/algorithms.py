@@ -1,31 +1,39 @@
-"""The from-scratch all-reduce algorithms by name, in the order reports list them.
+"""The all-reduce registry: one `AllReduceAlgorithm` per name (declared in the algorithm's
+own file), in the order reports list them.
 
 A module of its own so that both `all_reduce` (which dispatches on the name) and the
-`tuner` (which times each one to choose among them) can import it without importing each
-other.
+`tuner` (which prices or times each one to choose among them) can import it without
+importing each other. Adding an algorithm: write its file (function, critical path and
+spec) and add its spec here; CONTRIBUTING.md walks through it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from impls.collectives.central import PARAMETER_SERVER, SEQUENTIAL
+from impls.collectives.parallel import PARALLEL
+from impls.collectives.recursive_halving import RECURSIVE_HALVING
+from impls.collectives.ring import RING
+from impls.collectives.spec import ORDER_COLUMNS, AllReduceAlgorithm
+from impls.collectives.tree import TREE
 
-import torch
+__all__ = ["ALGORITHMS", "ORDER_COLUMNS", "AllReduceAlgorithm", "algorithm_spec"]
 
-from impls.collectives.central import parameter_server_all_reduce, sequential_all_reduce
-from impls.collectives.parallel import parallel_all_reduce
-from impls.collectives.recursive_halving import recursive_halving_all_reduce
-from impls.collectives.ring import ring_all_reduce
-from impls.collectives.tree import tree_all_reduce
-from impls.comm import Communicator
-
-__all__ = ["ALGORITHMS"]
-
-# Each runs in place on a flat, contiguous buffer; `op` "avg" leaves a sum (see `finish`).
-ALGORITHMS: dict[str, Callable[[torch.Tensor, Communicator, str], None]] = {
-    "parameter_server": parameter_server_all_reduce,
-    "sequential": sequential_all_reduce,
-    "ring": ring_all_reduce,
-    "parallel": parallel_all_reduce,
-    "recursive_halving": recursive_halving_all_reduce,
-    "tree": tree_all_reduce,
+ALGORITHMS: dict[str, AllReduceAlgorithm] = {
+    spec.name: spec
+    for spec in (
+        PARAMETER_SERVER,
+        SEQUENTIAL,
+        RING,
+        PARALLEL,
+        RECURSIVE_HALVING,
+        TREE,
+    )
 }
+
+
+def algorithm_spec(name: str) -> AllReduceAlgorithm:
+    """The registered spec of all-reduce `name`; ValueError naming the choices otherwise."""
+    if name not in ALGORITHMS:
+        allowed = ", ".join(ALGORITHMS)
+        raise ValueError(f"algorithm={name!r} is unknown; allowed values: {allowed}")
+    return ALGORITHMS[name]

@@ -70,7 +70,7 @@ def all_reduce(
     if algorithm == AUTO:
         nbytes = work.numel() * work.element_size()
         algorithm = tuner_of(comm).choose(nbytes, comm.world_size)
-    ALGORITHMS[algorithm](flat_view(work), comm, op)
+    ALGORITHMS[algorithm].run(flat_view(work), comm, op)
     finish(work, op, comm.world_size)
     if work is not target:
         target.copy_(work)

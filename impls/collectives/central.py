@@ -15,9 +15,11 @@ from __future__ import annotations
 import torch
 
 from impls.collectives.reduce_ops import combine
+from impls.collectives.spec import AllReduceAlgorithm
 from impls.comm import Communicator
+from impls.costmodel.comm import server_path
 
-__all__ = ["parameter_server_all_reduce", "sequential_all_reduce"]
+__all__ = ["PARAMETER_SERVER", "SEQUENTIAL", "parameter_server_all_reduce", "sequential_all_reduce"]
 
 
 def parameter_server_all_reduce(
@@ -61,3 +63,17 @@ def _worker_side(flat: torch.Tensor, comm: Communicator, server: int) -> bool:
     comm.send(flat, server)
     comm.recv(flat, server)
     return True
+
+
+PARAMETER_SERVER = AllReduceAlgorithm(
+    name="parameter_server",
+    run=parameter_server_all_reduce,
+    critical_path=server_path,
+    orders={"rounds": "O(1)", "peak": "O(N)", "total": "O(N)"},
+)
+SEQUENTIAL = AllReduceAlgorithm(
+    name="sequential",
+    run=sequential_all_reduce,
+    critical_path=server_path,
+    orders={"rounds": "O(N)", "peak": "O(N)", "total": "O(N)"},
+)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import torch
 
 from impls.collectives.reduce_ops import combine
+from impls.collectives.spec import AllReduceAlgorithm
 from impls.comm import Communicator
+from impls.costmodel.comm import parallel_path
 
-__all__ = ["parallel_all_reduce"]
+__all__ = ["PARALLEL", "parallel_all_reduce"]
 
 
 def parallel_all_reduce(flat: torch.Tensor, comm: Communicator, op: str) -> None:
@@ -36,3 +38,11 @@ def parallel_all_reduce(flat: torch.Tensor, comm: Communicator, op: str) -> None
         combine(acc, term, op)
     if acc is not flat:
         flat.copy_(acc)
+
+
+PARALLEL = AllReduceAlgorithm(
+    name="parallel",
+    run=parallel_all_reduce,
+    critical_path=parallel_path,
+    orders={"rounds": "O(1)", "peak": "O(N)", "total": "O(N^2)"},
+)

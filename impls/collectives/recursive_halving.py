@@ -19,9 +19,11 @@ import torch
 
 from impls.collectives.partition import halve
 from impls.collectives.reduce_ops import combine
+from impls.collectives.spec import AllReduceAlgorithm
 from impls.comm import Communicator
+from impls.costmodel.comm import recursive_halving_path
 
-__all__ = ["recursive_halving_all_reduce"]
+__all__ = ["RECURSIVE_HALVING", "recursive_halving_all_reduce"]
 
 
 def recursive_halving_all_reduce(flat: torch.Tensor, comm: Communicator, op: str) -> None:
@@ -81,3 +83,11 @@ def _doubling_all_gather(flat, comm, steps) -> None:
 def _view(flat: torch.Tensor, span: tuple[int, int]) -> torch.Tensor:
     offset, length = span
     return flat[offset : offset + length]
+
+
+RECURSIVE_HALVING = AllReduceAlgorithm(
+    name="recursive_halving",
+    run=recursive_halving_all_reduce,
+    critical_path=recursive_halving_path,
+    orders={"rounds": "O(log N)"},  # the lecture gives only its time
+)

@@ -13,9 +13,11 @@ import torch
 
 from impls.collectives.partition import even_splits
 from impls.collectives.reduce_ops import combine_into
+from impls.collectives.spec import AllReduceAlgorithm
 from impls.comm import Communicator
+from impls.costmodel.comm import ring_path
 
-__all__ = ["ring_all_gather", "ring_all_reduce", "ring_reduce_scatter"]
+__all__ = ["RING", "ring_all_gather", "ring_all_reduce", "ring_reduce_scatter"]
 
 
 def ring_reduce_scatter(
@@ -77,3 +79,11 @@ def ring_all_reduce(flat: torch.Tensor, comm: Communicator, op: str) -> None:
 def _chunk(flat: torch.Tensor, span: tuple[int, int]) -> torch.Tensor:
     offset, length = span
     return flat[offset : offset + length]
+
+
+RING = AllReduceAlgorithm(
+    name="ring",
+    run=ring_all_reduce,
+    critical_path=ring_path,
+    orders={"rounds": "O(N)", "peak": "O(1)", "total": "O(N)"},
+)

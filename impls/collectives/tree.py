@@ -11,9 +11,11 @@ from __future__ import annotations
 import torch
 
 from impls.collectives.reduce_ops import combine
+from impls.collectives.spec import AllReduceAlgorithm
 from impls.comm import Communicator
+from impls.costmodel.comm import tree_path
 
-__all__ = ["binomial_broadcast", "binomial_reduce", "tree_all_reduce"]
+__all__ = ["TREE", "binomial_broadcast", "binomial_reduce", "tree_all_reduce"]
 
 
 def binomial_reduce(flat: torch.Tensor, comm: Communicator, op: str, root: int = 0) -> None:
@@ -57,3 +59,11 @@ def tree_all_reduce(flat: torch.Tensor, comm: Communicator, op: str) -> None:
     """In-place all-reduce: binomial reduce to rank 0, then binomial broadcast."""
     binomial_reduce(flat, comm, op, root=0)
     binomial_broadcast(flat, comm, root=0)
+
+
+TREE = AllReduceAlgorithm(
+    name="tree",
+    run=tree_all_reduce,
+    critical_path=tree_path,
+    orders=None,  # not in the lecture's table
+)

@@ -181,8 +181,9 @@ class AllReduceTuner:
             # The model is linear in M for M > 0 (it returns 0 for M = 0): read α and β off
             # two large sizes, where the subtraction loses nothing to rounding.
             small, large = float(1 << 20), float(1 << 30)
-            t_small = allreduce_seconds(small, n, self.link, algorithm)
-            t_large = allreduce_seconds(large, n, self.link, algorithm)
+            path = ALGORITHMS[algorithm].critical_path
+            t_small = allreduce_seconds(small, n, self.link, path)
+            t_large = allreduce_seconds(large, n, self.link, path)
             beta = (t_large - t_small) / (large - small)
             self._link_costs[(algorithm, n)] = AlgorithmCost(alpha_s=t_small - beta * small,
                                                              beta_s_per_byte=beta)  # fmt: skip
@@ -252,7 +253,7 @@ class AllReduceTuner:
                                   dtype=torch.float64)  # fmt: skip
             for j, nbytes in enumerate(points):
                 buf = torch.zeros(nbytes // itemsize, dtype=dtype, device=comm.device)
-                timers = [_Timer(ALGORITHMS[a], comm, buf, clock) for a in self.algorithms]
+                timers = [_Timer(ALGORITHMS[a].run, comm, buf, clock) for a in self.algorithms]
                 iters = common_count(
                     [t.calls_per_window(warmup, window_s, max_iters) for t in timers]
                 )
@@ -302,5 +303,5 @@ def _slowest_rank(seconds: torch.Tensor, comm: Communicator) -> None:
     """Every element becomes its maximum over the ranks, in place (our own all-reduce;
     the parameter server's two rounds are the fewest of any algorithm here)."""
     on_device = seconds.to(comm.device).view(-1)  # NCCL reduces CUDA tensors only
-    ALGORITHMS["parameter_server"](on_device, comm, "max")
+    ALGORITHMS["parameter_server"].run(on_device, comm, "max")
     seconds.view(-1).copy_(on_device.cpu())

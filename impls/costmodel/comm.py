@@ -43,12 +43,15 @@ the NICs either way) and runs at one NIC's rate.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from impls.costmodel.hardware import Hardware, Link
 
 __all__ = [
     "ALLREDUCE_ALGORITHMS",
+    "ALLREDUCE_PATHS",
     "COLLECTIVES",
+    "CriticalPath",
     "all_gather_seconds",
     "all_to_all_seconds",
     "allreduce_rounds",
@@ -57,18 +60,15 @@ __all__ = [
     "collective_seconds",
     "hierarchical_allreduce_seconds",
     "p2p_seconds",
+    "parallel_path",
+    "recursive_halving_path",
     "reduce_scatter_seconds",
+    "ring_path",
+    "server_path",
     "spanning_link",
+    "tree_path",
 ]
 
-ALLREDUCE_ALGORITHMS = (
-    "ring",
-    "tree",
-    "recursive_halving",
-    "parameter_server",
-    "sequential",
-    "parallel",
-)
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "p2p")
 
 
@@ -81,38 +81,77 @@ def _check(nbytes: float, n: int) -> None:
         raise ValueError(f"n={n!r}: must be an integer ≥ 1")
 
 
-def _allreduce_path(nbytes: float, n: int, algorithm: str) -> tuple[int, float]:
+def ring_path(nbytes: float, n: int) -> tuple[int, float]:
+    """Ring: a reduce-scatter and an all-gather, 2(N−1) rounds of M/N."""
+    return 2 * (n - 1), 2 * (n - 1) / n * nbytes
+
+
+def recursive_halving_path(nbytes: float, n: int) -> tuple[int, float]:
+    """Rabenseifner's recursive halving and doubling over p = 2^⌊log2 N⌋ ranks, plus
+    MPICH's fold of the N − p others (two rounds of the whole buffer)."""
+    p = 1 << (n.bit_length() - 1)
+    messages, volume = 2 * (p.bit_length() - 1), 2 * (p - 1) / p * nbytes
+    if n != p:  # MPICH's fold: hand the buffer over, get the result back
+        messages, volume = messages + 2, volume + 2 * nbytes
+    return messages, volume
+
+
+def tree_path(nbytes: float, n: int) -> tuple[int, float]:
+    """Binomial reduce then broadcast: 2·⌈log2 N⌉ rounds of the whole buffer at the root."""
+    depth = (n - 1).bit_length()  # ⌈log2 n⌉
+    return 2 * depth, 2 * depth * nbytes
+
+
+def server_path(nbytes: float, n: int) -> tuple[int, float]:
+    """Parameter server and sequential: (N−1)·M through the server each way; the parameter
+    server posts the N−1 messages of a round at once, but they still queue on its port."""
+    return 2 * (n - 1), 2 * (n - 1) * nbytes
+
+
+def parallel_path(nbytes: float, n: int) -> tuple[int, float]:
+    """Every rank sends its whole buffer to every other: N−1 messages of M."""
+    return n - 1, (n - 1) * nbytes
+
+
+CriticalPath = Callable[[float, int], tuple[int, float]]
+"""(bytes per rank, ranks) -> (messages, bytes) on the busiest rank's critical path."""
+
+ALLREDUCE_PATHS: dict[str, CriticalPath] = {
+    "ring": ring_path,
+    "tree": tree_path,
+    "recursive_halving": recursive_halving_path,
+    "parameter_server": server_path,
+    "sequential": server_path,
+    "parallel": parallel_path,
+}
+"""The table above by name, for callers below `impls.collectives` (the simulator, bench
+fits). Each algorithm's spec (`impls.collectives.algorithms`) names its path; a new
+algorithm may write its own in its file, and `allreduce_seconds` prices it."""
+ALLREDUCE_ALGORITHMS = tuple(ALLREDUCE_PATHS)
+
+
+def _allreduce_path(nbytes: float, n: int, algorithm: str | CriticalPath) -> tuple[int, float]:
     """(messages, bytes) on the busiest rank's critical path."""
-    if algorithm == "ring":
-        return 2 * (n - 1), 2 * (n - 1) / n * nbytes
-    if algorithm == "recursive_halving":
-        p = 1 << (n.bit_length() - 1)
-        messages, volume = 2 * (p.bit_length() - 1), 2 * (p - 1) / p * nbytes
-        if n != p:  # MPICH's fold: hand the buffer over, get the result back
-            messages, volume = messages + 2, volume + 2 * nbytes
-        return messages, volume
-    if algorithm == "tree":
-        depth = (n - 1).bit_length()  # ⌈log2 n⌉
-        return 2 * depth, 2 * depth * nbytes
-    if algorithm in ("parameter_server", "sequential"):
-        # Both move (N−1)·M through the server each way; the parameter server posts the N−1
-        # messages of a round at once, but they still queue on the server's one port.
-        return 2 * (n - 1), 2 * (n - 1) * nbytes
-    if algorithm == "parallel":
-        return n - 1, (n - 1) * nbytes
-    allowed = ", ".join(ALLREDUCE_ALGORITHMS)
-    raise ValueError(f"algorithm={algorithm!r}: unknown; allowed values: {allowed}")
+    if callable(algorithm):
+        return algorithm(nbytes, n)
+    if algorithm not in ALLREDUCE_PATHS:
+        allowed = ", ".join(ALLREDUCE_ALGORITHMS)
+        raise ValueError(f"algorithm={algorithm!r}: unknown; allowed values: {allowed}")
+    return ALLREDUCE_PATHS[algorithm](nbytes, n)
 
 
-def allreduce_rounds(n: int, algorithm: str = "ring") -> int:
+def allreduce_rounds(n: int, algorithm: str | CriticalPath = "ring") -> int:
     """Messages on the busiest rank's critical path of one all-reduce over `n` ranks (ring:
     2(n − 1), the reduce-scatter's n − 1 and the all-gather's n − 1)."""
     _check(0, n)
     return _allreduce_path(0, n, algorithm)[0]
 
 
-def allreduce_seconds(nbytes: float, n: int, link: Link, algorithm: str = "ring") -> float:
-    """All-reduce of `nbytes` (each rank's whole buffer) over `n` ranks on `link`."""
+def allreduce_seconds(
+    nbytes: float, n: int, link: Link, algorithm: str | CriticalPath = "ring"
+) -> float:
+    """All-reduce of `nbytes` (each rank's whole buffer) over `n` ranks on `link`;
+    `algorithm` a name of `ALLREDUCE_PATHS` or a critical path itself."""
     _check(nbytes, n)
     messages, volume = _allreduce_path(nbytes, n, algorithm)
     if n == 1 or nbytes == 0:

@@ -7,18 +7,11 @@ checks a plan without starting a process, and `replay` computes its ideal timeli
 turns the records into a Chrome trace, wall-clock utilization and a measured replay.
 """
 
+from importlib import import_module
+
 from impls.pipeline.actions import Action, Plan, plan_from_csv, plan_to_csv
-from impls.pipeline.executor import ActionRecord, PipelineExecutor, StepResult
 from impls.pipeline.replay import ActionSpan, Timeline, max_inflight_microbatches, replay
-from impls.pipeline.schedules import SCHEDULES, build_plan
-from impls.pipeline.theory import utilization_bound
-from impls.pipeline.trace import (
-    chrome_trace,
-    chrome_trace_json,
-    replay_measured,
-    transfer_costs,
-    utilization_wall,
-)
+from impls.pipeline.schedules import SCHEDULES, build_plan, utilization_bound
 from impls.pipeline.validate import (
     DryRunResult,
     PlanError,
@@ -26,6 +19,19 @@ from impls.pipeline.validate import (
     insert_communication,
     validate,
 )
+
+# The executor and the trace need torch; they load on first use, so that reading the
+# schedule registry (the reports do) stays light.
+_LAZY = {
+    "ActionRecord": "executor",
+    "PipelineExecutor": "executor",
+    "StepResult": "executor",
+    "chrome_trace": "trace",
+    "chrome_trace_json": "trace",
+    "replay_measured": "trace",
+    "transfer_costs": "trace",
+    "utilization_wall": "trace",
+}
 
 __all__ = [
     "SCHEDULES",
@@ -53,3 +59,9 @@ __all__ = [
     "utilization_wall",
     "validate",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f"impls.pipeline.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'impls.pipeline' has no attribute {name!r}")

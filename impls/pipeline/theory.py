@@ -3,7 +3,8 @@
 Utilization is Σ busy / (P × makespan) with P ranks; the bubble fraction is 1 − it. Every
 bound assumes equal work per stage, free transfers, and the same cost for every
 micro-batch; a replayed timeline under those assumptions (`impls.pipeline.replay`)
-meets them exactly, which the tests pin.
+meets them exactly, which the tests pin. Each schedule's spec names its bound
+(`ScheduleSpec.utilization`); `impls.pipeline.schedules.utilization_bound` looks it up.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ __all__ = [
     "interleaved_utilization",
     "naive_utilization",
     "one_f_one_b_utilization",
-    "utilization_bound",
     "zero_bubble_h1_bubble_time",
     "zero_bubble_h1_utilization",
     "zero_bubble_h2_utilization",
@@ -158,22 +158,3 @@ def zero_bubble_max_inflight(schedule: str, stages: int, microbatches: int) -> i
     if schedule not in limits:
         raise ValueError(f"schedule={schedule!r}: choose one of {', '.join(limits)}")
     return limits[schedule]
-
-
-def utilization_bound(
-    schedule: str, stages: int, microbatches: int, virtual_stages: int = 1
-) -> float:
-    """The theory column for a registered schedule (zero bubble: T_F = T_I = T_W, M ≥ P;
-    ZB-H2 M ≥ 2P−1)."""
-    bounds = {
-        "naive": lambda: naive_utilization(stages),
-        "gpipe": lambda: gpipe_utilization(stages, microbatches),
-        "1f1b": lambda: one_f_one_b_utilization(stages, microbatches),
-        "interleaved_1f1b": lambda: interleaved_utilization(stages, microbatches, virtual_stages),
-        "zero_bubble_h1": lambda: zero_bubble_h1_utilization(stages, microbatches),
-        "zero_bubble_h2": lambda: zero_bubble_h2_utilization(stages, microbatches),
-        "zero_bubble_v": lambda: zero_bubble_v_utilization(stages, microbatches),
-    }
-    if schedule not in bounds:
-        raise ValueError(f"schedule={schedule!r}: unknown; choose one of {', '.join(bounds)}")
-    return bounds[schedule]()

@@ -32,15 +32,16 @@ stage per rank and a lower bound with interleaving.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from impls.costmodel.activations import activation_bytes_per_layer
 from impls.costmodel.compute import TransformerSpec
 from impls.costmodel.hardware import Hardware
 from impls.costmodel.memory import model_state_bytes
-from impls.pipeline import build_plan
-from impls.pipeline.replay import max_inflight_microbatches
-from impls.pipeline.schedules import SPLIT_BACKWARD  # zero-bubble schedules: I and W apart
+from impls.pipeline.schedules import (  # SPLIT_BACKWARD: zero-bubble, I and W apart
+    COUNTED_ON_PLAN,
+    SPLIT_BACKWARD,
+    schedule_spec,
+)
 from impls.simulator import ParallelPlan
 from impls.simulator.context_parallel import local_spec
 from impls.simulator.costs import DTYPE_BYTES, layer_prices, logit_gradient_bytes
@@ -52,37 +53,13 @@ __all__ = ["LayerTable", "MemoryModel", "inflight", "layer_table", "memory_bound
 
 
 def inflight(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> list[int]:
-    """Per rank, the most (stage, micro-batch) pairs a schedule holds at once.
-
-    GPipe holds all M; 1F1B rank r min(P − r, M) (Narayanan et al. 2021 §2.2.1);
-    zero_bubble_h1 min(P, M) on every rank (its W comes late, Qi et al. 2023 §3);
-    interleaved rank r its warm-up 2(P − r − 1) + (V − 1)P plus the forward just issued,
-    all M·V when M = P (Megatron-LM's warm-up, `impls.pipeline.schedules.interleaved_1f1b`);
-    zero_bubble_h2 (at most 2P − 1) and zero_bubble_v (at most 2P chunk pairs, 1F1B's
-    memory: `impls.pipeline.theory.zero_bubble_max_inflight`) as their plans hold them,
-    counted on the plan (their list-scheduled orders have no closed form per rank).
-    """
-    m = microbatches
-    if schedule in ("zero_bubble_h2", "zero_bubble_v"):
-        return list(_counted(schedule, pp, m, virtual_stages))
-    if pp == 1 or schedule == "naive":
-        return [1] * pp if schedule == "naive" else [1]
-    if schedule == "gpipe":
-        return [m] * pp
-    if schedule == "1f1b":
-        return [min(pp - r, m) for r in range(pp)]
-    if schedule == "zero_bubble_h1":
-        return [min(pp, m)] * pp
-    total = m * virtual_stages
-    if m == pp:
-        return [total] * pp
-    return [min(2 * (pp - r - 1) + (virtual_stages - 1) * pp + 1, total) for r in range(pp)]
-
-
-@lru_cache(maxsize=256)
-def _counted(schedule: str, pp: int, microbatches: int, virtual_stages: int) -> tuple[int, ...]:
-    counts = max_inflight_microbatches(build_plan(schedule, pp, microbatches, virtual_stages))
-    return tuple(counts[r] for r in range(pp))
+    """Per rank, the most (stage, micro-batch) pairs a schedule holds at once: its spec's
+    in-flight count (`ScheduleSpec.inflight`, a closed form per rank or counted on the
+    plan), one pair on a single rank for the closed forms."""
+    spec = schedule_spec(schedule)
+    if pp == 1 and spec.inflight != COUNTED_ON_PLAN:
+        return [1]
+    return spec.held(pp, microbatches, virtual_stages)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ Axes and the rules that bound them:
 - microbatch_size b: powers of two dividing global_batch / dp; num_microbatches
   M = global_batch / (dp · b).
 - schedule: with pp = 1 only `1f1b` (M micro-batches of gradient accumulation: every
-  schedule is the same plan); with pp > 1 `gpipe`, `1f1b`, `zero_bubble_h1` and
-  `interleaved_1f1b` with virtual_stages V ∈ {2, 4, 8, …}, pp · V ≤ n_layers and M a
-  multiple of pp (what `impls.pipeline.schedules.interleaved_1f1b` requires).
+  schedule is the same plan); with pp > 1 every schedule whose spec opts in
+  (`PLANNER_SCHEDULES`: gpipe, 1f1b, interleaved_1f1b, zero_bubble_h1), an interleaved one
+  with virtual_stages V ∈ {2, 4, 8, …}, pp · V ≤ n_layers and M a multiple of pp (what
+  `impls.pipeline.schedules.interleaved_1f1b` requires).
 - recompute: none, selective, full (Korthikanti et al. 2022 §4.2).
 
 `fixed` pins any axis: keys dp, tp, pp, sp, zero_stage, microbatch_size, schedule,
@@ -34,6 +35,7 @@ from collections.abc import Iterator
 
 from impls.costmodel.compute import RECOMPUTE, TransformerSpec
 from impls.costmodel.hardware import Hardware
+from impls.pipeline.schedules import INTERLEAVED
 from impls.simulator import PLANNER_SCHEDULES, SEQUENCE_PARALLEL, ParallelPlan
 
 __all__ = ["FIXED_KEYS", "plan_space"]
@@ -115,7 +117,7 @@ def _schedules(pp: int, microbatches: int, n_layers: int, fixed: dict):
         yield "1f1b", 1
         return
     for name in PLANNER_SCHEDULES:
-        if name != "interleaved_1f1b":
+        if name not in INTERLEAVED:
             yield name, 1
         elif microbatches % pp == 0:
             if "virtual_stages" in fixed:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from impls.costmodel.compute import RECOMPUTE, TransformerSpec
-from impls.pipeline.schedules import INTERLEAVED, SCHEDULES
+from impls.pipeline.schedules import INTERLEAVED, PLANNER_SCHEDULES, SCHEDULES
 
 __all__ = [
     "PLANNER_SCHEDULES",
@@ -28,12 +28,6 @@ __all__ = [
 ]
 
 SEQUENCE_PARALLEL = ("none", "megatron_sp", "ulysses")
-# Not searched (yet): ZB-H2 (the planner's bounds know ZB-H1's in-flight count only) and
-# ZB-V (its V placement of two chunks per rank is not a ParallelPlan layout).
-PLANNER_SCHEDULES = tuple(
-    name for name in SCHEDULES if name not in ("naive", "zero_bubble_h2", "zero_bubble_v")
-)
-"""The schedules worth searching; `naive` (one micro-batch in flight) can be simulated too."""
 
 
 def _count(key: str, value: object, minimum: int = 1) -> None:
@@ -89,8 +83,8 @@ class ParallelPlan:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: unknown; choose one of "
                              f"{', '.join(SCHEDULES)}")  # fmt: skip
-        if self.schedule == "naive" and self.num_microbatches != 1:
-            raise ValueError(f"num_microbatches={self.num_microbatches}: schedule 'naive' "
+        if not SCHEDULES[self.schedule].microbatched and self.num_microbatches != 1:
+            raise ValueError(f"num_microbatches={self.num_microbatches}: schedule {self.schedule!r} "
                              "does no micro-batching (use 'gpipe' or '1f1b')")  # fmt: skip
         if self.schedule in INTERLEAVED:
             if self.virtual_stages < 2:

@@ -203,7 +203,7 @@ def test_calibration_gives_every_algorithm_one_count_of_calls_per_window(monkeyp
 
     class SpyTimer:
         def __init__(self, run, comm, buf, clock):
-            self.name = next(n for n, f in ALGORITHMS.items() if f is run)
+            self.name = next(n for n, f in ALGORITHMS.items() if f.run is run)
             self.size = buf.numel() * buf.element_size()
 
         def calls_per_window(self, warmup, window_s, max_iters):

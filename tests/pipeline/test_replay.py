@@ -12,13 +12,12 @@ import pytest
 
 from impls.pipeline.actions import Action
 from impls.pipeline.replay import max_inflight_microbatches, replay
-from impls.pipeline.schedules import build_plan
+from impls.pipeline.schedules import build_plan, utilization_bound
 from impls.pipeline.theory import (
     gpipe_bubble_fraction,
     gpipe_utilization,
     interleaved_utilization,
     naive_utilization,
-    utilization_bound,
     zero_bubble_h1_bubble_time,
     zero_bubble_h1_utilization,
 )

@@ -11,9 +11,8 @@ from __future__ import annotations
 import pytest
 
 from impls.pipeline.replay import max_inflight_microbatches, replay
-from impls.pipeline.schedules import build_plan, stage_ranks
+from impls.pipeline.schedules import build_plan, stage_ranks, utilization_bound
 from impls.pipeline.theory import (
-    utilization_bound,
     zero_bubble_h2_utilization,
     zero_bubble_max_inflight,
     zero_bubble_v_utilization,

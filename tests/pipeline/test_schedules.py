@@ -134,9 +134,9 @@ def test_bad_configurations_are_refused_naming_the_key(args: tuple, key: str, ru
 
 def test_schedule_functions_check_their_own_arguments() -> None:
     with pytest.raises(ValueError, match="microbatches=3"):
-        SCHEDULES["naive"](2, 3)
+        SCHEDULES["naive"].build(2, 3)
     with pytest.raises(ValueError, match="microbatches=3"):
-        SCHEDULES["interleaved_1f1b"](2, 3, 2)
+        SCHEDULES["interleaved_1f1b"].build(2, 3, 2)
 
 
 def test_zero_bubble_h2_holds_2p_minus_1_and_keeps_weight_gradients_for_the_drain() -> None:

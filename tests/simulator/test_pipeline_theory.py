@@ -12,7 +12,7 @@ import pytest
 
 from impls.costmodel.compute import TransformerSpec
 from impls.costmodel.hardware import Link
-from impls.pipeline import theory
+from impls.pipeline import utilization_bound
 from impls.simulator import ParallelPlan, simulate
 from tests.simulator import flat_hardware
 
@@ -47,7 +47,7 @@ def test_utilization_equals_theory(schedule, v, stages, microbatches):
                 continue
             if schedule == "zero_bubble_h2" and m < 2 * pp - 1:
                 continue
-            expected = theory.utilization_bound(schedule, pp, m, v)
+            expected = utilization_bound(schedule, pp, m, v)
             assert _utilization(schedule, pp, m, v) == pytest.approx(expected, rel=1e-9), (
                 schedule, pp, m)  # fmt: skip
 

@@ -10,10 +10,24 @@ from dataclasses import dataclass, field
 from bench.config import check_choices, check_number, check_positive
 from bench.kit.collectives import TimedGridConfig
 from impls.collectives import ALGORITHMS
+from impls.collectives.algorithms import ORDER_COLUMNS
 
-__all__ = ["ALLOWED", "AllReduceScalingConfig"]
+__all__ = ["ALLOWED", "AllReduceScalingConfig", "declared_columns"]
 
 ALLOWED = [*ALGORITHMS, "auto", "torch"]
+
+
+def declared_columns(algorithm: str) -> dict[str, object]:
+    """What the report needs of an algorithm's spec, as columns of its rows (the report
+    reads results only): `algorithm_rank`, its place in the registry, and
+    `lecture_order_{rounds,peak,total}`, the lecture's O(·) ("" where the lecture gives
+    none). Empty for `auto` and `torch`, which have no spec."""
+    spec = ALGORITHMS.get(algorithm)
+    if spec is None:
+        return {"algorithm_rank": None, **{f"lecture_order_{c}": "" for c in ORDER_COLUMNS}}
+    orders = spec.orders or {}
+    return {"algorithm_rank": list(ALGORITHMS).index(algorithm),
+            **{f"lecture_order_{c}": orders.get(c, "") for c in ORDER_COLUMNS}}  # fmt: skip
 
 
 @dataclass(kw_only=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.charts import Chart
 from bench.experiments.allreduce_scaling import report
-from bench.experiments.allreduce_scaling.config import AllReduceScalingConfig
+from bench.experiments.allreduce_scaling.config import AllReduceScalingConfig, declared_columns
 from bench.experiments.base import Cell, Experiment
 from bench.kit.collectives import (
     CollectiveCall,
@@ -36,7 +36,8 @@ def cells(cfg: AllReduceScalingConfig) -> list[Cell]:
 
 
 def to_row(cfg: AllReduceScalingConfig, cell: Cell, per_rank: list[dict]) -> dict:
-    return collective_row(cell, per_rank, traffic=cell.key["algorithm"] != "torch")
+    row = collective_row(cell, per_rank, traffic=cell.key["algorithm"] != "torch")
+    return row | declared_columns(cell.key["algorithm"])
 
 
 EXPERIMENT = Experiment(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from bench.config import check_choice, check_number, check_positive
+from impls.pipeline.schedules import PLANNER_SCHEDULES
 
 __all__ = ["AXES", "MODEL_FIELDS", "AutoParallelConfig"]
 
@@ -58,7 +59,8 @@ class AutoParallelConfig:
     microbatch_size: int | None = None
     """Fixed sequences per micro-batch; null: searched."""
     schedule: str | None = None
-    """gpipe, 1f1b, interleaved_1f1b or zero_bubble_h1; null: searched."""
+    """One the planner searches (`impls.pipeline.schedules.PLANNER_SCHEDULES`: gpipe, 1f1b,
+    interleaved_1f1b, zero_bubble_h1); null: searched."""
     virtual_stages: int | None = None
     """Fixed model chunks per rank for the interleaved schedule; null: searched."""
     recompute: str | None = None
@@ -106,8 +108,7 @@ class AutoParallelConfig:
         if self.zero_stage is not None and self.zero_stage > 3:
             raise ValueError(f"zero_stage={self.zero_stage}: allowed values 0, 1, 2, 3")
         for key, allowed in (("sp", ("none", "megatron_sp", "ulysses")),
-                             ("schedule", ("gpipe", "1f1b", "interleaved_1f1b",
-                                           "zero_bubble_h1")),
+                             ("schedule", PLANNER_SCHEDULES),
                              ("recompute", ("none", "selective", "full"))):  # fmt: skip
             if getattr(self, key) is not None:
                 check_choice(key, getattr(self, key), allowed)

@@ -9,19 +9,22 @@ from typing import Any, ClassVar
 
 from bench.config import check_choices, check_number, check_positive, gpt_rank_bytes
 from bench.experiments.pipeline_utilization.names import (
-    INTERLEAVED,
     SLICINGS,
     TORCH_SCHEDULES,
-    V_SHAPED,
     torch_refuses,
+    torch_twin,
 )
 from impls.models import GPTConfig
 from impls.pipeline import SCHEDULES, Plan, build_plan
+from impls.pipeline.schedules import INTERLEAVED as DISTBENCH_INTERLEAVED
+from impls.pipeline.schedules import V_SHAPED
 
 __all__ = ["ALLOWED", "PAIR_KEYS", "Carry", "PipelineUtilizationConfig", "alpa_refuses",
-           "plan_or_reason", "why_not"]  # fmt: skip
+           "declared_columns", "plan_or_reason", "why_not"]  # fmt: skip
 
 ALLOWED = [*SCHEDULES, *TORCH_SCHEDULES]
+# torch's twin of an interleaved schedule interleaves too
+INTERLEAVED = DISTBENCH_INTERLEAVED | {torch_twin(s) for s in DISTBENCH_INTERLEAVED} - {None}
 MODEL_KEYS = ("d_model", "n_layers", "n_heads", "seq_len", "vocab_size")
 LIST_KEYS = ("schedules", "stages", "microbatches", "trace_microbatches", "slicings",
              "slicing_pairs")  # fmt: skip
@@ -181,6 +184,20 @@ def _as_list(value: Any) -> list:
 def _check_count(key: str, value: Any, minimum: int, why: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{key}={value!r}: must be an integer ≥ {minimum}{why}")
+
+
+def declared_columns(schedule: str) -> dict[str, Any]:
+    """What the report needs of a schedule's spec, as columns of its rows (the report reads
+    results only): `schedule_rank` (its place in the registry), `schedule_label`,
+    `bound_source`, `marker` and `split_backward` (1 or 0). Empty for torch's schedules,
+    which have no spec."""
+    spec = SCHEDULES.get(schedule)
+    if spec is None:
+        return {"schedule_rank": None, "schedule_label": "", "bound_source": "", "marker": "",
+                "split_backward": None}  # fmt: skip
+    return {"schedule_rank": list(SCHEDULES).index(schedule), "schedule_label": spec.label,
+            "bound_source": spec.bound_source, "marker": spec.marker,
+            "split_backward": int(spec.split_backward)}  # fmt: skip
 
 
 def plan_or_reason(schedule: str, p: int, m: int, v: int) -> tuple[Plan | None, str | None]:

@@ -34,6 +34,7 @@ from bench.experiments.pipeline_utilization.config import (
     Carry,
     PipelineUtilizationConfig,
     alpa_refuses,
+    declared_columns,
     plan_or_reason,
 )
 from bench.experiments.pipeline_utilization.names import TORCH_SCHEDULES, torch_refuses, torch_twin
@@ -127,6 +128,7 @@ def to_row(cfg: PipelineUtilizationConfig, cell: Cell, per_rank: list[dict]) -> 
         "max_inflight_microbatches": math.nan,
         "max_inflight_plan": math.nan,
         "loss": losses[0] if losses else math.nan,
+        **declared_columns(cell.key["schedule"]),
         **cfg.model(),
         "batch_size": cfg.batch_size,
         "microbatch_size": cfg.batch_size // cell.key["microbatches"],

@@ -8,8 +8,10 @@ interleaved schedules need M divisible by P).
 
 from __future__ import annotations
 
-__all__ = ["INTERLEAVED", "SLICINGS", "TORCH_SCHEDULES", "V_SHAPED", "slicing_of",
-           "torch_refuses", "torch_twin"]  # fmt: skip
+from typing import Any
+
+__all__ = ["SLICINGS", "TORCH_SCHEDULES", "declared", "slicing_of", "torch_refuses",
+           "torch_twin"]  # fmt: skip
 
 # distbench name of each torch.distributed.pipelining baseline -> torch's schedule class
 TORCH_SCHEDULES = {
@@ -17,8 +19,6 @@ TORCH_SCHEDULES = {
     "torch_1f1b": "Schedule1F1B",
     "torch_interleaved_1f1b": "ScheduleInterleaved1F1B",
 }
-INTERLEAVED = frozenset({"interleaved_1f1b", "torch_interleaved_1f1b"})
-V_SHAPED = frozenset({"zero_bubble_v"})  # exactly 2 chunks per rank, stages r and 2P−1−r
 # How a cell cuts the model into stages: equal block counts, or Alpa's cut (`slicing.py`)
 SLICINGS = ("equal", "alpa")
 
@@ -40,3 +40,13 @@ def torch_refuses(schedule: str, stages: int, microbatches: int) -> str | None:
     if schedule == "torch_1f1b" and microbatches < stages:
         return f"torch's Schedule1F1B needs microbatches ≥ stages={stages}"
     return None
+
+
+def declared(rows: Any, column: str) -> dict[str, Any]:
+    """Schedule -> what its spec declares in `column` of the results (`schedule_label`,
+    `bound_source`, `marker`, `schedule_rank`, `split_backward`: the experiment writes
+    them, `config.declared_columns`), for the schedules whose rows hold one."""
+    if column not in rows.columns or rows.empty:
+        return {}
+    held = rows[rows[column].notna() & (rows[column].astype(str) != "")]
+    return {str(s): v for s, v in held.groupby("schedule")[column].first().items()}

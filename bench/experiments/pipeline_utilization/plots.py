@@ -12,13 +12,12 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from bench.experiments.pipeline_utilization.names import declared
 from bench.report import format_percent, log2_axis, new_figure
 
 __all__ = ["gantt", "memory", "utilization"]
 
 KIND_COLOURS = {"F": "#4C72B0", "B": "#55A868", "I": "#DD8452", "W": "#8172B3"}
-MARKERS = {"naive": "D", "gpipe": "o", "1f1b": "s", "interleaved_1f1b": "^", "zero_bubble_h1": "v",
-           "zero_bubble_h2": "P", "zero_bubble_v": "X"}  # fmt: skip
 
 
 def _panels(rows: pd.DataFrame, draw: Callable[..., None], title: str, schedules: list[str],
@@ -30,7 +29,8 @@ def _panels(rows: pd.DataFrame, draw: Callable[..., None], title: str, schedules
     stages = sorted(int(p) for p in rows["stages"].unique())
     fig, axes = new_figure(12, 4.6 * len(stages), rows=len(stages), cols=2, **shared)
     colours = sns.color_palette("tab10", len(schedules))
-    styles = {s: (c, MARKERS.get(s, "o")) for s, c in zip(schedules, colours, strict=True)}
+    markers = declared(rows, "marker")  # each schedule's spec's, through the results
+    styles = {s: (c, markers.get(s, "o")) for s, c in zip(schedules, colours, strict=True)}
     for i, p in enumerate(stages):
         group = rows[rows["stages"] == p].sort_values("microbatches")
         left, right = axes[2 * i], axes[2 * i + 1]

@@ -1,6 +1,8 @@
 """The pipeline_utilization report's sections on the schedules themselves: utilization
 against the bubble bound, activation memory and in-flight micro-batches, ZB-H1 against
-1F1B, and the Gantt charts. Reads results only (never `impls`)."""
+1F1B, and the Gantt charts. Reads results only (never `impls`): each schedule's label,
+bound and marker come from its spec through the results' columns (`schedule_label`,
+`bound_source`, `marker`, `schedule_rank`, `split_backward`)."""
 
 from __future__ import annotations
 
@@ -11,28 +13,12 @@ from typing import Any
 import pandas as pd
 
 from bench.experiments.pipeline_utilization import plots
-from bench.experiments.pipeline_utilization.names import slicing_of
+from bench.experiments.pipeline_utilization.names import declared, slicing_of
 from bench.report import Context, format_bytes, format_percent, format_seconds, markdown_table
 
-__all__ = ["BOUND_SOURCE", "distbench_rows", "gantt", "memory", "points", "schedule_order",
+__all__ = ["distbench_rows", "gantt", "memory", "points", "schedule_order",
            "stage_costs", "utilization", "zero_bubble"]  # fmt: skip
 
-SCHEDULE_ORDER = ("naive", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble_h1",
-                  "zero_bubble_h2", "zero_bubble_v")  # fmt: skip
-LABELS = {"naive": "naive", "gpipe": "GPipe", "1f1b": "1F1B",
-          "interleaved_1f1b": "interleaved 1F1B", "zero_bubble_h1": "ZB-H1",
-          "zero_bubble_h2": "ZB-H2", "zero_bubble_v": "ZB-V"}  # fmt: skip
-BOUND_SOURCE = {
-    "naive": "1/P — GPipe (Huang et al. 2019), Fig. 2b",
-    "gpipe": "M/(M+P−1) — GPipe (Huang et al. 2019), §2.3",
-    "1f1b": "M/(M+P−1) — Narayanan et al. 2021, §2.2.1",
-    "interleaved_1f1b": "M/(M+(P−1)/V) — Narayanan et al. 2021 (Megatron-LM), §2.2.2",
-    "zero_bubble_h1": "3M/(3M+P−1), T_F = T_I = T_W, M ≥ P — Qi et al. 2024, §2.1",
-    "zero_bubble_h2": "3M/(3M+P−1) (no idle inside any rank's span; the (P−1)·T_F ramp "
-    "skew remains in a synchronous step), T_F = T_I = T_W, M ≥ 2P−1 — Qi et al. 2024, §2.2",
-    "zero_bubble_v": "6M/(6M+P−1) in half-stage chunks, T_F = T_I = T_W, M ≥ P — Qi et al. "
-    "2024, §6, and Pipeline Parallelism with Controllable Memory, §3",
-}
 NEAR_BOUND = 0.05  # points of utilization a replay may sit from its bound and "reach" it
 
 
@@ -58,8 +44,11 @@ def distbench_rows(ok: pd.DataFrame) -> pd.DataFrame:
 
 
 def schedule_order(rows: pd.DataFrame) -> list[str]:
+    """The schedules of `rows` in the registry's order (`schedule_rank`), then the rest."""
     present = {str(s) for s in pd.unique(rows["schedule"])}
-    return [s for s in SCHEDULE_ORDER if s in present] + sorted(present - set(SCHEDULE_ORDER))
+    ranks = declared(rows, "schedule_rank")
+    known = sorted((s for s in present if s in ranks), key=lambda s: (float(ranks[s]), s))
+    return known + sorted(present - set(known))
 
 
 def utilization(ctx: Context) -> str | None:
@@ -73,9 +62,10 @@ def utilization(ctx: Context) -> str | None:
     if rows.empty:
         return None
     order = schedule_order(rows)
-    bounds = "; ".join(f"`{s}` {BOUND_SOURCE[s]}" for s in order if s in BOUND_SOURCE)
+    sources = declared(rows, "bound_source")
+    bounds = "; ".join(f"`{s}` {sources[s]}" for s in order if s in sources)
     parts = [f"Bounds: {bounds}."]
-    if {"zero_bubble_h1", "zero_bubble_h2", "zero_bubble_v"} & set(order):
+    if any(float(v) == 1 for v in declared(rows, "split_backward").values()):
         parts.append(
             "The zero-bubble schedules split each backward as the paper does: I is one "
             "backward that leaves every linear layer's weight GEMM (x, grad_y) for W, so "
@@ -99,14 +89,15 @@ def utilization(ctx: Context) -> str | None:
 
 def _against_bounds(ctx: Context, rows: pd.DataFrame, order: list[str]) -> None:
     """Per schedule: the index figure of replayed − bound, and whether it reaches it."""
+    sources, labels = declared(rows, "bound_source"), declared(rows, "schedule_label")
     for schedule in order:
         one = rows[rows["schedule"] == schedule]
         gap = (one["util_replayed"] - one["util_theory"]).dropna()
-        if schedule not in BOUND_SOURCE or gap.empty:
+        if schedule not in sources or gap.empty:
             continue
         far = gap.abs().idxmax()
-        formula, source = BOUND_SOURCE[schedule].split(" — ", 1)
-        name = LABELS.get(schedule, schedule)
+        formula, source = str(sources[schedule]).split(" — ", 1)
+        name = labels.get(schedule, schedule)
         where = f"{points(gap[far], 0)} ({ctx.key(one.loc[far])})"
         ctx.figure(f"{name} replayed utilization − its bubble bound, every cell",
                    theory=f"0 pts (bound {formula})", source=source,
@@ -121,6 +112,7 @@ def _against_bounds(ctx: Context, rows: pd.DataFrame, order: list[str]) -> None:
 
 def _rises_with_m(ctx: Context, rows: pd.DataFrame, order: list[str]) -> None:
     """The lecture's claim: more micro-batches, higher utilization (every schedule, P)."""
+    labels = declared(rows, "schedule_label")
     for schedule in order:
         by_p = rows[rows["schedule"] == schedule].groupby("stages")
         lines = [(p, g.sort_values("microbatches")["util_replayed"]) for p, g in by_p]
@@ -129,7 +121,7 @@ def _rises_with_m(ctx: Context, rows: pd.DataFrame, order: list[str]) -> None:
             continue
         falls = [f"P={p}: " + ", ".join(map(format_percent, util))
                  for p, util in lines if not (util.diff().dropna() > 0).all()]  # fmt: skip
-        ctx.finding(f"{LABELS.get(schedule, schedule)}'s replayed utilization rises with "
+        ctx.finding(f"{labels.get(schedule, schedule)}'s replayed utilization rises with "
                     "every added micro-batch (lecture)", not falls, "; ".join(falls))  # fmt: skip
 
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from impls.pipeline.actions import Action, Plan
 from impls.pipeline.schedules._checks import require_count
+from impls.pipeline.schedules.spec import ScheduleSpec
+from impls.pipeline.theory import gpipe_utilization
 
-__all__ = ["gpipe"]
+__all__ = ["GPIPE", "gpipe", "gpipe_inflight"]
 
 
 def gpipe(stages: int, microbatches: int) -> Plan:
@@ -28,3 +30,20 @@ def gpipe(stages: int, microbatches: int) -> Plan:
         + [Action(rank, "B", m) for m in reversed(range(microbatches))]
         for rank in range(stages)
     }
+
+
+def gpipe_inflight(stages: int, microbatches: int, virtual_stages: int = 1) -> list[int]:
+    """All M micro-batches on every rank: the backward phase starts after the last forward."""
+    return [microbatches] * stages
+
+
+GPIPE = ScheduleSpec(
+    name="gpipe",
+    build=gpipe,
+    label="GPipe",
+    utilization=lambda p, m, v: gpipe_utilization(p, m),
+    bound_source="M/(M+P−1) — GPipe (Huang et al. 2019), §2.3",
+    inflight=gpipe_inflight,
+    marker="o",
+    planner=True,
+)

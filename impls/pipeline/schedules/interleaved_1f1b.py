@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from impls.pipeline.actions import Action, Plan
 from impls.pipeline.schedules._checks import ONE_CHUNK, require_count
+from impls.pipeline.schedules.spec import ScheduleSpec
+from impls.pipeline.theory import interleaved_utilization
 
-__all__ = ["interleaved_1f1b"]
+__all__ = ["INTERLEAVED_1F1B", "interleaved_1f1b", "interleaved_1f1b_inflight"]
 
 
 def interleaved_1f1b(stages: int, microbatches: int, virtual_stages: int = 2) -> Plan:
@@ -55,3 +57,26 @@ def _nth(k: int, rank: int, stages: int, virtual_stages: int, kind: str) -> Acti
         chunk = virtual_stages - 1 - chunk
     microbatch = (k // (stages * virtual_stages)) * stages + k % stages
     return Action(chunk * stages + rank, kind, microbatch)
+
+
+def interleaved_1f1b_inflight(stages: int, microbatches: int, virtual_stages: int) -> list[int]:
+    """Rank r its warm-up 2(P − r − 1) + (V − 1)P plus the forward just issued, capped at
+    M·V; all M·V when M = P (Megatron-LM's warm-up, as `interleaved_1f1b` builds it)."""
+    total = microbatches * virtual_stages
+    if microbatches == stages:
+        return [total] * stages
+    warmup = [2 * (stages - r - 1) + (virtual_stages - 1) * stages for r in range(stages)]
+    return [min(w + 1, total) for w in warmup]
+
+
+INTERLEAVED_1F1B = ScheduleSpec(
+    name="interleaved_1f1b",
+    build=interleaved_1f1b,
+    label="interleaved 1F1B",
+    utilization=interleaved_utilization,
+    bound_source="M/(M+(P−1)/V) — Narayanan et al. 2021 (Megatron-LM), §2.2.2",
+    inflight=interleaved_1f1b_inflight,
+    marker="^",
+    chunks="interleaved",
+    planner=True,
+)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from impls.pipeline.actions import Action, Plan
 from impls.pipeline.schedules._checks import require_count
+from impls.pipeline.schedules.spec import ScheduleSpec
+from impls.pipeline.theory import naive_utilization
 
-__all__ = ["naive"]
+__all__ = ["NAIVE", "naive", "naive_inflight"]
 
 
 def naive(stages: int, microbatches: int = 1) -> Plan:
@@ -22,3 +24,20 @@ def naive(stages: int, microbatches: int = 1) -> Plan:
             "so microbatches must be 1 (use 'gpipe' or '1f1b' to split the batch)"
         )
     return {rank: [Action(rank, "F", 0), Action(rank, "B", 0)] for rank in range(stages)}
+
+
+def naive_inflight(stages: int, microbatches: int, virtual_stages: int = 1) -> list[int]:
+    """One micro-batch (the whole batch) held on every rank until its backward."""
+    return [1] * stages
+
+
+NAIVE = ScheduleSpec(
+    name="naive",
+    build=naive,
+    label="naive",
+    utilization=lambda p, m, v: naive_utilization(p),
+    bound_source="1/P — GPipe (Huang et al. 2019), Fig. 2b",
+    inflight=naive_inflight,
+    marker="D",
+    microbatched=False,
+)

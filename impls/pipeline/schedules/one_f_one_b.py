@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from impls.pipeline.actions import Action, Plan
 from impls.pipeline.schedules._checks import require_count
+from impls.pipeline.schedules.spec import ScheduleSpec
+from impls.pipeline.theory import one_f_one_b_utilization
 
-__all__ = ["one_f_one_b"]
+__all__ = ["ONE_F_ONE_B", "one_f_one_b", "one_f_one_b_inflight"]
 
 
 def one_f_one_b(stages: int, microbatches: int) -> Plan:
@@ -30,3 +32,20 @@ def one_f_one_b(stages: int, microbatches: int) -> Plan:
         actions += [Action(rank, "B", m) for m in range(microbatches - warmup, microbatches)]
         plan[rank] = actions
     return plan
+
+
+def one_f_one_b_inflight(stages: int, microbatches: int, virtual_stages: int = 1) -> list[int]:
+    """Rank r holds min(P − r, M) (Narayanan et al. 2021 §2.2.1)."""
+    return [min(stages - r, microbatches) for r in range(stages)]
+
+
+ONE_F_ONE_B = ScheduleSpec(
+    name="1f1b",
+    build=one_f_one_b,
+    label="1F1B",
+    utilization=lambda p, m, v: one_f_one_b_utilization(p, m),
+    bound_source="M/(M+P−1) — Narayanan et al. 2021, §2.2.1",
+    inflight=one_f_one_b_inflight,
+    marker="s",
+    planner=True,
+)

@@ -19,8 +19,10 @@ from collections import deque
 
 from impls.pipeline.actions import Action, Plan
 from impls.pipeline.schedules.one_f_one_b import one_f_one_b
+from impls.pipeline.schedules.spec import ScheduleSpec
+from impls.pipeline.theory import zero_bubble_h1_utilization
 
-__all__ = ["zero_bubble_h1"]
+__all__ = ["ZERO_BUBBLE_H1", "zero_bubble_h1", "zero_bubble_h1_inflight"]
 
 
 def zero_bubble_h1(stages: int, microbatches: int) -> Plan:
@@ -39,3 +41,21 @@ def zero_bubble_h1(stages: int, microbatches: int) -> Plan:
                 split.append(Action(rank, "W", deferred.popleft()))
         plan[rank] = split + [Action(rank, "W", m) for m in deferred]
     return plan
+
+
+def zero_bubble_h1_inflight(stages: int, microbatches: int, virtual_stages: int = 1) -> list[int]:
+    """min(P, M) on every rank: each holds a micro-batch until its late W (Qi et al. 2024 §2.1)."""
+    return [min(stages, microbatches)] * stages
+
+
+ZERO_BUBBLE_H1 = ScheduleSpec(
+    name="zero_bubble_h1",
+    build=zero_bubble_h1,
+    label="ZB-H1",
+    utilization=lambda p, m, v: zero_bubble_h1_utilization(p, m),
+    bound_source="3M/(3M+P−1), T_F = T_I = T_W, M ≥ P — Qi et al. 2024, §2.1",
+    inflight=zero_bubble_h1_inflight,
+    marker="v",
+    split_backward=True,
+    planner=True,
+)

@@ -26,8 +26,10 @@ from __future__ import annotations
 from impls.pipeline.actions import Plan
 from impls.pipeline.schedules._checks import require_count
 from impls.pipeline.schedules._greedy import StageCosts, fastest, greedy_plan
+from impls.pipeline.schedules.spec import COUNTED_ON_PLAN, ScheduleSpec
+from impls.pipeline.theory import zero_bubble_h2_utilization
 
-__all__ = ["zero_bubble_h2"]
+__all__ = ["ZERO_BUBBLE_H2", "zero_bubble_h2"]
 
 
 def zero_bubble_h2(stages: int, microbatches: int, costs: StageCosts | None = None) -> Plan:
@@ -40,3 +42,18 @@ def zero_bubble_h2(stages: int, microbatches: int, costs: StageCosts | None = No
     return fastest(
         lambda c: greedy_plan(placement, microbatches, limits, reserves, c), costs, placement
     )
+
+
+# Not searched by the planner (yet): its bounds were written for ZB-H1's in-flight count.
+ZERO_BUBBLE_H2 = ScheduleSpec(
+    name="zero_bubble_h2",
+    build=zero_bubble_h2,
+    label="ZB-H2",
+    utilization=lambda p, m, v: zero_bubble_h2_utilization(p, m),
+    bound_source="3M/(3M+P−1) (no idle inside any rank's span; the (P−1)·T_F ramp "
+    "skew remains in a synchronous step), T_F = T_I = T_W, M ≥ 2P−1 — Qi et al. 2024, §2.2",
+    inflight=COUNTED_ON_PLAN,  # at most 2P − 1 (`theory.zero_bubble_max_inflight`)
+    marker="P",
+    split_backward=True,
+    needs_m_ge_p=True,
+)

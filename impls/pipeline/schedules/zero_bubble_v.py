@@ -31,8 +31,10 @@ from __future__ import annotations
 from impls.pipeline.actions import Plan
 from impls.pipeline.schedules._checks import require_count
 from impls.pipeline.schedules._greedy import StageCosts, fastest, v_plan
+from impls.pipeline.schedules.spec import COUNTED_ON_PLAN, ScheduleSpec
+from impls.pipeline.theory import zero_bubble_v_utilization
 
-__all__ = ["zero_bubble_v"]
+__all__ = ["ZERO_BUBBLE_V", "zero_bubble_v"]
 
 
 def zero_bubble_v(
@@ -48,3 +50,20 @@ def zero_bubble_v(
         )
     placement = tuple(range(stages)) + tuple(range(stages - 1, -1, -1))
     return fastest(lambda c: v_plan(stages, microbatches, 2 * stages, c), costs, placement)
+
+
+# Not searched by the planner: its V placement of two chunks per rank is not a
+# ParallelPlan layout.
+ZERO_BUBBLE_V = ScheduleSpec(
+    name="zero_bubble_v",
+    build=zero_bubble_v,
+    label="ZB-V",
+    utilization=lambda p, m, v: zero_bubble_v_utilization(p, m),
+    bound_source="6M/(6M+P−1) in half-stage chunks, T_F = T_I = T_W, M ≥ P — Qi et al. "
+    "2024, §6, and Pipeline Parallelism with Controllable Memory, §3",
+    inflight=COUNTED_ON_PLAN,  # at most 2P chunk pairs (`theory.zero_bubble_max_inflight`)
+    marker="X",
+    chunks="v_shape",
+    split_backward=True,
+    needs_m_ge_p=True,
+)
