@@ -9,7 +9,8 @@
   every rank had its own device");
 - `collectives` / `collective_specs`: timed collectives, nccl-tests style;
 - `profile`: a device's microbenchmarks (GEMM by shape, copy, launch), each checked, and
-  the ring all-reduce's α–β fit: what a hardware preset is measured from.
+  the ring all-reduce's α–β fit: what a hardware preset is measured from;
+- `fit`: the one α–β fit (numpy and scipy only, so report writers use it too).
 
 Rank-side modules import torch and `impls` only (no pandas, no plotting): they run in
 every rank process.

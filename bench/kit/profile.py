@@ -18,8 +18,8 @@ On CUDA a timed step ends with `torch.cuda.synchronize()`, so a window's clock s
 when its kernels have run; `per_call` kernels run back to back before it (the launch
 probe: the rate at which the host issues kernels, not a synchronisation's round trip).
 
-`fit_ring` (re-exported from `impls.costmodel.fit`, the one α–β fit) turns a ring
-all-reduce timed at several sizes (`bench.kit.collectives`) into a link's (α, β).
+`fit_ring` (from `bench.kit.fit`, the one α–β fit) turns a ring all-reduce timed at
+several sizes (`bench.kit.collectives`) into a link's (α, β).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
+from bench.kit.fit import fit_ring
 from bench.kit.timing import alternate, calibrate_iters
-from impls.costmodel.fit import fit_ring
 
 __all__ = ["GEMM_DTYPES", "TOLERANCE", "Step", "copy_step", "device_name", "device_memory_bytes", "fit_ring",
            "gemm_step", "launch_step", "resolve_device", "timed"]  # fmt: skip

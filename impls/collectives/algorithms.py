@@ -16,7 +16,7 @@ from impls.collectives.ring import RING
 from impls.collectives.spec import ORDER_COLUMNS, AllReduceAlgorithm
 from impls.collectives.tree import TREE
 
-__all__ = ["ALGORITHMS", "ORDER_COLUMNS", "AllReduceAlgorithm", "algorithm_spec"]
+__all__ = ["ALGORITHMS", "ORDER_COLUMNS", "AllReduceAlgorithm"]
 
 ALGORITHMS: dict[str, AllReduceAlgorithm] = {
     spec.name: spec
@@ -29,11 +29,3 @@ ALGORITHMS: dict[str, AllReduceAlgorithm] = {
         TREE,
     )
 }
-
-
-def algorithm_spec(name: str) -> AllReduceAlgorithm:
-    """The registered spec of all-reduce `name`; ValueError naming the choices otherwise."""
-    if name not in ALGORITHMS:
-        allowed = ", ".join(ALGORITHMS)
-        raise ValueError(f"algorithm={name!r} is unknown; allowed values: {allowed}")
-    return ALGORITHMS[name]

@@ -290,7 +290,7 @@ def host_hardware(cal: Mapping[str, Any], link: tuple[float, float], rate: float
     `cal` holds what was measured: `peak_fp32_flops`, `peak_bf16_flops`,
     `memory_bandwidth` (bytes/s), `gemm_table` ((FLOPs, fraction of peak) points) and
     `kernel_overhead_s`; `link` the loopback's fitted (α s, β s/B)
-    (`impls.costmodel.fit`). FLOP/s and bandwidth are scaled by `rate` (a rank's share of
+    (`bench.kit.fit.fit_ring`). FLOP/s and bandwidth are scaled by `rate` (a rank's share of
     the host), `overhead_s` replaces the measured per-kernel overhead (None keeps it).
     Every rank sits on this one host, so the intra link serves throughout; collectives
     block the rank's one computing thread (`comm_overlap` False); with `p2p_blocking` a

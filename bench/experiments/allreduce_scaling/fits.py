@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from impls.costmodel import fit as link_fit
+from bench.kit import fit as link_fit
 
 __all__ = [
     "GROWTH_ORDERS",
@@ -235,7 +235,7 @@ def _fit_rows(rows: pd.DataFrame, scope: str) -> AlphaBetaFit:
         raise ValueError(f"α–β fit for {scope} needs >= 2 ok rows, got {len(rows)}")
     time = rows["time_s"].to_numpy(float)
     design = rows[["rounds", "peak_bytes"]].to_numpy(float)
-    # On relative error (`impls.costmodel.fit`): times span 4 KiB to 64 MiB messages.
+    # On relative error (`bench.kit.fit`): times span 4 KiB to 64 MiB messages.
     alpha, beta = link_fit.fit_alpha_beta(design[:, 0], design[:, 1], time, "least_squares")
     predicted = design @ np.array([alpha, beta])
     total = float(np.sum((time - time.mean()) ** 2))

@@ -65,7 +65,7 @@ def fit_alpha_beta(rounds: Sequence[float], nbytes: Sequence[float], times: Sequ
 def fit_ring(n: int, sizes: Sequence[float], times: Sequence[float], *,
              robust: bool = True) -> tuple[float, float]:  # fmt: skip
     """(α, β) of a ring all-reduce on `n` ranks timed at ≥ 2 message sizes: 2(n − 1) rounds
-    carrying 2(n − 1)/n · M bytes per rank (`impls.costmodel.comm`). `robust`: the median
+    carrying 2(n − 1)/n · M bytes per rank (as `impls.costmodel.comm` prices it). `robust`: the median
     regression, else least squares. Floors α at 1 ns and β at 1e-15 s/B, so the link a
     preset builds from them has a finite bandwidth."""
     m = np.asarray(sizes, dtype=float)
