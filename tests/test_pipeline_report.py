@@ -9,11 +9,8 @@ results only).
 
 from __future__ import annotations
 
-import ast
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +21,7 @@ from bench.experiments.pipeline_utilization.config import declared_columns
 from bench.experiments.pipeline_utilization.experiment import EXPERIMENT
 from bench.experiments.pipeline_utilization.report import prepare, split_backward_ratio
 from bench.report.index import write_index
+from tests.report_guards import assert_import_loads_none, assert_source_imports_none
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 METADATA = {"git_sha": "abc1234", "torch_version": "2.13.0", "backend": "gloo", "device": "cpu",
@@ -254,23 +252,9 @@ REPORT_MODULES = ("report.py", "schedules_report.py", "plots.py", "names.py")
 def test_writer_reads_results_only():
     """The report's modules import no `impls`, and importing them loads no `impls` module
     beyond what the harness's own package already does (`bench.experiments`)."""
-    for name in REPORT_MODULES:
-        tree = ast.parse((FOLDER / name).read_text())
-        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-        assert not [m for m in imported if m and m.split(".")[0] in ("impls", "torch")], name
-        assert not [m for m in imported if m and m.endswith((".ranks", ".experiment"))], name
-    code = (
-        "import sys, bench.experiments\n"
-        "def impls(): return {m for m in sys.modules if m == 'impls' or m.startswith('impls.')}\n"
-        "before = impls()\n"
-        "import bench.experiments.pipeline_utilization.report\n"
-        "bad = sorted(impls() - before)\n"
-        "assert not bad, bad\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
-                          text=True)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert_source_imports_none(FOLDER, REPORT_MODULES, ("impls", "torch"),
+                               (".ranks", ".experiment"))  # fmt: skip
+    assert_import_loads_none("bench.experiments.pipeline_utilization.report", ("impls",))
 
 
 def test_claims_that_do_not_hold_reach_the_index(traced):

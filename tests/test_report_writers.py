@@ -8,11 +8,8 @@ that are not written.
 
 from __future__ import annotations
 
-import ast
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +22,7 @@ from bench.experiments.collectives import experiment as collectives_experiment
 from bench.report import format_bytes
 from bench.report.index import write_index
 from impls.collectives.algorithms import ALGORITHMS
+from tests.report_guards import assert_import_loads_none, assert_source_imports_none
 
 # The lecture's orders as the algorithms' specs declare them; the report reads them from
 # the rows' `lecture_order_*` columns (`declared_columns`), never from `impls`.
@@ -277,21 +275,7 @@ ALLREDUCE_REPORT_MODULES = ("report.py", "auto.py", "fits.py", "paired_rounds.py
 def test_allreduce_writer_reads_results_only():
     """The allreduce_scaling report's modules import no `impls` or torch, and importing the
     report loads neither (each algorithm's orders and place reach it as result columns)."""
-    for name in ALLREDUCE_REPORT_MODULES:
-        tree = ast.parse((ALLREDUCE_FOLDER / name).read_text())
-        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-        assert not [m for m in imported if m and m.split(".")[0] in ("impls", "torch")], name
-        assert not [m for m in imported if m and m.endswith((".config", ".experiment"))], name
-    code = (
-        "import sys, bench.experiments\n"
-        "def loaded(): return {m for m in sys.modules if m.split('.')[0] in ('impls', 'torch')}\n"
-        "before = loaded()\n"
-        "import bench.experiments.allreduce_scaling.report\n"
-        "bad = sorted(loaded() - before)\n"
-        "assert not bad, bad\n"
-        "assert 'torch' not in sys.modules\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ALLREDUCE_FOLDER.parents[2],
-                          capture_output=True, text=True)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert_source_imports_none(ALLREDUCE_FOLDER, ALLREDUCE_REPORT_MODULES, ("impls", "torch"),
+                               (".config", ".experiment"))  # fmt: skip
+    assert_import_loads_none("bench.experiments.allreduce_scaling.report", ("impls", "torch"),
+                             absent=("torch",))  # fmt: skip
