@@ -18,6 +18,7 @@ from bench.report.format import (
     write_text_atomic,
 )
 from bench.report.plots import log2_axis, new_figure, save_figure
+from bench.report.prose import prose
 from bench.report.skeleton import Context, Report, write_report
 from bench.report.targets import Target, Verdict, key_text, select
 
@@ -38,6 +39,7 @@ __all__ = [
     "markdown_table",
     "new_figure",
     "ok_rows",
+    "prose",
     "save_figure",
     "select",
     "to_jsonable",

@@ -27,6 +27,7 @@ from bench.report import (
     markdown_table,
     new_figure,
     ok_rows,
+    prose,
 )
 
 __all__ = ["REPORT", "SPEEDUP_TARGET", "prepare"]
@@ -100,11 +101,9 @@ def what_was_measured(ctx: Context) -> str | None:
     first = ctx.ok.iloc[0]
     bandwidth = _number(first, "bandwidth_mbps")
     link = "unlimited bandwidth" if not math.isfinite(bandwidth) else f"{bandwidth:g} Mbit/s"
-    return (
-        f"Task `{first['task']}` on {_count(first['world_size'])} ranks, "
-        f"{_count(first['steps'])} plain-SGD steps (global batch {_count(first['batch_size'])}"
-        f", peak lr {_number(first, 'lr'):g}, cosine decay); link bandwidth: {link}."
-    )
+    return prose(__package__, "setup", task=first["task"], ranks=_count(first["world_size"]),
+                 steps=_count(first["steps"]), batch=_count(first["batch_size"]),
+                 lr=f"{_number(first, 'lr'):g}", link=link)  # fmt: skip
 
 
 def _plot_time_to_target(ctx: Context, rows: pd.DataFrame, target: float) -> str:
@@ -179,14 +178,11 @@ def _at_largest_latency(ctx: Context, rows: pd.DataFrame, target: float) -> str:
     points = 100 * (best["dga_final_accuracy"] - best["sync_final_accuracy"])
     ctx.figure(f"final accuracy at {top:g} ms, DGA (D = {best['delay']}) − sync DP (points)",
                theory="≈ 0", source=SOURCE, measured=f"{points:+.2f}")  # fmt: skip
-    verdict = "sooner than" if (not math.isfinite(s) or d < s) else "**not sooner** than"
-    return (
-        f"At {top:g} ms, DGA with D = {best['delay']} reached {percent} in "
-        f"{format_seconds(d)}, {verdict} sync DP's {format_seconds(s)} "
-        f"({format_ratio(best['speedup'])}); final accuracy "
-        f"{100 * best['dga_final_accuracy']:.2f}% against "
-        f"{100 * best['sync_final_accuracy']:.2f}%."
-    )
+    return prose(__package__, "at_largest_latency", latency=f"{top:g}", delay=best["delay"],
+                 percent=percent, dga=format_seconds(d), sync=format_seconds(s),
+                 speedup=format_ratio(best["speedup"]), sooner=not math.isfinite(s) or d < s,
+                 dga_final=f"{100 * best['dga_final_accuracy']:.2f}%",
+                 sync_final=f"{100 * best['sync_final_accuracy']:.2f}%")  # fmt: skip
 
 
 def _findings(ctx: Context, rows: pd.DataFrame) -> None:
@@ -227,13 +223,7 @@ def time_to_accuracy(ctx: Context) -> str | None:
 
 REPORT = Report(
     title="Delayed gradient averaging: time to accuracy against link latency",
-    intro=(
-        "Synchronous data parallelism pays the link's latency on every step; Delayed "
-        "Gradient Averaging (Zhu et al., NeurIPS 2021) steps on with each rank's own "
-        "gradient and applies the average D steps later, hiding that latency behind D steps "
-        "of compute. Both train the same task from the same seed under a simulated link of "
-        "growing latency; the figure of merit is the training time to a held-out accuracy."
-    ),
+    intro=prose(__package__, "intro"),
     sections=(what_was_measured, time_to_accuracy),
     targets=(SPEEDUP_TARGET,),
     prepare=prepare,
