@@ -106,15 +106,10 @@ class SourceCheck:
 def run_plan(run: PublishedRun) -> ParallelPlan:
     """The run's published layout as a `ParallelPlan` (Megatron-LM's stage layout where the
     run used it: L/S blocks a stage, embedding and head on the end stages)."""
-    layers = None
-    if run.layout == "megatron" and run.pp > 1:
-        layers = megatron_stage_layers(model(run.model).n_layers, run.pp * run.virtual_stages)
-    return ParallelPlan(
-        dp=run.dp, cp=run.cp, tp=run.tp, pp=run.pp, sp=run.sp, zero_stage=run.zero_stage,
-        microbatch_size=run.microbatch_size, num_microbatches=run.num_microbatches,
-        schedule=run.schedule if run.pp > 1 else "1f1b",
-        virtual_stages=run.virtual_stages, recompute=run.recompute, stage_layers=layers,
-    )  # fmt: skip
+    plan = run.plan
+    if run.layout != "megatron" or plan.pp == 1:
+        return plan
+    return replace(plan, stage_layers=megatron_stage_layers(model(run.model).n_layers, plan.stages))
 
 
 def run_hardware(run: PublishedRun) -> Hardware:

@@ -16,6 +16,7 @@ from impls.costmodel.published import (
     LAYOUTS,
     LECTURE_FIGURES,
     PUBLISHED_RUNS,
+    published_plan,
     published_run,
 )
 
@@ -32,36 +33,43 @@ def test_at_least_forty_distinct_rows_from_eight_sources():
 
 
 def test_the_set_covers_fsdp_h100_long_sequences_and_a_scaling_series():
-    assert sum(run.zero_stage == 3 for run in PUBLISHED_RUNS) >= 10
+    assert sum(run.plan.zero_stage == 3 for run in PUBLISHED_RUNS) >= 10
     assert sum(run.hardware == "h100_sxm" for run in PUBLISHED_RUNS) >= 10
     assert sum(run.seq_len >= 8192 for run in PUBLISHED_RUNS) >= 4
     # One model on one GPU type at one micro-batch, at three or more data-parallel sizes.
     series = {}
     for run in PUBLISHED_RUNS:
-        key = (run.model, run.hardware, run.seq_len, run.microbatch_size, run.tp, run.pp)
-        series.setdefault(key, set()).add(run.dp)
+        key = (
+            run.model,
+            run.hardware,
+            run.seq_len,
+            run.plan.microbatch_size,
+            run.plan.tp,
+            run.plan.pp,
+        )
+        series.setdefault(key, set()).add(run.plan.dp)
     assert max(len(sizes) for sizes in series.values()) >= 3
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_layout_is_consistent(name):
     run = RUNS[name]
-    assert run.dp * run.cp * run.tp * run.pp == run.gpus
+    assert run.plan.dp * run.plan.cp * run.plan.tp * run.plan.pp == run.gpus
     assert run.attention in ATTENTION_KINDS and run.layout in LAYOUTS
-    assert run.seq_len % run.cp == 0
-    assert run.tp <= run.gpus_per_node
+    assert run.seq_len % run.plan.cp == 0
+    assert run.plan.tp <= run.gpus_per_node
     assert run.gpus % run.gpus_per_node == 0 or run.gpus < run.gpus_per_node
-    assert run.global_batch % (run.dp * run.microbatch_size) == 0
+    assert run.global_batch % (run.plan.dp * run.plan.microbatch_size) == 0
     assert run.model in MODELS and run.hardware in HARDWARE_NAMES
     assert run.flops_convention in FLOPS_CONVENTIONS
     spec = MODELS[run.model]
-    assert spec.n_heads % run.tp == 0
+    assert spec.n_heads % run.plan.tp == 0
     # Each (virtual) pipeline stage holds at least one layer.
-    assert spec.n_layers >= run.pp * run.virtual_stages
-    assert (run.virtual_stages > 1) == (run.schedule == "interleaved_1f1b")
+    assert spec.n_layers >= run.plan.pp * run.plan.virtual_stages
+    assert (run.plan.virtual_stages > 1) == (run.plan.schedule == "interleaved_1f1b")
     assert run.source and run.notes and run.origin
     # Megatron-LM and NeMo pipelines place L/pp blocks per stage, embedding and head aside.
-    if run.origin in ("megatron_sc21", "megatron_readme", "nemo") and run.pp > 1:
+    if run.origin in ("megatron_sc21", "megatron_readme", "nemo") and run.plan.pp > 1:
         assert run.layout == "megatron"
 
 
@@ -111,7 +119,7 @@ def test_llm_foundry_hfu_counts_one_more_forward_exactly_when_checkpointing():
     rows = [run for run in PUBLISHED_RUNS if run.origin == "llm_foundry"]
     assert len(rows) == 14
     for run in rows:
-        ratio = 4 / 3 if run.recompute == "full" else 1.0
+        ratio = 4 / 3 if run.plan.recompute == "full" else 1.0
         assert run.hfu / run.mfu == pytest.approx(ratio, rel=0.002)
 
 
@@ -139,7 +147,7 @@ def test_mfu_never_exceeds_hfu():
 
 def test_num_microbatches_by_hand():
     run = published_run("bloom_176b")
-    assert run.num_microbatches == 2048 // (8 * 2) == 128
+    assert run.plan.num_microbatches == 2048 // (8 * 2) == 128
 
 
 def test_unknown_run_is_refused():
@@ -148,24 +156,43 @@ def test_unknown_run_is_refused():
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"dp": 7}, r"dp·cp·tp·pp = 7·1·4·12 != gpus=384"),
-    ({"cp": 2}, r"dp·cp·tp·pp = 8·2·4·12 != gpus=384"),
-    ({"cp": 0}, r"PublishedRun.cp=0: must be an integer ≥ 1"),
-    ({"cp": 3, "dp": 8 // 3}, r"cp=3 does not divide seq_len=2048"),
     ({"attention": "sparse"}, r"attention='sparse': allowed values: materialized, flash"),
     ({"layout": "balanced"}, r"layout='balanced': allowed values: equal, megatron"),
     ({"origin": ""}, r"origin must name the source family"),
     ({"flops_convention": "6n"}, r"flops_convention='6n': allowed values: model, model_6n"),
-    ({"microbatch_size": 3}, r"not a multiple of dp·microbatch_size=24"),
     ({"model": "gpt5"}, r"model='gpt5': not a key of MODELS"),
     ({"hardware": "tpu_v4"}, r"hardware='tpu_v4': allowed values: a100_40gb"),
-    ({"schedule": "zb"}, r"schedule='zb'"),
+    ({"seq_len": 2047, "plan": dataclasses.replace(published_run("bloom_176b").plan, cp=2)},
+     r"bloom_176b: cp=2 does not divide seq_len=2047"),
+    ({"plan": {"tp": 4}}, r"plan=\{'tp': 4\}: must be a ParallelPlan"),
     ({"assumed": ("nonsense",)}, r"assumed names unknown fields \['nonsense'\]"),
     ({"tflops_per_gpu": None}, r"no published metric"),
 ])  # fmt: skip
 def test_malformed_rows_are_refused(change, message):
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(published_run("bloom_176b"), **change)
+
+
+BLOOM = {"gpus": 384, "dp": 8, "tp": 4, "pp": 12, "zero_stage": 1, "microbatch_size": 2,
+         "global_batch": 2048, "schedule": "1f1b", "recompute": "full"}  # fmt: skip
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"dp": 7}, r"dp·cp·tp·pp = 7·1·4·12 != gpus=384"),
+    ({"cp": 2}, r"dp·cp·tp·pp = 8·2·4·12 != gpus=384"),
+    ({"cp": 0}, r"dp·cp·tp·pp = 8·0·4·12 != gpus=384"),
+    ({"cp": 0, "gpus": None}, r"cp=0: must be an integer ≥ 1"),
+    ({"microbatch_size": 3}, r"global_batch=2048 is not a multiple of dp·microbatch_size=24"),
+    ({"schedule": "zb"}, r"schedule='zb': unknown; choose one of .*1f1b"),
+    ({"recompute": "most"}, r"recompute='most'"),
+])  # fmt: skip
+def test_malformed_plans_are_refused_naming_the_field(change, message):
+    with pytest.raises(ValueError, match=message):
+        published_plan(**{**BLOOM, **change})
+
+
+def test_the_bloom_plan_is_what_published_plan_builds():
+    assert published_run("bloom_176b").plan == published_plan(**BLOOM)
 
 
 def test_lecture_figures_agree_with_each_other():

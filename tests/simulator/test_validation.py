@@ -71,7 +71,7 @@ def test_each_convention_counts_its_own_flops():
 def test_megatron_layout_puts_the_end_layers_on_the_end_stages():
     from impls.simulator.validation import run_plan
 
-    run = next(r for r in PUBLISHED_RUNS if r.layout == "megatron" and r.pp > 2)
+    run = next(r for r in PUBLISHED_RUNS if r.layout == "megatron" and r.plan.pp > 2)
     layers = run_plan(run).stage_layers
     assert layers[0] == layers[-1] == layers[1] + 1
     equal = [r for r in PUBLISHED_RUNS if r.layout == "equal"]

@@ -19,6 +19,7 @@ from impls.costmodel.published.schema import (
     HARDWARE_NAMES,
     LAYOUTS,
     PublishedRun,
+    published_plan,
 )
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "PUBLISHED_RUNS",
     "LectureFigure",
     "PublishedRun",
+    "published_plan",
     "published_run",
 ]
 

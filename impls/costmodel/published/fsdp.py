@@ -11,7 +11,7 @@ this), otherwise the MFU is quoted in `notes` and tokens/s is the row's metric.
 
 from __future__ import annotations
 
-from impls.costmodel.published.schema import PublishedRun
+from impls.costmodel.published.schema import PublishedRun, published_plan
 
 __all__ = ["FSDP_RUNS"]
 
@@ -23,9 +23,11 @@ def _fsdp(name: str, *, model: str, hardware: str, gpus: int, mbs: int, gbs: int
           ) -> PublishedRun:  # fmt: skip
     """One FSDP FULL_SHARD row: every GPU a data-parallel rank holding 1/N of the states."""
     return PublishedRun(
-        name=name, model=model, hardware=hardware, gpus=gpus, gpus_per_node=8, dp=gpus,
-        tp=1, pp=1, sp="none", zero_stage=3, microbatch_size=mbs, global_batch=gbs,
-        seq_len=seq, schedule="1f1b", virtual_stages=1, recompute=recompute, dtype="bf16",
+        name=name, model=model, hardware=hardware, gpus_per_node=8,
+        plan=published_plan(gpus=gpus, dp=gpus, tp=1, pp=1, sp="none", zero_stage=3,
+                            microbatch_size=mbs, global_batch=gbs, schedule="1f1b",
+                            virtual_stages=1, recompute=recompute),
+        seq_len=seq, dtype="bf16",
         flops_convention="model_6n", source=source, origin=origin, notes=notes,
         tokens_per_s_per_gpu=tokens, mfu=mfu, hfu=hfu, attention="flash", assumed=assumed,
         node_network_gbps=node_network_gbps,
@@ -169,19 +171,21 @@ _TINYLLAMA = PublishedRun(
     name="tinyllama_1_1b_16",
     model="tinyllama_1_1b",
     hardware="a100_40gb",
-    gpus=16,
     gpus_per_node=8,
-    dp=16,
-    tp=1,
-    pp=1,
-    sp="none",
-    zero_stage=3,
-    microbatch_size=8,
-    global_batch=1024,
+    plan=published_plan(
+        gpus=16,
+        dp=16,
+        tp=1,
+        pp=1,
+        sp="none",
+        zero_stage=3,
+        microbatch_size=8,
+        global_batch=1024,
+        schedule="1f1b",
+        virtual_stages=1,
+        recompute="none",
+    ),
     seq_len=2048,
-    schedule="1f1b",
-    virtual_stages=1,
-    recompute="none",
     dtype="bf16",
     flops_convention="model_6n",
     source="jzhang38/TinyLlama README.md (commit bf12224): 'Hardware | 16 A100-40G GPUs', "

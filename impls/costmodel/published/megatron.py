@@ -10,7 +10,7 @@ BLOOM's Megatron-DeepSpeed partition is the even slicing of L + 2 layers (its no
 
 from __future__ import annotations
 
-from impls.costmodel.published.schema import PublishedRun
+from impls.costmodel.published.schema import PublishedRun, published_plan
 
 __all__ = ["MEGATRON_RUNS"]
 
@@ -28,10 +28,11 @@ _SC21_ASSUMED = ("microbatch_size", "schedule", "virtual_stages", "dtype")
 def _sc21(size: str, model: str, tp: int, pp: int, gpus: int, batch: int, tflops: float,
           peak_pct: float) -> PublishedRun:  # fmt: skip
     return PublishedRun(
-        name=f"megatron_sc21_{size}", model=model, hardware="a100_80gb", gpus=gpus,
-        gpus_per_node=8, dp=gpus // (tp * pp), tp=tp, pp=pp, sp="none", zero_stage=0,
-        microbatch_size=1, global_batch=batch, seq_len=2048, schedule="1f1b",
-        virtual_stages=1, recompute="full", dtype="fp16",
+        name=f"megatron_sc21_{size}", model=model, hardware="a100_80gb", gpus_per_node=8,
+        plan=published_plan(gpus=gpus, dp=gpus // (tp * pp), tp=tp, pp=pp, sp="none",
+                            zero_stage=0, microbatch_size=1, global_batch=batch,
+                            schedule="1f1b", virtual_stages=1, recompute="full"),
+        seq_len=2048, dtype="fp16",
         flops_convention="hardware_full_recompute", source=_SC21, origin="megatron_sc21",
         notes=_SC21_NOTES, tflops_per_gpu=tflops, hfu=peak_pct / 100,
         layout="megatron" if pp > 1 else "equal", assumed=_SC21_ASSUMED,
@@ -56,10 +57,11 @@ _README_ASSUMED = ("gpus", "tp", "pp", "microbatch_size", "global_batch", "sched
 def _korthikanti(size: str, model: str, pp: int, batch: int, mfu: float,
                  hfu: float) -> PublishedRun:  # fmt: skip
     return PublishedRun(
-        name=f"megatron_readme_{size}", model=model, hardware="a100_80gb", gpus=8 * pp,
-        gpus_per_node=8, dp=1, tp=8, pp=pp, sp="megatron_sp", zero_stage=0,
-        microbatch_size=1, global_batch=batch, seq_len=2048, schedule="1f1b",
-        virtual_stages=1, recompute="selective", dtype="bf16", flops_convention="model",
+        name=f"megatron_readme_{size}", model=model, hardware="a100_80gb", gpus_per_node=8,
+        plan=published_plan(gpus=8 * pp, dp=1, tp=8, pp=pp, sp="megatron_sp", zero_stage=0,
+                            microbatch_size=1, global_batch=batch, schedule="1f1b",
+                            virtual_stages=1, recompute="selective"),
+        seq_len=2048, dtype="bf16", flops_convention="model",
         source=_README_MFU, origin="megatron_readme", notes=_README_NOTES, mfu=mfu, hfu=hfu,
         layout="megatron" if pp > 1 else "equal", assumed=_README_ASSUMED,
     )  # fmt: skip
@@ -115,11 +117,13 @@ def _nemo(name: str, model: str, gpus: int, gbs: int, mbs: int, seq: int, tp: in
           notes: str = _NEMO_NOTES,
           assumed: tuple[str, ...] = _NEMO_ASSUMED) -> PublishedRun:  # fmt: skip
     return PublishedRun(
-        name=name, model=model, hardware="h100_sxm", gpus=gpus,
-        gpus_per_node=8, dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
-        sp="megatron_sp" if tp > 1 else "none", zero_stage=1, microbatch_size=mbs,
-        global_batch=gbs, seq_len=seq, schedule="interleaved_1f1b" if vp > 1 else "1f1b",
-        virtual_stages=vp, recompute="none", dtype="fp8", flops_convention="model",
+        name=name, model=model, hardware="h100_sxm", gpus_per_node=8,
+        plan=published_plan(gpus=gpus, dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
+                            sp="megatron_sp" if tp > 1 else "none", zero_stage=1,
+                            microbatch_size=mbs, global_batch=gbs,
+                            schedule="interleaved_1f1b" if vp > 1 else "1f1b",
+                            virtual_stages=vp, recompute="none"),
+        seq_len=seq, dtype="fp8", flops_convention="model",
         source=source, origin="nemo", notes=notes + _NEMO_ATTENTION, tflops_per_gpu=tflops,
         tokens_per_s_per_gpu=tokens, attention="flash", layout="megatron" if pp > 1 else "equal",
         assumed=assumed,
@@ -148,19 +152,21 @@ MEGATRON_RUNS: tuple[PublishedRun, ...] = (
         name="bloom_176b",
         model="bloom_176b",
         hardware="a100_80gb",
-        gpus=384,
         gpus_per_node=8,
-        dp=8,
-        tp=4,
-        pp=12,
-        sp="none",
-        zero_stage=1,
-        microbatch_size=2,
-        global_batch=2048,
+        plan=published_plan(
+            gpus=384,
+            dp=8,
+            tp=4,
+            pp=12,
+            sp="none",
+            zero_stage=1,
+            microbatch_size=2,
+            global_batch=2048,
+            schedule="1f1b",
+            virtual_stages=1,
+            recompute="full",
+        ),
         seq_len=2048,
-        schedule="1f1b",
-        virtual_stages=1,
-        recompute="full",
         dtype="bf16",
         flops_convention="hardware_full_recompute",
         source="bigscience-workshop/bigscience train/tr11-176B-ml/README.md ('Global batch "

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from impls.costmodel.models import CARDS, MODELS, param_count
+from impls.simulator.plan import ParallelPlan
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -23,15 +24,15 @@ __all__ = [
     "HARDWARE_NAMES",
     "LAYOUTS",
     "PublishedRun",
+    "published_plan",
 ]
 
 HARDWARE_NAMES = ("a100_40gb", "a100_80gb", "h100_sxm", "v100_32gb", "v100_summit")
-SP_KINDS = ("none", "megatron_sp")
-SCHEDULES = ("1f1b", "interleaved_1f1b", "gpipe")
-RECOMPUTE_KINDS = ("none", "selective", "full")
 FLOPS_CONVENTIONS = ("model", "model_6n", "hardware_full_recompute")
 ATTENTION_KINDS = ("materialized", "flash")
 LAYOUTS = ("equal", "megatron")
+DERIVED = ("gpus", "global_batch")
+"""What a source states that the plan derives: `assumed` may name them too."""
 
 
 def _allowed(key: str, value: object, allowed: tuple) -> None:
@@ -39,28 +40,38 @@ def _allowed(key: str, value: object, allowed: tuple) -> None:
         raise ValueError(f"PublishedRun.{key}={value!r}: allowed values: {', '.join(allowed)}")
 
 
+def published_plan(*, global_batch: int, dp: int, microbatch_size: int = 1,
+                   gpus: int | None = None, **plan: object) -> ParallelPlan:  # fmt: skip
+    """A run's `ParallelPlan` from the figures sources state: the global batch (sequences
+    per optimizer step) rather than micro-batches per replica, and, if given, the GPU count
+    the degrees must multiply to. The plan's own checks name any other bad field."""
+    if gpus is not None:
+        cp, tp, pp = (plan.get(key, 1) for key in ("cp", "tp", "pp"))
+        if dp * cp * tp * pp != gpus:  # type: ignore[operator]
+            raise ValueError(f"dp·cp·tp·pp = {dp}·{cp}·{tp}·{pp} != gpus={gpus}")
+    if global_batch % (dp * microbatch_size):
+        raise ValueError(f"global_batch={global_batch} is not a multiple of "
+                         f"dp·microbatch_size={dp * microbatch_size}")  # fmt: skip
+    return ParallelPlan(dp=dp, microbatch_size=microbatch_size,
+                        num_microbatches=global_batch // (dp * microbatch_size),
+                        **plan)  # type: ignore[arg-type]  # fmt: skip
+
+
 @dataclass(frozen=True, kw_only=True)
 class PublishedRun:
-    """One published run: layout, batch, precision, and the throughput its source reports."""
+    """One published run: its plan (layout, batch, schedule), the model and cluster it ran
+    on, and the throughput its source reports. Every parallelism field lives in `plan`."""
 
     name: str
     model: str
     """A key of `impls.costmodel.models.MODELS`."""
     hardware: str
-    gpus: int
     gpus_per_node: int
-    dp: int
-    tp: int
-    pp: int
-    sp: str
-    zero_stage: int
-    microbatch_size: int
-    global_batch: int
-    """Sequences per optimizer step."""
+    plan: ParallelPlan
+    """Degrees, ZeRO stage, micro-batching, schedule and recomputation as the source
+    states them (`published_plan` builds it from the global batch); its stage layout is
+    `layout`'s, applied by `impls.simulator.validation.run_plan`."""
     seq_len: int
-    schedule: str
-    virtual_stages: int
-    recompute: str
     dtype: str
     flops_convention: str
     source: str
@@ -79,44 +90,36 @@ class PublishedRun:
     layout: str = "equal"
     """`megatron`: Megatron-LM's pipeline layout (L/pp blocks per stage, the embedding on
     the first stage and the LM head on the last); `equal`: blocks sliced evenly."""
-    cp: int = 1
-    """Context-parallel degree (NeMo's CP column); gpus = dp·cp·tp·pp."""
     node_network_gbps: float | None = None
     """The inter-node network of one node as the source states it (Gb/s, all its NICs),
     where that is not the preset's; shared evenly by the node's GPUs. None: the preset's
     per-GPU NIC."""
     assumed: tuple[str, ...] = ()
-    """Fields whose value is not published: chosen here, explained in `notes`."""
+    """Fields (of the run or of its plan) whose value is not published: chosen here,
+    explained in `notes`."""
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ValueError(f"PublishedRun.model={self.model!r}: not a key of MODELS")
+        if not isinstance(self.plan, ParallelPlan):
+            raise ValueError(f"{self.name}: plan={self.plan!r}: must be a ParallelPlan")
+        if self.plan.stage_layers is not None:
+            raise ValueError(f"{self.name}: plan.stage_layers: set by layout, not by the run")
         _allowed("hardware", self.hardware, HARDWARE_NAMES)
-        _allowed("sp", self.sp, SP_KINDS)
-        _allowed("schedule", self.schedule, SCHEDULES)
-        _allowed("recompute", self.recompute, RECOMPUTE_KINDS)
         _allowed("flops_convention", self.flops_convention, FLOPS_CONVENTIONS)
         _allowed("attention", self.attention, ATTENTION_KINDS)
         _allowed("layout", self.layout, LAYOUTS)
-        if not isinstance(self.cp, int) or isinstance(self.cp, bool) or self.cp < 1:
-            raise ValueError(f"PublishedRun.cp={self.cp!r}: must be an integer ≥ 1")
-        if self.seq_len % self.cp:
-            raise ValueError(f"{self.name}: cp={self.cp} does not divide seq_len={self.seq_len}")
+        if self.seq_len % self.plan.cp:
+            raise ValueError(f"{self.name}: cp={self.plan.cp} does not divide "
+                             f"seq_len={self.seq_len}")  # fmt: skip
         gbps = self.node_network_gbps
         if gbps is not None and (isinstance(gbps, bool) or not isinstance(gbps, int | float)
                                  or not 0 < gbps < float("inf")):  # fmt: skip
             raise ValueError(f"{self.name}: node_network_gbps={gbps!r} must be > 0 or None")
         if not self.origin:
             raise ValueError(f"{self.name}: origin must name the source family")
-        if self.dp * self.cp * self.tp * self.pp != self.gpus:
-            raise ValueError(f"{self.name}: dp·cp·tp·pp = {self.dp}·{self.cp}·{self.tp}·"
-                             f"{self.pp} != gpus={self.gpus}")  # fmt: skip
-        if self.global_batch % (self.dp * self.microbatch_size):
-            per_step = self.dp * self.microbatch_size
-            raise ValueError(f"{self.name}: global_batch={self.global_batch} is not a "
-                             f"multiple of dp·microbatch_size={per_step}")  # fmt: skip
-        names = {f.name for f in fields(self)}
-        unknown = [key for key in self.assumed if key not in names]
+        names = {f.name for f in fields(self)} | {f.name for f in fields(ParallelPlan)}
+        unknown = [key for key in self.assumed if key not in names | set(DERIVED)]
         if unknown:
             raise ValueError(f"{self.name}: assumed names unknown fields {unknown}")
         if not any(v is not None for v in (self.tflops_per_gpu, self.tokens_per_s_per_gpu,
@@ -124,8 +127,13 @@ class PublishedRun:
             raise ValueError(f"{self.name}: no published metric")
 
     @property
-    def num_microbatches(self) -> int:
-        return self.global_batch // (self.dp * self.microbatch_size)
+    def gpus(self) -> int:
+        return self.plan.gpus
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step."""
+        return self.plan.sequences_per_step
 
     @property
     def params(self) -> int:
