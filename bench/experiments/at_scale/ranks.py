@@ -46,16 +46,13 @@ def _row(metric: str, unit: str, predicted: float, published: float, source: str
 
 
 def _plan_columns(plan: Any, p: Any) -> dict[str, Any]:
+    from impls.simulator.plan import prediction_row
+
     return {"dp": plan.dp, "cp": plan.cp, "tp": plan.tp, "pp": plan.pp, "sp": plan.sp,
             "zero_stage": plan.zero_stage, "microbatch_size": plan.microbatch_size,
             "num_microbatches": plan.num_microbatches, "schedule": plan.schedule,
             "virtual_stages": plan.virtual_stages, "recompute": plan.recompute,
-            "predicted_step_time_s": p.step_time_s, "predicted_mfu": p.mfu,
-            "predicted_tflops_per_gpu": p.tflops_per_gpu, "fits": bool(p.fits),
-            "predicted_peak_memory_gb": p.peak_memory_bytes / 1e9,
-            "compute_s": p.compute_s, "bubble_s": p.bubble_s, "exposed_tp_s": p.exposed_tp_s,
-            "exposed_pp_s": p.exposed_pp_s, "exposed_dp_s": p.exposed_dp_s,
-            "optimizer_s": p.optimizer_s}  # fmt: skip
+            **prediction_row(p)}  # fmt: skip
 
 
 def _cluster(name: str, per_node: int | None = None) -> Any:

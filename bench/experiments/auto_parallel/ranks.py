@@ -83,6 +83,7 @@ def plan_columns(plan: Any) -> dict[str, Any]:
 def prediction_columns(p: Any) -> dict[str, Any]:
     """The prediction, with the 90% interval the published runs' residuals give its rates
     (`impls.simulator.validation.published_interval`: what a run planned so achieved)."""
+    from impls.simulator.plan import prediction_row
     from impls.simulator.validation import published_interval
 
     interval = published_interval()
@@ -90,23 +91,11 @@ def prediction_columns(p: Any) -> dict[str, Any]:
     tokens_low, tokens_high = interval.around(p.tokens_per_s)
     memory = {f"memory_{k}_gb": v / GB for k, v in (p.memory_breakdown or {}).items()}
     return {
-        "fits": bool(p.fits),
-        "predicted_step_time_s": p.step_time_s,
-        "predicted_tokens_per_s": p.tokens_per_s,
-        "predicted_tflops_per_gpu": p.tflops_per_gpu,
-        "predicted_mfu": p.mfu,
+        **prediction_row(p),
         "predicted_mfu_low": mfu_low,
         "predicted_mfu_high": mfu_high,
         "predicted_tokens_per_s_low": tokens_low,
         "predicted_tokens_per_s_high": tokens_high,
         "interval_rows": interval.rows,
-        "predicted_hfu": p.hfu,
-        "predicted_peak_memory_gb": p.peak_memory_bytes / GB,
-        "compute_s": p.compute_s,
-        "bubble_s": p.bubble_s,
-        "exposed_tp_s": p.exposed_tp_s,
-        "exposed_pp_s": p.exposed_pp_s,
-        "exposed_dp_s": p.exposed_dp_s,
-        "optimizer_s": p.optimizer_s,
         **{k: v for k, v in memory.items() if math.isfinite(v)},
     }

@@ -134,6 +134,7 @@ def predict(truth: dict[str, Any], hw: Any, adamw_s_per_param: float | None = No
     simulator's memory-bandwidth model."""
     from impls.costmodel.compute import TransformerSpec
     from impls.simulator import ParallelPlan, simulate
+    from impls.simulator.plan import prediction_row
 
     m = truth["model"]
     spec = TransformerSpec(n_layers=m["n_layers"], d_model=m["d_model"], n_heads=m["n_heads"],
@@ -153,13 +154,7 @@ def predict(truth: dict[str, Any], hw: Any, adamw_s_per_param: float | None = No
                      else adamw_s_per_param * optimizer_params(truth))  # fmt: skip
     memory = _memory(truth)
     return {
-        "predicted_step_time_s": p.step_time_s - p.optimizer_s + optimizer,
-        "predicted_compute_s": p.compute_s,
-        "predicted_bubble_s": p.bubble_s,
-        "predicted_tp_s": p.exposed_tp_s,
-        "predicted_pp_s": p.exposed_pp_s,
-        "predicted_dp_s": p.exposed_dp_s,
-        "predicted_optimizer_s": optimizer,
+        **prediction_row(p, parts="predicted_{part}_s", optimizer_s=optimizer, summary=False),
         "predicted_peak_bytes": memory["total"],
         "predicted_state_bytes": memory["states"],
         "predicted_activation_bytes": memory["activations"],
