@@ -11,10 +11,11 @@ import statistics
 
 import pandas as pd
 
+from impls.collectives.algorithms import ALGORITHMS
 from tests.ci_checks import ran, rows
 
 ARTEFACTS = ("busbw_vs_n", "traffic_vs_n", "time_vs_size")
-FROM_SCRATCH = ("parameter_server", "sequential", "ring", "parallel", "recursive_halving", "tree")
+FROM_SCRATCH = tuple(ALGORITHMS)
 
 
 def _expected(alg: str, n: int, m: int) -> dict[str, float]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from impls.collectives import all_gather, all_reduce, barrier, reduce_scatter
+from impls.collectives.algorithms import ALGORITHMS
 from tests.rank_support import prefix_communicator
 
 ELEMENTS = 8 * 105  # divisible by every N ≤ 8, and by every power of two ≤ 8: no padding
@@ -53,11 +54,7 @@ def measure(algorithm: str, n: int) -> dict | None:
     return traffic.as_dict()
 
 
-CASES = [
-    (alg, n)
-    for alg in ("parameter_server", "sequential", "ring", "parallel", "recursive_halving", "tree")
-    for n in (2, 4, 8)
-]
+CASES = [(alg, n) for alg in ALGORITHMS for n in (2, 4, 8)]
 
 
 @pytest.mark.parametrize(("algorithm", "n"), CASES)

@@ -19,12 +19,16 @@ from bench.config import (
 )
 from bench.experiments.parallelism_comparison.ranks import AXES
 from impls.models import GPTConfig
+from impls.pipeline.schedules import SCHEDULES as PIPELINE_SCHEDULES
 from impls.tensor_parallel import check_tp_config
 
 __all__ = ["ParallelismComparisonConfig", "TOLERANCES"]
 
 
-SCHEDULES = ("1f1b", "gpipe")  # one stage per rank, as HybridTrainer runs them
+# One stage per rank, micro-batched, the backward whole: the schedules HybridTrainer runs.
+SCHEDULES = tuple(sorted(name for name, spec in PIPELINE_SCHEDULES.items()
+                         if spec.chunks == "one" and spec.microbatched
+                         and not spec.split_backward))  # fmt: skip
 # Relative errors against single-device training. float32 throughout: TP sums partial
 # matmuls in another order, micro-batches and the dp average add gradients in pieces.
 # After 3 AdamW steps the update ends 1e-6 (CI's GPT) to 1.1e-4 (the full grid's) from the
