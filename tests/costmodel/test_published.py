@@ -16,6 +16,7 @@ from impls.costmodel.published import (
     LAYOUTS,
     LECTURE_FIGURES,
     PUBLISHED_RUNS,
+    PublishedRun,
     published_plan,
     published_run,
 )
@@ -206,3 +207,20 @@ def test_lecture_figures_agree_with_each_other():
     assert one_node.value / full.value == pytest.approx(211, rel=0.02)
     assert 10 * 24 * 60 / figures["ten_gpu_days_on_1024"].gpus == pytest.approx(14, abs=0.1)
     assert all(figure.source and figure.quote for figure in LECTURE_FIGURES)
+
+
+def test_a_published_run_holds_its_plan_and_no_copy_of_its_fields():
+    """Every parallelism field lives in `PublishedRun.plan`: a field of the run named like
+    one of `ParallelPlan` (or what a plan derives: gpus, the global batch) is a copy that
+    can disagree with the plan the simulator prices."""
+    from impls.simulator.plan import ParallelPlan
+
+    plan_names = {f.name for f in dataclasses.fields(ParallelPlan)}
+    plan_names |= {n for n, v in vars(ParallelPlan).items() if isinstance(v, property)}
+    plan_names |= {"global_batch"}
+    run_fields = {f.name for f in dataclasses.fields(PublishedRun)}
+    assert run_fields & plan_names == set()
+    assert {"plan", "source", "origin", "node_network_gbps", "assumed"} <= run_fields
+    for run in PUBLISHED_RUNS:
+        assert isinstance(run.plan, ParallelPlan)
+        assert (run.gpus, run.global_batch) == (run.plan.gpus, run.plan.sequences_per_step)

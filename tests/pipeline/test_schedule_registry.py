@@ -15,6 +15,7 @@ from impls.pipeline.replay import max_inflight_microbatches, replay
 from impls.pipeline.schedules import COUNTED_ON_PLAN, SCHEDULES, ScheduleSpec, stage_ranks
 from impls.pipeline.schedules.spec import CHUNKS
 from impls.pipeline.validate import PlanError, dry_run, insert_communication
+from tests.literal_names import literal_name_lists
 
 # (P, M) every schedule's bound holds for (zero bubble: M ≥ P, ZB-H2: M ≥ 2P − 1)
 SHAPES = ((2, 4), (4, 8))
@@ -101,3 +102,30 @@ def test_a_spec_missing_a_piece_is_caught(change: dict, piece: str) -> None:
     if piece == "planner":  # a V needs the V-shaped builder to build at all
         broken = replace(SCHEDULES["zero_bubble_v"], planner=True)
     assert any(m.startswith(piece) for m in missing_pieces(broken)), missing_pieces(broken)
+
+
+# Lists that name schedules for a reason of their own, not as "every schedule" (the
+# report files are being rewritten elsewhere; an entry that disappears is not an error).
+NAMED_FOR_A_REASON = {
+    # the schedules torch.distributed.pipelining also has, timed against distbench's
+    ("bench/experiments/pipeline_utilization/report.py", ("gpipe", "1f1b", "interleaved_1f1b")),
+    # the two schedules whose traced timeline the report draws
+    ("bench/experiments/pipeline_utilization/schedules_report.py", ("naive", "gpipe")),
+}
+
+
+def test_no_literal_list_of_schedule_names_outside_the_registry() -> None:
+    """A list of schedule names in bench/ or impls/ goes stale when a schedule is added:
+    read it off `SCHEDULES` (its flags: chunks, microbatched, split_backward, planner)."""
+    found = literal_name_lists(SCHEDULES, skip=("impls/pipeline/schedules/",))
+    assert [hit for hit in found if hit not in NAMED_FOR_A_REASON] == []
+
+
+def test_the_literal_list_check_is_not_vacuous(tmp_path, monkeypatch) -> None:
+    import tests.literal_names as literal_names
+
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "config.py").write_text('ALLOWED = ("1f1b", "gpipe", "other")\n')
+    monkeypatch.setattr(literal_names, "ROOT", tmp_path)
+    assert literal_names.literal_name_lists(SCHEDULES) == [
+        ("bench/config.py", ("1f1b", "gpipe", "other"))]  # fmt: skip
