@@ -46,7 +46,7 @@ def _row(metric: str, unit: str, predicted: float, published: float, source: str
 
 
 def _plan_columns(plan: Any, p: Any) -> dict[str, Any]:
-    from impls.simulator.plan import prediction_row
+    from bench.kit.prediction import prediction_row
 
     return {"dp": plan.dp, "cp": plan.cp, "tp": plan.tp, "pp": plan.pp, "sp": plan.sp,
             "zero_stage": plan.zero_stage, "microbatch_size": plan.microbatch_size,

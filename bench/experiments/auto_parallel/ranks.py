@@ -83,7 +83,7 @@ def plan_columns(plan: Any) -> dict[str, Any]:
 def prediction_columns(p: Any) -> dict[str, Any]:
     """The prediction, with the 90% interval the published runs' residuals give its rates
     (`impls.simulator.validation.published_interval`: what a run planned so achieved)."""
-    from impls.simulator.plan import prediction_row
+    from bench.kit.prediction import prediction_row
     from impls.simulator.validation import published_interval
 
     interval = published_interval()

@@ -132,9 +132,9 @@ def predict(truth: dict[str, Any], hw: Any, adamw_s_per_param: float | None = No
     """The simulator's step for `truth`'s plan on `hw`, and the composed memory; with
     `adamw_s_per_param`, the optimizer priced at that × `optimizer_params` instead of the
     simulator's memory-bandwidth model."""
+    from bench.kit.prediction import prediction_row
     from impls.costmodel.compute import TransformerSpec
     from impls.simulator import ParallelPlan, simulate
-    from impls.simulator.plan import prediction_row
 
     m = truth["model"]
     spec = TransformerSpec(n_layers=m["n_layers"], d_model=m["d_model"], n_heads=m["n_heads"],

@@ -3,8 +3,8 @@ to the step time under either naming, and a replaced optimizer time moves the st
 
 import pytest
 
+from bench.kit.prediction import STEP_PARTS, prediction_row
 from impls.costmodel.published import PUBLISHED_RUNS
-from impls.simulator.plan import STEP_PARTS, prediction_row
 from impls.simulator.validation import predict_run
 
 
