@@ -20,7 +20,7 @@ import hashlib
 import logging
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -165,9 +165,9 @@ def _run(plan: Plan) -> Any:
         plan.experiment,
         plan.cfg,
         report_dir=plan.report_dir,
-        cluster=asdict(plan.run.cluster),
+        cluster=plan.run.cluster,
         resume=resume,
-        wandb_cfg=asdict(plan.run.wandb),
+        wandb_cfg=plan.run.wandb,
         append=plan.run.append,
         sweep=_sweep_id(),
     )

@@ -103,6 +103,17 @@ class ClusterConfig:
         if self.partition == "":
             raise ValueError("cluster.partition='': give a partition name, or null")
 
+    def process_group_backend(self, *, spawned: bool) -> str:
+        """The backend ranks join with: `auto` is gloo for ranks spawned here (they are CPU
+        ranks), and for an external launch's ranks nccl where CUDA is available, else gloo."""
+        if self.backend != "auto":
+            return self.backend
+        if spawned:
+            return "gloo"
+        import torch
+
+        return "nccl" if torch.cuda.is_available() else "gloo"
+
 
 @dataclass(kw_only=True)
 class WandbConfig:

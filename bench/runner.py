@@ -2,7 +2,8 @@
 
 `cluster=local` spawns each world size's ranks once (a `RankPool`) and feeds it the
 cells of that size; a cell whose ranks raise, crash or hang past `timeout_s` becomes a
-failed row and the grid goes on. `cluster=torchrun` (and SLURM tasks) make this process
+failed row and the grid goes on. An `in_process` experiment (arithmetic, nothing measured)
+has its cells called here, without ranks. `cluster=torchrun` (and SLURM tasks) make this process
 one rank of an external launch: every rank runs the same cells, rank 0 records them.
 Each finished cell is written to results.csv at once (atomically), so an interrupted
 grid loses nothing and `resume=true` skips the cells already done with the same settings.
@@ -28,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from bench.config import CLUSTER_KINDS
+from bench.config import CLUSTER_KINDS, ClusterConfig, WandbConfig
 from bench.experiments.base import Cell, Experiment
 from bench.launch import RankFailure, RankPool
 from bench.results import ResultStore, run_metadata, settings_hash
@@ -44,9 +45,9 @@ def run_experiment(
     cfg,
     *,
     report_dir: Path,
-    cluster: dict,
+    cluster: ClusterConfig,
     resume: bool,
-    wandb_cfg: dict,
+    wandb_cfg: WandbConfig,
     append: bool = False,
     sweep: str | None = None,
 ) -> pd.DataFrame:
@@ -61,7 +62,7 @@ def run_experiment(
     (its id) share report_dir and write one grid together.
     """
     store = ResultStore(report_dir, experiment.key_columns, experiment.key_defaults)
-    as_rank = _is_one_rank(cluster.get("kind", "local"))
+    as_rank = _is_one_rank(cluster.kind)
     rank = int(os.environ.get("RANK", 0)) if as_rank else 0
     store.check(experiment.name)
     grid = Grid.of(experiment, cfg, cluster, sweep)
@@ -82,7 +83,7 @@ class Grid:
     sweep: bool
 
     @classmethod
-    def of(cls, experiment: Experiment, cfg, cluster: dict, sweep: str | None) -> Grid:
+    def of(cls, experiment: Experiment, cfg, cluster: ClusterConfig, sweep: str | None) -> Grid:
         settings = measured_settings(experiment, cfg, cluster)
         # The random part: two runs of one process within one second (tests, a script calling
         # run_experiment twice) would otherwise share an id, and the second would keep the
@@ -91,18 +92,14 @@ class Grid:
         return cls(experiment.cells(cfg), settings, settings_hash(settings), run_id, bool(sweep))
 
 
-def measured_settings(experiment: Experiment, cfg, cluster: dict) -> dict:
+def measured_settings(experiment: Experiment, cfg, cluster: ClusterConfig) -> dict:
     """The settings that change a measurement: every config key but the grid's axes (list
     values and key columns: they choose which cells exist, and the key says where in them),
     `timeout_s` and the experiment's `unmeasured` keys; plus the cluster's backend and device."""
     values = asdict(cfg)
     skip = {*experiment.key_columns, *experiment.unmeasured, "timeout_s"}
     kept = {k: v for k, v in values.items() if k not in skip and not isinstance(v, list)}
-    return {
-        **kept,
-        "backend": cluster.get("backend", "gloo"),
-        "device": cluster.get("device", "cpu"),
-    }
+    return {**kept, "backend": cluster.backend, "device": cluster.device}
 
 
 def _run_claimed(experiment, cfg, store, grid, cluster, rank, as_rank, *, resume, append,
@@ -112,9 +109,9 @@ def _run_claimed(experiment, cfg, store, grid, cluster, rank, as_rank, *, resume
     resumed = store.finished_keys(grid.settings_hash) & this_grid if resume else set()
     todo = [c for c in cells if store.key_of(c.key) not in resumed]
     logger = WandbLogger(
-        mode=wandb_cfg.get("mode", "offline") if rank == 0 else "disabled",
-        project=wandb_cfg.get("project", "distbench"),
-        entity=wandb_cfg.get("entity"),
+        mode=wandb_cfg.mode if rank == 0 else "disabled",
+        project=wandb_cfg.project,
+        entity=wandb_cfg.entity,
         experiment=experiment.name,
         group=grid.run_id,  # a sweep's jobs share it: one group per experiment run
         key_columns=experiment.key_columns,
@@ -122,7 +119,7 @@ def _run_claimed(experiment, cfg, store, grid, cluster, rank, as_rank, *, resume
         config={
             "experiment": experiment.name,
             **asdict(cfg),
-            "cluster": cluster,
+            "cluster": asdict(cluster),
             "settings_hash": grid.settings_hash,
         },
     )
@@ -247,16 +244,19 @@ def _row(experiment: Experiment, cfg, cell: Cell, per_rank, error: str | None, m
     return {**row, **meta}
 
 
-def _run_local(experiment, cfg, todo, total, writer, grid, cluster) -> None:
-    backend, device = cluster.get("backend", "gloo"), cluster.get("device", "cpu")
-    if backend == "auto":  # the spawned pool is the CPU path (its ranks pick no GPU)
-        backend = "gloo"
+def _run_local(experiment, cfg, todo, total, writer, grid, cluster: ClusterConfig) -> None:
+    # An in-process experiment joins no process group: its rows say backend "none".
+    backend = "none" if experiment.in_process else cluster.process_group_backend(spawned=True)
     bar = tqdm(total=total, initial=total - len(todo), desc=experiment.name, unit="cell")
     with bar:
         for world_size, group in itertools.groupby(todo, key=lambda c: c.world_size):
-            meta = {**run_metadata(backend=backend, device=device, world_size=world_size),
+            meta = {**run_metadata(backend=backend, device=cluster.device, world_size=world_size),
                     "settings_hash": grid.settings_hash, "run_id": grid.run_id}  # fmt: skip
-            with RankPool(world_size, backend=backend, timeout_s=cfg.timeout_s) as pool:
+            if experiment.in_process:
+                pool = _InProcess()
+            else:
+                pool = RankPool(world_size, backend=backend, timeout_s=cfg.timeout_s)
+            with pool:
                 before = _probe(experiment)
                 for cell in group:
                     bar.set_postfix_str(" ".join(f"{v}" for v in cell.key.values()))
@@ -279,6 +279,20 @@ def _run_local(experiment, cfg, todo, total, writer, grid, cluster) -> None:
                     bar.update()
 
 
+class _InProcess(contextlib.AbstractContextManager):
+    """The rank pool of an `in_process` experiment: the cell's function, called here as its
+    one rank; what it raises fails the cell as a rank's exception would."""
+
+    def __exit__(self, *exc_info) -> None:
+        return None
+
+    def run(self, fn, *args, timeout_s: float) -> list[dict]:
+        try:
+            return [fn(*args)]
+        except Exception:
+            raise RankFailure({0: traceback.format_exc()}) from None
+
+
 def _probe(experiment: Experiment) -> float | None:
     """The host probe's step seconds now, for an experiment that records it (else None)."""
     if not experiment.host_probe:
@@ -288,16 +302,14 @@ def _probe(experiment: Experiment) -> float | None:
     return host_probe()
 
 
-def _run_as_rank(experiment, cfg, cells, todo, writer, grid, cluster) -> None:
+def _run_as_rank(experiment, cfg, cells, todo, writer, grid, cluster: ClusterConfig) -> None:
     """This process is one rank of torchrun / SLURM: run the cells of our world size."""
     import torch
     import torch.distributed as dist
 
     owned = not dist.is_initialized()
     if owned:
-        backend = cluster.get("backend", "auto")
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = cluster.process_group_backend(spawned=False)
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s))

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.config import ClusterConfig, WandbConfig
+
 __all__ = [
     "LOCAL",
     "FakeConfig",
@@ -31,7 +33,7 @@ __all__ = [
     "wait_until",
 ]
 
-LOCAL = {"kind": "local", "backend": "gloo", "device": "cpu"}
+LOCAL = ClusterConfig(kind="local", backend="gloo", device="cpu")
 
 
 @dataclass(kw_only=True)
@@ -163,7 +165,7 @@ def main(argv: list[str]) -> None:
                      setting=args.setting)  # fmt: skip
     try:
         df = run_experiment(fake_experiment(), cfg, report_dir=Path(args.report_dir),
-                            cluster=LOCAL, resume=args.resume, wandb_cfg={"mode": "disabled"})  # fmt: skip
+                            cluster=LOCAL, resume=args.resume, wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
     except ValueError as error:
         print(f"bad config: {error}", file=sys.stderr)
         sys.exit(2)

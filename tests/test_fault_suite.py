@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.config import WandbConfig
 from bench.results import ResultStore
 from bench.runner import run_experiment
 from tests.runner_cells import (
@@ -179,7 +180,7 @@ def run_fake(report_dir: Path, markers: Path, cells: list[str], *, resume=False,
     markers.mkdir(parents=True, exist_ok=True)
     cfg = FakeConfig(cells=cells, marker_dir=str(markers), timeout_s=TIMEOUT_S, setting=setting)
     return run_experiment(fake_experiment(), cfg, report_dir=report_dir, cluster=LOCAL,
-                          resume=resume, wandb_cfg={"mode": "disabled"})  # fmt: skip
+                          resume=resume, wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", list(CORRUPTED))

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from bench.config import ClusterConfig, WandbConfig
 from bench.experiments import experiments
 from bench.experiments.overlap.config import OverlapConfig, network_label
 from bench.experiments.overlap.experiment import EXPERIMENT, cells, to_row
@@ -28,7 +29,7 @@ from bench.runner import run_experiment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY = {"vocab_size": 64, "seq_len": 16, "d_model": 32, "n_heads": 4, "n_layers": 2}
-LOCAL = {"kind": "local", "backend": "gloo", "device": "cpu"}
+LOCAL = ClusterConfig(kind="local", backend="gloo", device="cpu")
 
 
 def write_report(df: pd.DataFrame, report_dir) -> dict:
@@ -306,7 +307,7 @@ def test_tiny_grid_end_to_end(tmp_path):
         "model": model, "batch_size": 8, "warmup": 1, "repeats": 2, "timeout_s": 120,
     })  # fmt: skip
     df = run_experiment(EXPERIMENT, cfg, report_dir=tmp_path, cluster=LOCAL, resume=False,
-                        wandb_cfg={"mode": "disabled"})  # fmt: skip
+                        wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
     assert len(df) == 4 and (df["status"] == "ok").all(), df.get("error")
     assert (df["wrong"] == 0).all()
     assert df["param_digest"].nunique() == 1  # N = 2: every cell sums the same pairs

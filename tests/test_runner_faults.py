@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from bench.config import WandbConfig
 from bench.results import ResultStore, settings_hash
 from bench.runner import Grid, measured_settings, run_experiment
 from tests.runner_cells import (
@@ -46,7 +47,7 @@ def run_grid(report_dir: Path, marker_dir: Path, cells: list[str], *, resume: bo
         report_dir=report_dir,
         cluster=LOCAL,
         resume=resume,
-        wandb_cfg={"mode": "disabled"},
+        wandb_cfg=WandbConfig(mode="disabled"),
         **options,
     )
 
@@ -241,12 +242,12 @@ def test_host_probe_brackets_each_cell_when_the_experiment_asks(tmp_path, monkey
     (tmp_path / "m").mkdir()
     probed = dataclasses.replace(fake_experiment(), host_probe=True)
     df = run_experiment(probed, cfg, report_dir=tmp_path / "probed", cluster=LOCAL,
-                        resume=False, wandb_cfg={"mode": "disabled"}).set_index("cell")  # fmt: skip
+                        resume=False, wandb_cfg=WandbConfig(mode="disabled")).set_index("cell")  # fmt: skip
     assert list(df["host_probe_before_s"]) == [1.0, 2.0, 3.0]
     assert list(df["host_probe_after_s"]) == [2.0, 3.0, 4.0]
     assert list(df["host_probe_s"]) == [1.5, 2.5, 3.5]
     assert df.loc["c", "status"] == "failed"  # a failed cell is bracketed all the same
     plain = run_experiment(fake_experiment(), cfg, report_dir=tmp_path / "plain", cluster=LOCAL,
-                           resume=False, wandb_cfg={"mode": "disabled"})  # fmt: skip
+                           resume=False, wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
     assert "host_probe_s" not in plain.columns
     assert next(ticks) == 5  # the plain grid timed no probe

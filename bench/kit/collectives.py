@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import torch
 
 from bench.config import check_choice, check_number, check_positive
+from bench.experiments.base import Cell
 from bench.kit.collective_specs import COLLECTIVES
 from bench.kit.timing import alternate, calibrate_iters
 from impls.collectives import AllReduceTuner
@@ -43,7 +44,6 @@ __all__ = [
     "DTYPE_BYTES",
     "CollectiveCall",
     "TimedGridConfig",
-    "auto_timing",
     "calibrated_tuner",
     "calibration_sizes",
     "collective_row",
@@ -115,8 +115,13 @@ class TimedGridConfig:
         size = max(self.message_bytes)
         return 3 * size + 16 * (size // DTYPE_BYTES[self.dtype])
 
+    def auto_timing(self) -> tuple[float, int]:
+        """(window seconds, rounds) of an auto cell and of its tuner's calibration: the
+        grid's own, unless the experiment times auto cells apart."""
+        return self.window_s, self.repeats
 
-def measure_collective(cfg: TimedGridConfig, cell: Any) -> dict[str, Any]:
+
+def measure_collective(cfg: TimedGridConfig, cell: Cell) -> dict[str, Any]:
     """One rank of a cell (all ranks of the default group call it together)."""
     call: CollectiveCall = cell.carry
     comm = Communicator()
@@ -133,7 +138,7 @@ def measure_collective(cfg: TimedGridConfig, cell: Any) -> dict[str, Any]:
             for name in comm.tuner.algorithms:  # what auto chooses from, side by side
                 sides[f"alt_{name}_s"] = lambda name=name: bufs.run_algorithm(name)
     auto_sides = any(name.startswith("alt_") for name in sides)
-    window_s, repeats = auto_timing(cfg) if auto_sides else (cfg.window_s, cfg.repeats)
+    window_s, repeats = cfg.auto_timing() if auto_sides else (cfg.window_s, cfg.repeats)
     bufs.fill(False)
     iters = {}
     for name, step in sides.items():
@@ -176,17 +181,11 @@ def calibration_sizes(message_bytes: list[int]) -> tuple[int, ...]:
     return sizes if len(sizes) > 1 else (sizes[0], 16 * sizes[0])
 
 
-def auto_timing(cfg: TimedGridConfig) -> tuple[float, int]:
-    """(window seconds, rounds) of an auto cell and of its tuner's calibration."""
-    return (getattr(cfg, "auto_window_s", cfg.window_s),
-            getattr(cfg, "auto_repeats", cfg.repeats))  # fmt: skip
-
-
 def calibrated_tuner(cfg: TimedGridConfig, comm: Communicator) -> AllReduceTuner:
     """This process's tuner for `comm`'s world size, calibrated on first use (collective:
     every rank of the cell reaches it together)."""
     sizes = calibration_sizes(cfg.message_bytes)
-    window_s, repeats = auto_timing(cfg)
+    window_s, repeats = cfg.auto_timing()
     key = (comm.world_size, cfg.dtype, sizes, window_s, repeats)
     if key not in _TUNERS:
         _TUNERS[key] = AllReduceTuner().calibrate(
@@ -196,7 +195,7 @@ def calibrated_tuner(cfg: TimedGridConfig, comm: Communicator) -> AllReduceTuner
     return _TUNERS[key]
 
 
-def collective_row(cell: Any, per_rank: list[dict], traffic: bool) -> dict[str, Any]:
+def collective_row(cell: Cell, per_rank: list[dict], traffic: bool) -> dict[str, Any]:
     """The tidy row of a timed collective: nccl-tests' columns plus traffic counters."""
     first = per_rank[0]
     size = cell.key["message_bytes"]

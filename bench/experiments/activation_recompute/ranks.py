@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.experiments.activation_recompute.config import ActivationRecomputeConfig
+from bench.experiments.base import Cell
 from bench.kit.memory import ledger_over_pass
 from bench.kit.timing import alternate
 from impls.collectives import all_reduce
@@ -41,7 +43,9 @@ __all__ = ["DTYPE", "build_layer", "run"]
 DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def build_layer(cfg: Any, comm: Communicator, recompute: str, sp: bool, seq_len: int):
+def build_layer(
+    cfg: ActivationRecomputeConfig, comm: Communicator, recompute: str, sp: bool, seq_len: int
+):
     """This rank's layer (see the module docstring), in the cell's dtype."""
     model = GPT(cfg.gpt_config(seq_len, recompute), seed=cfg.seed)
     if sp:
@@ -53,7 +57,7 @@ def build_layer(cfg: Any, comm: Communicator, recompute: str, sp: bool, seq_len:
     return layer.to(DTYPE[cfg.dtype])
 
 
-def _inputs(cfg: Any, comm: Communicator, sp: bool, seq_len: int):
+def _inputs(cfg: ActivationRecomputeConfig, comm: Communicator, sp: bool, seq_len: int):
     """This rank's input (a sequence shard under SP) and output gradient, seeded."""
     g = torch.Generator().manual_seed(cfg.seed + 1)
     h = cfg.model["d_model"]
@@ -94,7 +98,9 @@ def _saved_forward(layer: nn.Module, x: torch.Tensor) -> int:
     return saved
 
 
-def longest_in_budget(cfg: Any, comm: Communicator, recompute: str, sp: bool) -> int:
+def longest_in_budget(
+    cfg: ActivationRecomputeConfig, comm: Communicator, recompute: str, sp: bool
+) -> int:
     """The longest s (a multiple of t, at most `budget_max_seq_len`) whose one-layer
     forward saves ≤ `budget_bytes` on the busiest rank, found by running: double, then
     bisect. 0 if even s = t does not fit."""
@@ -124,7 +130,7 @@ def longest_in_budget(cfg: Any, comm: Communicator, recompute: str, sp: bool) ->
     return lo * t
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: ActivationRecomputeConfig, cell: Cell) -> dict[str, Any]:
     """One rank of a cell on the default group: saved bytes, errors, times, budget."""
     comm = Communicator()
     mode, sp, seq_len = cell.key["recompute"], cell.key["sp"], cell.key["seq_len"]

@@ -52,3 +52,6 @@ class AllReduceScalingConfig(TimedGridConfig):
         check_positive("auto_repeats", [self.auto_repeats])
         check_number("auto_window_s", self.auto_window_s)
         super().__post_init__()
+
+    def auto_timing(self) -> tuple[float, int]:
+        return self.auto_window_s, self.auto_repeats

@@ -27,6 +27,7 @@ EXPERIMENT = Experiment(
     summary="the simulator's predictions of GPU-cluster training beside the lecture's "
     "figures and published runs",
     schema=AtScaleConfig,
+    in_process=True,
     key_columns=("kind", "name"),
     cells=cells,
     to_row=to_row,

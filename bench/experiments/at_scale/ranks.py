@@ -1,4 +1,5 @@
-"""What the one rank of an `at_scale` cell does: price one figure with the simulator.
+"""What an `at_scale` cell computes, in the runner's process: one figure priced by the
+simulator.
 
 Published rows rebuild the run's plan from its published layout and compare the
 simulator's throughput with the paper's, in the paper's own FLOPs convention. Lecture rows
@@ -10,6 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from typing import Any
+
+from bench.experiments.at_scale.config import AtScaleConfig
+from bench.experiments.base import Cell
 
 __all__ = ["run"]
 
@@ -29,7 +33,7 @@ SUMMIT = {"6": 49 * 60 + 50, "768": 28, "1536": 14, "videos": 240_000, "epochs":
                     "1910.00932), a mini-batch of 12,288 clips on 1,536 GPUs"}  # fmt: skip
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: AtScaleConfig, cell: Cell) -> dict[str, Any]:
     kind, name = cell.key["kind"], cell.key["name"]
     if kind == "published":
         return _published(name)
@@ -102,7 +106,7 @@ def lambda_v100() -> Any:
                    gemm_efficiency=((1.0, 1.0),))  # fmt: skip
 
 
-def _gpt3_hours(cfg: Any, name: str) -> dict[str, Any]:
+def _gpt3_hours(cfg: AtScaleConfig, name: str) -> dict[str, Any]:
     """The GPT-3 run planned and priced by the simulator on `gpt3_gpus` devices: the
     configured cluster (the lecture labels its table "measured on A100"), or, for
     `gpt3_gpu_hours_lambda`, the V100 at the 28 TFLOP/s that the 3.1M arithmetic assumes,
@@ -122,7 +126,7 @@ def _gpt3_hours(cfg: Any, name: str) -> dict[str, Any]:
                 **_plan_columns(plan, p))  # fmt: skip
 
 
-def _gpt3_one_gpu(cfg: Any, name: str) -> dict[str, Any]:
+def _gpt3_one_gpu(cfg: AtScaleConfig, name: str) -> dict[str, Any]:
     """C = 6ND on one V100, every GEMM at the preset's largest-GEMM efficiency (memory
     ignored, as the lecture's figure does)."""
     hw = _cluster("v100_32gb")
@@ -134,7 +138,7 @@ def _gpt3_one_gpu(cfg: Any, name: str) -> dict[str, Any]:
                 gpus=1)  # fmt: skip
 
 
-def _summit(cfg: Any, name: str) -> dict[str, Any]:
+def _summit(cfg: AtScaleConfig, name: str) -> dict[str, Any]:
     from impls.costmodel.models import DP_MODELS
     from impls.simulator import simulate_data_parallel
 
@@ -157,7 +161,7 @@ def _summit(cfg: Any, name: str) -> dict[str, Any]:
                 efficiency_gap_points=100 * abs(efficiency - measured_eff))  # fmt: skip
 
 
-def _chinchilla(cfg: Any, name: str) -> dict[str, Any]:
+def _chinchilla(cfg: AtScaleConfig, name: str) -> dict[str, Any]:
     from impls.costmodel.models import model, param_count
 
     spec = model(cfg.chinchilla_model)

@@ -49,6 +49,7 @@ EXPERIMENT = Experiment(
     summary="the planner's best DP×TP×PP×SP×ZeRO plans on a GPU cluster, predicted by the "
     "simulator",
     schema=AutoParallelConfig,
+    in_process=True,
     key_columns=("model", "hardware", "gpus", "gpus_per_node", "global_batch", "list", "rank"),
     cells=cells,
     to_row=to_row,

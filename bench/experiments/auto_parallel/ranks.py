@@ -1,11 +1,14 @@
-"""What the one rank of an `auto_parallel` cell does: search once per GPU count (cached in
-this process), then return the plan in the cell's slot. Nothing is measured: the one-rank
-pool gives the cell the runner's metadata, atomic writes, `resume` and failure handling."""
+"""What an `auto_parallel` cell computes (in the runner's process: nothing is measured):
+search once per GPU count (the cells of one count share the search), then return the plan
+in the cell's slot."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from bench.experiments.auto_parallel.config import AutoParallelConfig
+from bench.experiments.base import Cell
 
 __all__ = ["PLAN_COLUMNS", "run"]
 
@@ -18,8 +21,9 @@ GB = 1e9
 _SEARCHES: dict[tuple[str, int], Any] = {}
 
 
-def _search(cfg: Any, gpus: int) -> Any:
-    """The planner's result for `gpus`, searched once per config in this process."""
+def _search(cfg: AutoParallelConfig, gpus: int) -> Any:
+    """The planner's result for `gpus`, searched once per config: the grid's cells of one
+    GPU count (best and rejected plans, each rank of the list) read the same search."""
     from impls.planner import search
 
     key = (repr(cfg), gpus)
@@ -31,7 +35,7 @@ def _search(cfg: Any, gpus: int) -> Any:
     return _SEARCHES[key]
 
 
-def published_runs(cfg: Any) -> list[Any]:
+def published_runs(cfg: AutoParallelConfig) -> list[Any]:
     """Published runs of the config's model architecture on the config's preset."""
     from impls.costmodel.models import model
     from impls.costmodel.published import PUBLISHED_RUNS
@@ -52,7 +56,7 @@ def _published(name: str) -> dict[str, Any]:
             "predicted_value": mine.predicted, "source": mine.run.source}  # fmt: skip
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: AutoParallelConfig, cell: Cell) -> dict[str, Any]:
     key = cell.key
     if key["list"] == "published":
         return _published(key["run"])

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bench.experiments.base import Cell
+from bench.experiments.delayed_averaging.config import DelayedAveragingConfig
 from bench.kit.tasks import Task, build_task, cosine
 from bench.kit.timing import timed_step
 from bench.kit.workloads import rank_shard
@@ -57,7 +59,9 @@ def _warm_up(task: Task) -> None:
     dist.barrier()
 
 
-def _data_parallel(cfg: Any, cell: Any, task: Task) -> AllReduceDP | DelayedAveragingDP:
+def _data_parallel(
+    cfg: DelayedAveragingConfig, cell: Cell, task: Task
+) -> AllReduceDP | DelayedAveragingDP:
     network = cell.carry.network()
 
     def optimizer(params):
@@ -72,7 +76,7 @@ def _data_parallel(cfg: Any, cell: Any, task: Task) -> AllReduceDP | DelayedAver
                               algorithm="parallel", network=network)  # fmt: skip
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: DelayedAveragingConfig, cell: Cell) -> dict[str, Any]:
     """One rank of a cell: `cfg.steps` timed steps, held-out evaluations between them."""
     task = build_task(cfg.task, cfg.batch_size, cfg.seed)
     dga = cell.key["method"] == "dga"

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from bench.experiments.base import Cell
 from bench.experiments.device_profile.config import DeviceProfileConfig
 from bench.kit import profile
 from bench.kit.collectives import measure_collective
@@ -77,7 +78,7 @@ def _measure(cfg: DeviceProfileConfig, key: dict[str, Any], device: str) -> dict
     return out
 
 
-def run(cfg: DeviceProfileConfig, cell: Any) -> dict[str, Any]:
+def run(cfg: DeviceProfileConfig, cell: Cell) -> dict[str, Any]:
     """One rank's part of `cell`: the measurement and (device cells) the device's facts."""
     if cell.key["measurement"] == "all_reduce":
         return measure_collective(cfg, cell)

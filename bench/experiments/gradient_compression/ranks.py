@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from bench.experiments.base import Cell
+from bench.experiments.gradient_compression.config import GradientCompressionConfig
 from bench.kit.tasks import Task, build_task, cosine
 from bench.kit.timing import timed_step
 from bench.kit.workloads import rank_shard
@@ -77,7 +79,9 @@ def make_compressor(method: str, setting: Any, rank: int, seed: int, dgc_warmup_
     raise ValueError(f"method={method!r} is not a distbench compressor")
 
 
-def _optimizer(cfg: Any, method: str) -> Callable[[list], torch.optim.Optimizer]:
+def _optimizer(
+    cfg: GradientCompressionConfig, method: str
+) -> Callable[[list], torch.optim.Optimizer]:
     momentum = 0.0 if method == "dgc" else MOMENTUM  # DGC carries its own momentum
     return lambda params: torch.optim.SGD(params, lr=cfg.lr, momentum=momentum)
 
@@ -113,7 +117,9 @@ class _Record:
         }  # fmt: skip
 
 
-def _train(cfg: Any, task: Task, optimizer: torch.optim.Optimizer, step: Callable) -> _Record:
+def _train(
+    cfg: GradientCompressionConfig, task: Task, optimizer: torch.optim.Optimizer, step: Callable
+) -> _Record:
     """`cfg.steps` timed steps of `step(x, y)` on this rank's shard of each global batch,
     the learning rate on a cosine; held-out evaluation every `eval_every` steps (clock
     stopped) and after the last."""
@@ -130,7 +136,7 @@ def _train(cfg: Any, task: Task, optimizer: torch.optim.Optimizer, step: Callabl
     return record
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: GradientCompressionConfig, cell: Cell) -> dict[str, Any]:
     """One rank of a cell: the method of `cell.key`, its setting `cell.carry`."""
     method, seed = cell.key["method"], cell.key["seed"]
     task = build_task(cfg.task, cfg.batch_size, seed)
@@ -157,7 +163,7 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
     return out
 
 
-def _run_torch(cfg: Any, cell: Any, task: Task) -> dict[str, Any]:
+def _run_torch(cfg: GradientCompressionConfig, cell: Cell, task: Task) -> dict[str, Any]:
     """torch's DDP with its own comm hook: same model, data, optimizer and schedule."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
@@ -190,7 +196,7 @@ def _run_torch(cfg: Any, cell: Any, task: Task) -> dict[str, Any]:
     return _train(cfg, task, optimizer, step).result(task)
 
 
-def quantizer_check(cfg: Any, cell: Any, task: Task) -> dict[str, float]:
+def quantizer_check(cfg: GradientCompressionConfig, cell: Cell, task: Task) -> dict[str, float]:
     """Draw `cfg.draws` quantizations of one real gradient: bias statistic and variance
     against the paper's bound (see the module docstring)."""
     method, draws_n = cell.key["method"], cfg.draws

@@ -48,6 +48,7 @@ EXPERIMENT = Experiment(
     name="max_model_size",
     summary="the lecture's largest trainable model per ZeRO stage, from the cost model",
     schema=MaxModelSizeConfig,
+    in_process=True,
     key_columns=(
         "stage",
         "gpu_memory_gb",

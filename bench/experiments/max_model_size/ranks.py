@@ -1,11 +1,12 @@
-"""What the one rank of a `max_model_size` cell does: evaluate the cost model at one grid
-point. Nothing is measured here; the runner's one-rank pool only gives the cell the same
-metadata, atomic writes, `resume` and failure handling as every experiment."""
+"""What a `max_model_size` cell computes: the cost model at one grid point. Nothing is
+measured; the runner calls it in its own process (`in_process`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from bench.experiments.base import Cell
+from bench.experiments.max_model_size.config import MaxModelSizeConfig
 from impls.costmodel import (
     comm_bytes_per_step,
     comm_psi_multiple,
@@ -19,7 +20,7 @@ __all__ = ["GB", "run"]
 GB = 1e9  # the lecture's GB (80 GB / 16 B = 5.0B parameters), not GiB
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: MaxModelSizeConfig, cell: Cell) -> dict[str, Any]:
     """The cost model at `cell`: the largest model that fits, and the given model's memory.
     `cell.carry` is the config's bytes per parameter as the cost model's `BytesPerParam`."""
     b, key = cell.carry, cell.key

@@ -47,6 +47,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bench.experiments.base import Cell
+from bench.experiments.overlap.config import OverlapConfig
 from bench.kit.reference import compare, parameters, train_reference
 from bench.kit.timing import Timed, alternate
 from bench.kit.workloads import gpt, lm_loss, rank_shard, seeded_batch
@@ -110,7 +112,9 @@ def _replicas_differ(digest: str, finite: bool) -> int:
 class _Side:
     """One DDP replica of the cell's GPT with its own sync group."""
 
-    def __init__(self, cfg: Any, plan: Plan, bucket_cap_bytes: int, overlap: bool) -> None:
+    def __init__(
+        self, cfg: OverlapConfig, plan: Plan, bucket_cap_bytes: int, overlap: bool
+    ) -> None:
         network = SimulatedNetwork.from_units(**plan.network) if plan.network else None
         self.model = gpt(cfg.model, cfg.seed)
         self.group = dist.new_group(list(range(dist.get_world_size())))
@@ -158,7 +162,7 @@ class _Side:
         release_group(self.group)
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: OverlapConfig, cell: Cell) -> dict[str, Any]:
     """One rank of a cell: the timed steps of its side, and of the twin's in alternation."""
     plan: Plan = cell.carry
     batch = seeded_batch(GPTConfig(**cfg.model), cfg.batch_size * dist.get_world_size(), cfg.seed)
@@ -194,7 +198,9 @@ def run(cfg: Any, cell: Any) -> dict[str, Any]:
     }
 
 
-def _update_error(cfg: Any, side: _Side, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+def _update_error(
+    cfg: OverlapConfig, side: _Side, batch: tuple[torch.Tensor, torch.Tensor]
+) -> float:
     """‖θ − θ_ref‖ / ‖θ_ref − θ_0‖ of the side's replica against the same GPT trained in
     one process on the whole batch for as many SGD steps (`bench.kit.reference`)."""
     model = gpt(cfg.model, cfg.seed)

@@ -17,12 +17,13 @@ from bench.config import (
     check_unique,
     gpt_rank_bytes,
 )
-from bench.experiments.parallelism_comparison.ranks import AXES
 from impls.models import GPTConfig
 from impls.pipeline.schedules import SCHEDULES as PIPELINE_SCHEDULES
 from impls.tensor_parallel import check_tp_config
 
 __all__ = ["ParallelismComparisonConfig", "TOLERANCES"]
+
+AXES = ("dp", "pp", "tp")  # the parallel axes a layout may name
 
 
 # One stage per rank, micro-batched, the backward whole: the schedules HybridTrainer runs.

@@ -45,6 +45,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bench.experiments.base import Cell
+from bench.experiments.parallelism_comparison.config import AXES, ParallelismComparisonConfig
 from bench.kit.host import HostComputeLock, probe_pairs
 from bench.kit.memory import held_bytes
 from bench.kit.reference import Reference, compare, train_reference
@@ -60,7 +62,6 @@ from impls.tensor_parallel import sharded_dims
 
 __all__ = ["AXES", "PROBE_BYTES", "Layout", "run"]
 
-AXES = ("dp", "pp", "tp")
 PROBE_BYTES = (4, 1 << 20)  # the α probe's message and the β probe's
 WEIGHT_DECAY = 0.01
 
@@ -160,7 +161,9 @@ def _axis_traffic(comms: dict[str, Communicator]) -> Iterator[dict[str, Any]]:
     out.update({axis: counters.as_dict() for axis, counters in measured.items()})
 
 
-def _reference(cfg: Any, inputs: torch.Tensor, targets: torch.Tensor) -> Reference:
+def _reference(
+    cfg: ParallelismComparisonConfig, inputs: torch.Tensor, targets: torch.Tensor
+) -> Reference:
     """Single-device AdamW on the whole batch, trained on rank 0 and sent to every rank."""
     reference = [None]
     if dist.get_rank() == 0:
@@ -184,7 +187,9 @@ def _compare(trainer: HybridTrainer, reference: Reference) -> dict[str, float]:
     return compare(params, reference, grads=grads, part=part)
 
 
-def _timed_steps(trainer, clock: _RoundClock, inputs, targets, cfg: Any) -> dict:
+def _timed_steps(
+    trainer, clock: _RoundClock, inputs, targets, cfg: ParallelismComparisonConfig
+) -> dict:
     """Slowest rank's step seconds; this rank's own step seconds and seconds in rounds."""
 
     def step() -> float:
@@ -262,7 +267,7 @@ def _train(trainer: HybridTrainer, comms, inputs, targets, steps: int) -> dict[s
     return {"losses": losses, "traffic": traffic, "peak_activation_bytes": max(activations)}
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: ParallelismComparisonConfig, cell: Cell) -> dict[str, Any]:
     """One rank of a layout: traffic, memory, correctness, step times, profile, link."""
     layout: Layout = cell.carry
     mesh = Mesh(dist.get_world_size(), **layout.degrees)

@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench.experiments.base import Cell
+from bench.experiments.pipeline_utilization.config import PipelineUtilizationConfig
 from bench.kit.host import HostComputeLock, probe_pairs
 from bench.kit.reference import compare, train_reference
 from bench.kit.timing import alternate
@@ -51,18 +53,20 @@ __all__ = ["paired_step_times", "run"]
 Side = tuple[Callable[..., Any], list[nn.Module], GPT]  # (one step, modules it trains, model)
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: PipelineUtilizationConfig, cell: Cell) -> dict[str, Any]:
     """One rank of a cell: a distbench cell (`cell.carry.plan`) or a torch one."""
     if cell.carry.plan is None:
         return _run_torch(cfg, cell)
     return _run_distbench(cfg, cell)
 
 
-def _shape(cell: Any) -> tuple[int, int, int]:
+def _shape(cell: Cell) -> tuple[int, int, int]:
     return cell.key["stages"], cell.key["microbatches"], cell.key["virtual_stages"]
 
 
-def _model(cfg: Any, cell: Any) -> tuple[GPT, list[nn.Module], torch.Tensor, torch.Tensor]:
+def _model(
+    cfg: PipelineUtilizationConfig, cell: Cell
+) -> tuple[GPT, list[nn.Module], torch.Tensor, torch.Tensor]:
     """The seeded GPT, cut into P·V stages (or the carried cut), and the batch: identical
     on every rank."""
     model, inputs, targets = seeded_gpt_and_batch(cfg.model(), cfg.batch_size, cfg.seed)
@@ -72,12 +76,12 @@ def _model(cfg: Any, cell: Any) -> tuple[GPT, list[nn.Module], torch.Tensor, tor
     return model, split_into_virtual_stages(model, p, v), inputs, targets
 
 
-def _activation(cfg: Any, cell: Any) -> torch.Tensor:
+def _activation(cfg: PipelineUtilizationConfig, cell: Cell) -> torch.Tensor:
     """A tensor of the shape every stage boundary carries: (b / M, s, h)."""
     return torch.zeros(cfg.batch_size // cell.key["microbatches"], cfg.seq_len, cfg.d_model)
 
 
-def _distbench(cfg: Any, cell: Any, twin: bool = False) -> Side:
+def _distbench(cfg: PipelineUtilizationConfig, cell: Cell, twin: bool = False) -> Side:
     """This rank's distbench step (a `StepResult` per call) on the carried plan, or with
     `twin` on the carried 1F1B twin's (`Carry.fused_twin`, a model of its own)."""
     p, m, v = _shape(cell)
@@ -97,7 +101,7 @@ def _distbench(cfg: Any, cell: Any, twin: bool = False) -> Side:
     return step, list(mine.values()), model
 
 
-def _torch(cfg: Any, cell: Any) -> Side:
+def _torch(cfg: PipelineUtilizationConfig, cell: Cell) -> Side:
     """This rank's torch.distributed.pipelining step (`cell.carry.torch_schedule`); its
     outcome is the loss on the last stage's rank, None elsewhere."""
     from torch.distributed import pipelining
@@ -132,7 +136,9 @@ def _fresh(step: Callable[[], Any], modules: list[nn.Module]) -> Callable[[], An
     return cleared
 
 
-def _against_reference(cfg: Any, model: GPT, modules: list[nn.Module]) -> dict[str, float]:
+def _against_reference(
+    cfg: PipelineUtilizationConfig, model: GPT, modules: list[nn.Module]
+) -> dict[str, float]:
     """The loss of one process on the whole batch, and this rank's gradients' relative
     error against its (no optimizer step here, so the reference takes one with lr = 0)."""
     reference_model, inputs, targets = seeded_gpt_and_batch(cfg.model(), cfg.batch_size, cfg.seed)
@@ -145,7 +151,7 @@ def _against_reference(cfg: Any, model: GPT, modules: list[nn.Module]) -> dict[s
     return {"reference_loss": reference.losses[0], "grad_error": error}
 
 
-def _run_distbench(cfg: Any, cell: Any) -> dict[str, Any]:
+def _run_distbench(cfg: PipelineUtilizationConfig, cell: Cell) -> dict[str, Any]:
     """Timed steps (alternating with torch's twin when paired), the profiling steps, the
     transfer probe and the reference check."""
     step, modules, model = _distbench(cfg, cell)
@@ -185,7 +191,7 @@ def _run_distbench(cfg: Any, cell: Any) -> dict[str, Any]:
     }
 
 
-def _run_torch(cfg: Any, cell: Any) -> dict[str, Any]:
+def _run_torch(cfg: PipelineUtilizationConfig, cell: Cell) -> dict[str, Any]:
     """One rank of a torch.distributed.pipelining cell: step times, the loss, the check."""
     step, modules, model = _torch(cfg, cell)
     timed = alternate({"torch": _fresh(step, modules)}, warmup=cfg.warmup, repeats=cfg.repeats)
@@ -198,7 +204,7 @@ def _run_torch(cfg: Any, cell: Any) -> dict[str, Any]:
     }
 
 
-def paired_step_times(cfg: Any, cell: Any) -> dict[str, float]:
+def paired_step_times(cfg: PipelineUtilizationConfig, cell: Cell) -> dict[str, float]:
     """distbench's and torch's step of a paired cell, alternating on twin models: medians
     and their ratio (what `benchmarks/test_pipeline.py` records)."""
     step, modules, _ = _distbench(cfg, cell)

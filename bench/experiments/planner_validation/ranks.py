@@ -34,7 +34,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from bench.experiments.base import Cell
 from bench.experiments.planner_validation import calibration
+from bench.experiments.planner_validation.config import PlannerValidationConfig
 from impls.costmodel.comm import allreduce_rounds
 
 __all__ = ["activation_stage_bytes", "carries_tp_calls", "optimizer_params",
@@ -211,7 +213,7 @@ def rank_rates(ranks_: int, cores: int, wall_clock: bool) -> tuple[int, float, f
     return threads, float(threads), 1.0
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: PlannerValidationConfig, cell: Cell) -> dict[str, Any]:
     """Calibrate (cached) and predict `cell.carry`, the ground-truth row."""
     truth = cell.carry
     cal = calibration.calibrate(cfg, 1)

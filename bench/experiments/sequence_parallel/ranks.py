@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.experiments.base import Cell
+from bench.experiments.sequence_parallel.config import SequenceParallelConfig
 from bench.kit.memory import ledger_over_pass
 from bench.kit.timing import alternate
 from impls.comm import Communicator
@@ -92,12 +94,12 @@ class SequenceShardedBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-def full_block(cfg: Any, cell: Any) -> Block:
+def full_block(cfg: SequenceParallelConfig, cell: Cell) -> Block:
     """The single-device block every rank starts from (one seed: identical everywhere)."""
     return GPT(cell.carry.block, seed=cfg.seed).blocks[0]
 
 
-def parallel_block(cfg: Any, cell: Any, comm: Communicator) -> nn.Module:
+def parallel_block(cfg: SequenceParallelConfig, cell: Cell, comm: Communicator) -> nn.Module:
     """This rank's part of the block under the cell's method."""
     block, method = full_block(cfg, cell), cell.key["method"]
     if method == "megatron_sp":
@@ -106,14 +108,14 @@ def parallel_block(cfg: Any, cell: Any, comm: Communicator) -> nn.Module:
     return SequenceShardedBlock(block, attention, comm)
 
 
-def full_inputs(cfg: Any, cell: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def full_inputs(cfg: SequenceParallelConfig, cell: Cell) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole input x and output gradient dy, (b, s, h) each, the same on every rank."""
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     shape = (cfg.batch_size, cell.key["seq_len"], cell.carry.block.d_model)
     return torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
 
 
-def _reference(cfg: Any, cell: Any) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def _reference(cfg: SequenceParallelConfig, cell: Cell) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """The full block on one process: output, input gradient, weight gradients."""
     block = full_block(cfg, cell)
     x, dy = full_inputs(cfg, cell)
@@ -131,7 +133,7 @@ def _error(got: torch.Tensor, want: torch.Tensor, floor: float = 0.0) -> float:
     return float((got - want).abs().max()) / scale
 
 
-def _errors(cfg: Any, cell: Any, block: nn.Module, y: torch.Tensor, dx: torch.Tensor,
+def _errors(cfg: SequenceParallelConfig, cell: Cell, block: nn.Module, y: torch.Tensor, dx: torch.Tensor,
             comm: Communicator) -> dict[str, float]:  # fmt: skip
     """Each checked tensor's normalised error against the single-process block: this
     rank's real (unpadded) positions of y and dx, and every weight gradient (a tensor-
@@ -162,7 +164,9 @@ def _errors(cfg: Any, cell: Any, block: nn.Module, y: torch.Tensor, dx: torch.Te
     return errors
 
 
-def _measured_pass(cfg: Any, cell: Any, block: nn.Module, comm: Communicator) -> dict:
+def _measured_pass(
+    cfg: SequenceParallelConfig, cell: Cell, block: nn.Module, comm: Communicator
+) -> dict:
     """One forward + backward with traffic counted and memory accounted, then the check."""
     x_full, dy_full = full_inputs(cfg, cell)
     # A copy: with b = 1 the chunk is a view of the whole x, whose storage the ledger would
@@ -198,7 +202,9 @@ def _measured_pass(cfg: Any, cell: Any, block: nn.Module, comm: Communicator) ->
     }
 
 
-def _step_times(cfg: Any, cell: Any, block: nn.Module, comm: Communicator) -> list[float]:
+def _step_times(
+    cfg: SequenceParallelConfig, cell: Cell, block: nn.Module, comm: Communicator
+) -> list[float]:
     """`repeats` barrier-opened forward + backward passes (after `warmup`): slowest rank's s."""
     x_full, dy_full = full_inputs(cfg, cell)
     x = shard_sequence(x_full, comm).requires_grad_()
@@ -213,12 +219,12 @@ def _step_times(cfg: Any, cell: Any, block: nn.Module, comm: Communicator) -> li
     return timed["step"].seconds
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: SequenceParallelConfig, cell: Cell) -> dict[str, Any]:
     """One rank of a cell on the default group: see `measure`."""
     return measure(cfg, cell, Communicator())
 
 
-def measure(cfg: Any, cell: Any, comm: Communicator) -> dict[str, Any]:
+def measure(cfg: SequenceParallelConfig, cell: Cell, comm: Communicator) -> dict[str, Any]:
     """One rank of a cell on `comm`'s group of P ranks: traffic, memory, errors against the
     reference, step times."""
     if comm.world_size != cell.key["sp"]:

@@ -45,6 +45,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench.experiments.base import Cell
+from bench.experiments.tensor_parallel.config import TensorParallelConfig
 from bench.kit.memory import ledger_over_pass
 from bench.kit.reference import compare, train_reference
 from bench.kit.timing import Timed, alternate
@@ -89,7 +91,7 @@ def _dtensor_plan() -> dict[str, nn.Module]:
     return {name: styles[style]() for name, style in BLOCK_PLAN.items()}
 
 
-def _build(method: str, cfg: Any, comm: Communicator) -> GPT:
+def _build(method: str, cfg: TensorParallelConfig, comm: Communicator) -> GPT:
     """The full seeded GPT, split over this cell's ranks by `method`."""
     model = gpt(cfg.model, cfg.seed)
     if method == "distbench":
@@ -116,7 +118,9 @@ def _whole(params: dict[str, torch.Tensor], dims: dict[str, int], comm: Communic
     return out
 
 
-def _train_and_compare(cfg: Any, method: str, comm: Communicator) -> dict[str, Any]:
+def _train_and_compare(
+    cfg: TensorParallelConfig, method: str, comm: Communicator
+) -> dict[str, Any]:
     """`steps` SGD steps of the split model, then (rank 0) the check against one process."""
     model = _build(method, cfg, comm)
     idx, targets = seeded_batch(model.cfg, cfg.batch_size, cfg.seed)
@@ -142,7 +146,7 @@ def _train_and_compare(cfg: Any, method: str, comm: Communicator) -> dict[str, A
     return out
 
 
-def _activation(cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _activation(cfg: TensorParallelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """A replicated (b, s, h) block input and an upstream gradient, seeded."""
     model = GPTConfig(**cfg.model)
     generator = torch.Generator().manual_seed(cfg.seed + 7)
@@ -209,13 +213,15 @@ def _blocks_step(blocks: nn.ModuleList, x: torch.Tensor, upstream: torch.Tensor)
     _forward(blocks, x).backward(upstream)
 
 
-def _timed(cfg: Any, blocks: dict[str, nn.ModuleList], x, upstream, comm) -> dict[str, Timed]:
+def _timed(
+    cfg: TensorParallelConfig, blocks: dict[str, nn.ModuleList], x, upstream, comm
+) -> dict[str, Timed]:
     """Each side's blocks step in alternating rounds (`bench.kit.timing.alternate`)."""
     steps = {name: partial(_blocks_step, b, x, upstream) for name, b in blocks.items()}
     return alternate(steps, warmup=cfg.warmup, repeats=cfg.repeats, group=comm.group)
 
 
-def paired_block_times(cfg: Any, cell: Any) -> dict[str, float]:
+def paired_block_times(cfg: TensorParallelConfig, cell: Cell) -> dict[str, float]:
     """The cell's method's blocks and its twin's, timed in alternating steps: medians and
     their ratio (for the benchmarks)."""
     method, comm = cell.carry.method, Communicator()
@@ -228,12 +234,12 @@ def paired_block_times(cfg: Any, cell: Any) -> dict[str, float]:
     return {f"{method}_s": a, f"{twin}_s": b, "ratio": a / b}
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: TensorParallelConfig, cell: Cell) -> dict[str, Any]:
     """One rank of a cell on the default group: see `measure`."""
     return measure(cfg, cell, Communicator())
 
 
-def measure(cfg: Any, cell: Any, comm: Communicator) -> dict[str, Any]:
+def measure(cfg: TensorParallelConfig, cell: Cell, comm: Communicator) -> dict[str, Any]:
     """One rank of a cell on `comm`'s group of t ranks: the check against one process, one
     layer's traffic, memory and step times."""
     sides: Sides = cell.carry

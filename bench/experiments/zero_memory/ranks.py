@@ -35,6 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bench.experiments.base import Cell
+from bench.experiments.zero_memory.config import ZeroMemoryConfig
 from bench.experiments.zero_memory.methods import DDP_METHODS, ZERO_METHODS, Plan
 from bench.kit.memory import held_bytes
 from bench.kit.reference import compare, parameters, train_reference
@@ -62,11 +64,11 @@ class _Trainer:
     """The flat units' sizes (ZeRO pads each to a multiple of N)."""
 
 
-def _adamw(cfg: Any, params) -> torch.optim.Optimizer:
+def _adamw(cfg: ZeroMemoryConfig, params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=WEIGHT_DECAY)
 
 
-def _zero_trainer(cfg: Any, plan: Plan, model, x, y) -> dict:
+def _zero_trainer(cfg: ZeroMemoryConfig, plan: Plan, model, x, y) -> dict:
     from impls.comm import Communicator
     from impls.zero import ZeroDataParallel
 
@@ -89,7 +91,7 @@ def _zero_trainer(cfg: Any, plan: Plan, model, x, y) -> dict:
             "units": [u.numel for u in zdp.units]}  # fmt: skip
 
 
-def _ddp_trainer(cfg: Any, plan: Plan, model, x, y) -> dict:
+def _ddp_trainer(cfg: ZeroMemoryConfig, plan: Plan, model, x, y) -> dict:
     from impls.comm import Communicator
     from impls.data_parallel import DDP
 
@@ -106,7 +108,9 @@ def _ddp_trainer(cfg: Any, plan: Plan, model, x, y) -> dict:
             "close": ddp.close}  # fmt: skip
 
 
-def _torch_wrap(cfg: Any, method: str, model) -> tuple[Any, torch.optim.Optimizer, Any]:
+def _torch_wrap(
+    cfg: ZeroMemoryConfig, method: str, model
+) -> tuple[Any, torch.optim.Optimizer, Any]:
     """(the wrapped model, its optimizer, the optimizer whose state the rank holds)."""
     from torch.nn.parallel import DistributedDataParallel
 
@@ -128,7 +132,7 @@ def _torch_wrap(cfg: Any, method: str, model) -> tuple[Any, torch.optim.Optimize
     return DistributedDataParallel(model), optimizer, optimizer
 
 
-def _torch_trainer(cfg: Any, plan: Plan, model, x, y) -> dict:
+def _torch_trainer(cfg: ZeroMemoryConfig, plan: Plan, model, x, y) -> dict:
     wrapped, optimizer, holder = _torch_wrap(cfg, plan.method, model)
 
     def step() -> dict:
@@ -142,7 +146,7 @@ def _torch_trainer(cfg: Any, plan: Plan, model, x, y) -> dict:
             "params": lambda: parameters(model)}  # fmt: skip
 
 
-def _trainer(cfg: Any, plan: Plan) -> _Trainer:
+def _trainer(cfg: ZeroMemoryConfig, plan: Plan) -> _Trainer:
     model, inputs, targets = seeded_gpt_and_batch(cfg.model, cfg.batch_size, cfg.seed)
     numel = sum(p.numel() for p in model.parameters())  # before any wrapper shards them
     x, y = rank_shard(inputs), rank_shard(targets)
@@ -155,7 +159,7 @@ def _trainer(cfg: Any, plan: Plan) -> _Trainer:
     return _Trainer(numel=numel, **build(cfg, plan, model, x, y))
 
 
-def _reference_check(cfg: Any, params: dict[str, torch.Tensor]) -> dict[str, float]:
+def _reference_check(cfg: ZeroMemoryConfig, params: dict[str, torch.Tensor]) -> dict[str, float]:
     """Single-process fp32 AdamW on the whole batch, `steps` steps, against `params`."""
     model, inputs, targets = seeded_gpt_and_batch(cfg.model, cfg.batch_size, cfg.seed)
     reference = train_reference(model, inputs, targets, _adamw(cfg, model.parameters()),
@@ -169,7 +173,7 @@ def _mean_over_ranks(value: float) -> float:
     return float(t.item()) / dist.get_world_size()
 
 
-def _timed(cfg: Any, sides: dict[str, _Trainer]) -> dict[str, Timed]:
+def _timed(cfg: ZeroMemoryConfig, sides: dict[str, _Trainer]) -> dict[str, Timed]:
     """Each side's steps (slowest rank), the sides alternating; closes the trainers."""
     timed = alternate({name: side.step for name, side in sides.items()},
                       warmup=cfg.warmup, repeats=cfg.repeats)  # fmt: skip
@@ -178,7 +182,7 @@ def _timed(cfg: Any, sides: dict[str, _Trainer]) -> dict[str, Timed]:
     return timed
 
 
-def paired_step_times(cfg: Any, cell: Any, other: str) -> dict[str, float]:
+def paired_step_times(cfg: ZeroMemoryConfig, cell: Cell, other: str) -> dict[str, float]:
     """The cell's method and method `other` on twin models, timed in alternating steps:
     medians and their ratio (for the benchmarks)."""
     plan: Plan = cell.carry
@@ -188,7 +192,7 @@ def paired_step_times(cfg: Any, cell: Any, other: str) -> dict[str, float]:
     return {f"{plan.method}_s": a, f"{other}_s": b, "ratio": a / b}
 
 
-def run(cfg: Any, cell: Any) -> dict[str, Any]:
+def run(cfg: ZeroMemoryConfig, cell: Cell) -> dict[str, Any]:
     """One rank of a cell: losses, memory, traffic, parameter check, step times."""
     plan: Plan = cell.carry
     trainer = _trainer(cfg, plan)
