@@ -12,8 +12,7 @@ reference rounds):
   rounds;
 - `turns`: the (round, side) turns of a whole run, round after round in those orders;
 - `calls_per_window`: how many calls fill a window, from a probe's time per call;
-- `common_count`: one count of calls per window for every side.
-"""
+- `common_count`: one count of calls per window for every side."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@
   signed byte per element (s ≤ 127), not the paper's Elias code: 4× fewer bytes than fp32.
 - fp16 / bf16: a cast, 2× fewer bytes (the lecture's mixed-precision communication).
 
-Stochastic rounding draws from a generator seeded at construction, so runs reproduce.
-"""
+Stochastic rounding draws from a generator seeded at construction, so runs reproduce."""
 
 from __future__ import annotations
 

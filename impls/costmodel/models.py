@@ -12,8 +12,7 @@ embeddings). `param_count(spec, ...)` counts every weight:
     once        V·h (+ V·h for an untied LM head) + s·h (learned positions) + final norm
 
 With f = 4h, k = a and no biases the layer is 12h², the rule of thumb P ≈ 12·l·h² + V·h
-(Narayanan et al. 2021, SC'21, §5.1: P = 12lh²(1 + 13/12h + (V + s)/12lh)).
-"""
+(Narayanan et al. 2021, SC'21, §5.1: P = 12lh²(1 + 13/12h + (V + s)/12lh))."""
 
 from __future__ import annotations
 

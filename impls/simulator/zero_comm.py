@@ -7,48 +7,9 @@ reduce-scatters the gradients (3Ψ). Ψ here is what one rank holds (its tp shar
 stages); the group is the dp ranks (stride tp in the layout), or the dp·tp ranks under
 Ulysses, whose tp-axis ranks hold the same weights (DeepSpeed-Ulysses, Jacobs et al. 2023 §3).
 
-When each happens (assumptions, stated):
-- ZeRO-0/1 accumulate whole gradients over the micro-batches and reduce once, bucketed, during
-  the last micro-batch's backward (PyTorch DDP's `no_sync` + buckets, Li et al. 2020 §3.2);
-- ZeRO-2/3 keep only a gradient shard, so they reduce-scatter during every micro-batch's
-  backward (DeepSpeed's partitioned gradient accumulation);
-- ZeRO-3 gathers a stage's weights for every micro-batch's forward and backward (FSDP and
-  DeepSpeed re-gather under gradient accumulation), prefetched under the same compute;
-- ZeRO-1/2 all-gather the updated weights under the next step's first forward (Megatron's
-  distributed optimizer with `overlap_param_gather`), charged to this step.
-How much is exposed (links as resources, prefetch one unit ahead). A rank sends each kind
-of collective as `units` equal calls (FSDP / ZeRO-3 units, one per layer by default; DDP's
-25 MB buckets, `BUCKET_BYTES`, PyTorch's `bucket_cap_mb` default) and the compute they
-hide under is split evenly among the units. Every call of one unit goes over the rank's
-one link, so the collectives that overlap the same compute share it: ZeRO-3's backward
-all-gather of the next unit and the reduce-scatter of the unit just done queue on the same
-NIC (per unit ℓ = t_gather + t_reduce_scatter, not the larger of the two). A unit's
-transfer is issued one unit ahead of the compute that needs it (FSDP's default backward
-prefetch and its implicit forward prefetch: Zhao et al. 2023, PyTorch FSDP,
-arXiv 2304.11277, "communication optimizations"), so the first unit's
-transfer is never hidden and each later one hides only under one unit of compute:
-
-    exposed = ℓ + (units − 1) · max(0, ℓ − window ÷ units)
-
-(at most units · ℓ, the whole transfer). With ℓ below a unit's compute only the first unit
-is exposed; with ℓ above it the link is the bottleneck and the compute hides (units − 1)
-of its units. A hidden collective is not free: NCCL's thread blocks hold whole SMs
-that no compute kernel shares (NVIDIA/nccl issue #689), so the compute beside it runs on
-the rest, and each hidden second costs `Hardware.comm_compute_share` of a second of
-compute (16 of the A100's 108 SMs on a DGX with 8 NICs). On hardware whose collectives block the computing thread
-(`Hardware.comm_overlap` False) nothing hides: the whole transfer is exposed, and each
-meeting of the ranks after compute adds `Hardware.collective_meeting_s` (the first rank to
-arrive waits for the last; calls issued back to back meet once). Meetings, as
-`impls.zero` issues its calls: ZeRO-3 one per unit at its forward gather and one per unit
-at its backward gather (the unit's reduce-scatter follows the backward it reduces, back to
-back with the next unit's gather); ZeRO-2 one per unit at its reduce-scatter; at the end of
-the step one for the gradient reduction (ZeRO-0/1) and one for ZeRO-1/2's gathers after
-the optimizer.
-
-`collectives` is how many calls each kind is sent as: every call pays its own rounds of α,
-the bytes are the same. The simulator's default is one ZeRO / FSDP unit per layer of the
-stage (`impls.zero` and FSDP wrap each transformer block); a bucketed reduction (ZeRO-0/1)
-is sent as at least one call per 25 MB bucket on overlapping hardware.
+When each collective runs is `per_action` (every micro-batch: ZeRO-2/3) and `end_of_step`
+(once: ZeRO-0/1's reduction, ZeRO-1/2's gather); how much of it hides under compute, with
+the rank's link as a shared resource and prefetch one unit ahead, is `exposed`.
 """
 
 from __future__ import annotations
@@ -70,7 +31,7 @@ __all__ = [
     "per_action",
 ]
 
-BUCKET_BYTES = 25 * 2**20
+BUCKET_BYTES = 25 * 2**20  # DDP's bucket: PyTorch's `bucket_cap_mb` default, 25 MB
 
 
 def dp_group(plan: ParallelPlan) -> tuple[int, int]:
@@ -89,10 +50,25 @@ Transfer = tuple[str, float]
 
 def exposed(transfers: tuple[Transfer, ...], plan: ParallelPlan, hw: Hardware, window: float,
             collectives: int = 1, meetings: int = 1) -> float:  # fmt: skip
-    """Seconds `transfers`, sharing the rank's link, add to `window` seconds of compute:
-    the part left exposed (each kind sent as `collectives` equal calls, pipelined one unit
-    ahead of the compute, module docstring) plus the compute the hidden part slows;
-    `meetings` of the calls meet the ranks after compute."""
+    """Seconds `transfers`, sharing the rank's link, add to `window` seconds of compute.
+
+    Each kind is sent as `collectives` equal calls (FSDP / ZeRO-3 units, one per layer by
+    default; DDP's buckets), each paying its own rounds of α, and the window is split
+    evenly among them. Every call of one unit goes over the rank's one link, so kinds that
+    overlap the same compute queue on it (ZeRO-3's backward gather of the next unit and the
+    reduce-scatter of the last: ℓ = t_gather + t_reduce_scatter, not the larger). A unit's
+    transfer is issued one unit ahead of the compute that needs it (FSDP's backward and
+    implicit forward prefetch: Zhao et al. 2023, arXiv 2304.11277), so the first is never
+    hidden and each later one hides under one unit of compute:
+
+        exposed = ℓ + (units − 1) · max(0, ℓ − window ÷ units)   (at most units · ℓ)
+
+    A hidden collective is not free: NCCL's thread blocks hold whole SMs that no compute
+    kernel shares (NVIDIA/nccl issue #689), so each hidden second costs
+    `Hardware.comm_compute_share` of a second of compute (16 of an A100's 108 SMs on a DGX
+    with 8 NICs). Where collectives block the computing thread (`Hardware.comm_overlap`
+    False) nothing hides, and each of `meetings` calls that meet the ranks after compute
+    adds `Hardware.collective_meeting_s` (the first rank to arrive waits for the last)."""
     size, stride = dp_group(plan)
     transfers = tuple((kind, nbytes) for kind, nbytes in transfers if nbytes > 0)
     if size == 1 or not transfers:
@@ -136,8 +112,14 @@ def per_action(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: fl
                weight_s: float, split: bool, collectives: int = 1) -> StageDataParallel:  # fmt: skip
     """The ZeRO-2/3 communication of one stage of `params` parameters, per micro-batch.
 
-    `forward_s`, `input_s`, `weight_s` are the stage's compute seconds; with `split` False
-    the backward is one action B and both of its halves overlap the collectives there.
+    ZeRO-2/3 keep only a gradient shard, so they reduce-scatter during every micro-batch's
+    backward (DeepSpeed's partitioned gradient accumulation); ZeRO-3 gathers the stage's
+    weights for every micro-batch's forward and backward (FSDP and DeepSpeed re-gather
+    under gradient accumulation). Meetings, as `impls.zero` issues its calls: ZeRO-3 one
+    per unit at each gather (a unit's reduce-scatter follows its backward back to back with
+    the next gather); ZeRO-2 one per unit at its reduce-scatter. `forward_s`, `input_s`,
+    `weight_s` are the stage's compute seconds; with `split` False the backward is one
+    action B and both of its halves overlap the collectives there.
     """
     if plan.zero_stage < 2:
         return StageDataParallel()
@@ -162,8 +144,12 @@ def end_of_step(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: f
                 grad_bytes: float, forward_s: float, backward_s: float,
                collectives: int = 1) -> float:  # fmt: skip
     """Exposed seconds after a rank's last action: ZeRO-0/1's gradient reduction under the
-    last micro-batch's backward (`backward_s`), ZeRO-1/2's weight all-gather under a
-    forward (`forward_s`); ZeRO-3 has done all of its communication per micro-batch."""
+    last micro-batch's backward (`backward_s`; whole gradients accumulate over the
+    micro-batches and reduce once, bucketed, as DDP's `no_sync` does: Li et al. 2020 §3.2),
+    ZeRO-1/2's weight all-gather under a forward (`forward_s`; the next step's first, as
+    Megatron's distributed optimizer with `overlap_param_gather` does, charged to this
+    step). Each meets the ranks once. ZeRO-3 has done all of its communication per
+    micro-batch."""
     seconds = 0.0
     if plan.zero_stage == 0:
         seconds += bucketed("all_reduce", params * grad_bytes, plan, hw, backward_s)

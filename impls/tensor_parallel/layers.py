@@ -12,8 +12,7 @@ Column then row needs no communication in between: that is the parallel MLP.
 Both layers are built from a full `nn.Linear` that every rank holds identically (built from
 the same seed), and keep only their shard. `tp_shard_dims` records, per parameter, the dim
 along which it is a shard of the full one (missing: replicated), so tests and the hybrid
-mesh can match shards with full tensors.
-"""
+mesh can match shards with full tensors."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ mixed precision), the model states this rank holds and what it sends per step
 | 2     | PΨ     | GΨ/N  | OΨ/N  | same, reduce-scatter per unit during backward   |
 | 3     | PΨ/N   | GΨ/N  | OΨ/N  | all-gather fwd + all-gather bwd + reduce-scatter: 3Ψ(N−1)/N |
 
-(P, G, O) = (4, 4, 8) in fp32 and (2, 2, 12) in fp16/bf16, the paper's K = 12.
-"""
+(P, G, O) = (4, 4, 8) in fp32 and (2, 2, 12) in fp16/bf16, the paper's K = 12."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ have one cell per seed. The cell carries the numeric setting its label names.
 Each row's `baseline_accuracy` is the `dp` cell's of the same seed, and
 `compression_ratio` its measured bytes per step over this row's — both measured in this
 run (NaN where the grid has no `dp` cell, or the row is torch's, whose bytes our counters
-cannot see); the report derives them (`report.add_baseline`).
-"""
+cannot see); the report derives them (`report.add_baseline`)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@
   longest sequence within the memory budget comes from it (and, labelled, from the
   paper formula).
 
-Light on purpose: rank processes unpickle a cell's `Plan` from here.
-"""
+Light on purpose: rank processes unpickle a cell's `Plan` from here."""
 
 from __future__ import annotations
 
