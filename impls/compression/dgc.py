@@ -4,40 +4,10 @@ Lin, Han, Mao, Wang & Dally, "Deep Gradient Compression: Reducing the Communicat
 Bandwidth for Distributed Training" (ICLR 2018). Plain Top-k with error feedback
 (`impls.compression.sparsify.TopK`) accumulates *gradients* and leaves momentum to the
 optimizer, so a coordinate that waited many steps is sent without the momentum it would
-have had. DGC keeps, per tensor and per rank, a velocity u and an accumulation v, and on
-every step:
-
-1. local gradient clipping (§3.3): the rank's gradient, all tensors together, is clipped
-   to the norm clip_norm · N^{-1/2}. The paper's reasoning: N independent gradients with
-   variance σ² sum to variance Nσ², so a threshold meant for the combined gradient is
-   scaled by N^{-1/2} on each rank. Clipping happens before the gradient enters u, so the
-   accumulated mass is clipped too. `compress` (one tensor alone) does not clip;
-   `aggregate`, which sees the whole gradient and N, does.
-2. momentum correction (§3.1): u ← m·u + g;  v ← v + u. Accumulating the *velocity*
-   makes a coordinate that is finally sent carry the momentum-SGD update it missed.
-3. send the k entries of largest |v| (k from the current density, `kept`), in TopK's
-   payload format (`encode_sparse`: fp16 values by default, the smaller index encoding).
-4. v ← v − sent (the sent entries leave the accumulation; only an fp16 rounding residual
-   stays at them, as in TopK's error feedback — zero when the value is exact in fp16);
-   momentum factor masking (§3.2): u ← 0 at the sent entries, so stale momentum does not
-   keep pushing a coordinate that was just applied.
-
-Sparsity warm-up (§3.4): over the first `warmup_steps` steps the density falls
-exponentially from `warmup_start` to `density` (the paper: 25%, 6.25%, 1.5625%, 0.4%,
-0.1% over four epochs), then stays at `density`. A step is one `aggregate` call (one
-optimizer step of the whole model), not one tensor.
-
-The exchange is the default all-gather of payloads (`exchange.all_gather_average`): all
-ranks are at the same step, so their k and payload layouts match. The result is the mean
-over ranks of the v entries each rank sent.
+have had; DGC accumulates the momentum-corrected velocity instead (`DGC` gives the step).
 
 **Pair DGC with momentum-free SGD.** The momentum is applied here, before the
 sparsifier; an optimizer with its own momentum would apply it a second time.
-
-Departures from the paper: Top-k is exact (`torch.topk`), not the paper's threshold
-estimated on a sample; with `momentum_masking=True` (the paper's algorithm) a coordinate
-sent every step gets no momentum at all (at density 1 DGC is plain SGD); with
-`momentum_masking=False` and density 1, DGC sends exactly momentum SGD's velocity.
 """
 
 from __future__ import annotations
@@ -75,7 +45,36 @@ class DGC(Compressor):
     """Deep Gradient Compression (Lin et al. 2018) at `density`, with momentum `momentum`.
 
     State per key: `velocity[key]` (u) and `memory[key]` (v, the accumulation). `step`
-    counts `aggregate` calls and sets the warm-up density (`density_at`).
+    counts `aggregate` calls and sets the warm-up density (`density_at`). On every step:
+
+    1. local gradient clipping (§3.3): the rank's gradient, all tensors together, is clipped
+       to the norm clip_norm · N^{-1/2}. The paper's reasoning: N independent gradients with
+       variance σ² sum to variance Nσ², so a threshold meant for the combined gradient is
+       scaled by N^{-1/2} on each rank. Clipping happens before the gradient enters u, so the
+       accumulated mass is clipped too. `compress` (one tensor alone) does not clip;
+       `aggregate`, which sees the whole gradient and N, does.
+    2. momentum correction (§3.1): u ← m·u + g;  v ← v + u. Accumulating the *velocity*
+       makes a coordinate that is finally sent carry the momentum-SGD update it missed.
+    3. send the k entries of largest |v| (k from the current density, `kept`), in TopK's
+       payload format (`encode_sparse`: fp16 values by default, the smaller index encoding).
+    4. v ← v − sent (the sent entries leave the accumulation; only an fp16 rounding residual
+       stays at them, as in TopK's error feedback — zero when the value is exact in fp16);
+       momentum factor masking (§3.2): u ← 0 at the sent entries, so stale momentum does not
+       keep pushing a coordinate that was just applied.
+
+    Sparsity warm-up (§3.4): over the first `warmup_steps` steps the density falls
+    exponentially from `warmup_start` to `density` (the paper: 25%, 6.25%, 1.5625%, 0.4%,
+    0.1% over four epochs), then stays at `density`. A step is one `aggregate` call (one
+    optimizer step of the whole model), not one tensor.
+
+    The exchange is the default all-gather of payloads (`exchange.all_gather_average`): all
+    ranks are at the same step, so their k and payload layouts match. The result is the mean
+    over ranks of the v entries each rank sent.
+
+    Departures from the paper: Top-k is exact (`torch.topk`), not the paper's threshold
+    estimated on a sample; with `momentum_masking=True` (the paper's algorithm) a coordinate
+    sent every step gets no momentum at all (at density 1 DGC is plain SGD); with
+    `momentum_masking=False` and density 1, DGC sends exactly momentum SGD's velocity.
     """
 
     name = "dgc"

@@ -5,39 +5,11 @@ A link charges α per message and moves bytes at its achieved bandwidth (`Link.s
 The time of a collective is the critical path of its busiest rank: every round costs α
 plus that round's bytes ÷ bandwidth; a send and a receive in the same round overlap (links
 are full duplex), while the several messages a rank sends (or receives) in one round queue
-on its one port, so each pays α. For M bytes all-reduced over N ranks (Thakur, Rabenseifner
-& Gropp 2005, "Optimization of Collective Communication Operations in MPICH", IJHPCA 19(1),
-§4 and Table 1; the byte counts are those `impls.collectives` sends, see
-`impls/collectives/all_reduce.py`):
-
-| algorithm          | messages on the critical path | bytes on the critical path   |
-|--------------------|-------------------------------|------------------------------|
-| ring               | 2(N−1)                        | 2(N−1)/N · M                 |
-| recursive_halving  | 2·log2 p (+2 if N ≠ p)        | 2(p−1)/p · M (+2M if N ≠ p)  |
-| tree               | 2·⌈log2 N⌉                    | 2·⌈log2 N⌉ · M               |
-| parameter_server   | 2(N−1)  (the server)          | 2(N−1) · M  (the server)     |
-| sequential         | 2(N−1)                        | 2(N−1) · M                   |
-| parallel           | N−1                           | (N−1) · M                    |
-
-with p the largest power of two ≤ N (MPICH's fold of the N − p extra ranks adds a round
-of the whole buffer before and after). Reduce-scatter and all-gather by ring are half of
-the ring all-reduce, (N−1) rounds of M/N, and all-to-all sends (N−1)/N of each rank's
-buffer: the bus-bandwidth factors 2(N−1)/N, (N−1)/N and (N−1)/N of nccl-tests'
-`doc/PERFORMANCE.md`, so `Link.bandwidth` is directly comparable to a measured busbw.
-
-A group spread over nodes all-reduces hierarchically, as NCCL does across nodes: a
-reduce-scatter inside each node, an all-reduce of each device's 1/per_node share between
-nodes, an all-gather inside each node (`hierarchical_allreduce_seconds`).
-
-A ring reduce-scatter or all-gather over nodes, k members to a node (`spanning_link`):
-NCCL runs one ring per channel and spreads its channels over the node's NICs (one per GPU
-on DGX A100 / H100, rail-optimised). Each ring enters a node once, so every node receives
-(n−1)/n · M in all, through the k NICs of its k members, while each member also forwards
-(n−1)/n · M to its neighbour inside the node: the bus bandwidth is
-min(k × a NIC's, one device's NVLink) — the node's aggregate only when the group holds
-every GPU of the node, one NIC's when it holds one (a data-parallel group of stride 8).
-An all-to-all gains nothing from the sharing (each member's off-node bytes leave through
-the NICs either way) and runs at one NIC's rate.
+on its one port, so each pays α. The bus-bandwidth factors match nccl-tests'
+`doc/PERFORMANCE.md` (2(N−1)/N for all-reduce, (N−1)/N for reduce-scatter, all-gather and
+all-to-all), so `Link.bandwidth` is directly comparable to a measured busbw. Each
+algorithm's path is `allreduce_seconds`; groups over nodes are
+`hierarchical_allreduce_seconds` and `spanning_link`.
 """
 
 from __future__ import annotations
@@ -151,7 +123,21 @@ def allreduce_seconds(
     nbytes: float, n: int, link: Link, algorithm: str | CriticalPath = "ring"
 ) -> float:
     """All-reduce of `nbytes` (each rank's whole buffer) over `n` ranks on `link`;
-    `algorithm` a name of `ALLREDUCE_PATHS` or a critical path itself."""
+    `algorithm` a name of `ALLREDUCE_PATHS` or a critical path itself. For M bytes over N
+    ranks (Thakur, Rabenseifner & Gropp 2005, IJHPCA 19(1), §4 and Table 1; the byte
+    counts are those `impls.collectives` sends):
+
+    | algorithm          | messages on the critical path | bytes on the critical path   |
+    |--------------------|-------------------------------|------------------------------|
+    | ring               | 2(N−1)                        | 2(N−1)/N · M                 |
+    | recursive_halving  | 2·log2 p (+2 if N ≠ p)        | 2(p−1)/p · M (+2M if N ≠ p)  |
+    | tree               | 2·⌈log2 N⌉                    | 2·⌈log2 N⌉ · M               |
+    | parameter_server   | 2(N−1)  (the server)          | 2(N−1) · M  (the server)     |
+    | sequential         | 2(N−1)                        | 2(N−1) · M                   |
+    | parallel           | N−1                           | (N−1) · M                    |
+
+    with p the largest power of two ≤ N (MPICH's fold of the N − p extra ranks adds a
+    round of the whole buffer before and after)."""
     _check(nbytes, n)
     messages, volume = _allreduce_path(nbytes, n, algorithm)
     if n == 1 or nbytes == 0:
@@ -221,7 +207,15 @@ def _per_node(group_size: int, stride: int, devices_per_node: int) -> int:
 
 
 def spanning_link(hw: Hardware, per_node: int) -> Link:
-    """The link a ring over nodes sees with `per_node` group members in each node."""
+    """The link a ring over nodes sees with `per_node` group members in each node.
+
+    NCCL runs one ring per channel and spreads its channels over the node's NICs (one per
+    GPU on DGX A100 / H100, rail-optimised). Each ring enters a node once, so every node
+    receives (n−1)/n · M through the NICs of its k members, while each member also forwards
+    (n−1)/n · M inside the node: the bus bandwidth is min(k × a NIC's, one device's
+    NVLink), the node's aggregate only when the group holds every GPU of the node, one
+    NIC's when it holds one (a data-parallel group of stride 8). An all-to-all gains
+    nothing from the sharing and runs at one NIC's rate."""
     bandwidth = min(per_node * hw.inter.effective_bandwidth, hw.intra.effective_bandwidth)
     return Link(name=f"{hw.inter.name} × {per_node} NICs", alpha_s=hw.inter.alpha_s,
                 bandwidth=max(bandwidth, hw.inter.effective_bandwidth))  # fmt: skip

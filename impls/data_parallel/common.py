@@ -227,7 +227,19 @@ class DataParallelBase(ABC):
     """One rank's replica and its training step; subclasses synchronize and step.
 
     The module is cast to the precision's dtype in place; floating-point inputs are cast
-    on the way in, and the loss is computed in fp32 from the outputs.
+    on the way in, and the loss is computed in fp32 from the outputs; every replica starts
+    from rank 0's weights. `optimizer` (each subclass takes one) is a factory: it receives
+    the parameters to update (the model's in fp32, the fp32 master copy in fp16/bf16) and
+    returns a `torch.optim.Optimizer`.
+
+    `train_step` returns a `StepStats`: this rank's loss, whether the step was applied (a
+    loss scaler skips overflowing steps on every rank alike), the loss scale used, the
+    traffic this rank moved (`TrafficCounters`), and for DDP a `SyncTimeline` of every
+    bucket's ready/start/finish times against the end of backward. A training loop of its
+    own replaces `train_step` with its three parts: `out = dp(x)`;
+    `(loss * dp.loss_scale).backward()` (or plain `loss.backward()` when `dp.loss_scale` is
+    None); `stepped, timeline = dp.synchronize_and_step()` (for DDP, that call first waits
+    for the bucket all-reduces).
     """
 
     def __init__(

@@ -7,35 +7,9 @@ no amount of bandwidth removes it. DGA lets the all-reduce of step t take D step
 
     w_{t+1} = w_t − lr·g_t − lr·(ḡ_{t−D} − g_{t−D})
 
-where g_t is this rank's gradient at step t and ḡ_t the average over ranks. Each rank
-steps at once with its own gradient and, when the average of step t−D arrives, swaps
-the local gradient of that step for the average. Summed over a run (with plain SGD)
-every rank then applies Σ ḡ_t once the last D averages are in: the replicas differ
-during training by at most D steps' worth of local gradients, and agree again at the end.
-
-How it runs here:
-
-- After backward the rank flattens its gradient g_t, keeps a copy in a deque (it needs
-  g_{t−D} for the correction), and hands g_t/N to a communication thread that sums it
-  over ranks with `impls.collectives.all_reduce` on a *separate* process group (two
-  threads must never share a group's message stream; see `DDP`).
-- The optimizer then steps with d_t = g_t + (ḡ_{t−D} − g_{t−D}); the second term only
-  from step D on. `delay=0` waits for the average of the step itself: d_t = ḡ_t,
-  exactly synchronous data parallelism.
-- `finish()` waits for the averages still in flight and applies their corrections as
-  plain SGD steps (w −= lr·(ḡ − g), at each parameter's learning rate), so that with
-  SGD every replica ends with the same weights. Call it before evaluating.
-
-A simulated network (`impls.comm.network`) is charged without blocking the thread: its
-communicator does not sleep (`hold_simulated=False`); the thread notes the simulated
-seconds each all-reduce added, and its average counts as *available* at
-start + real duration + simulated seconds. Several all-reduces can so be in flight at
-once, as messages on a long link are; each sees the link's full bandwidth, i.e. this is
-a latency model (only the real transfers, done by one thread, run one after another).
-A step that needs an average waits for the thread and then until that average is
-available: the exposed communication time, reported as `DelayedStepStats.waited_s`.
-With `delay=0` that is the whole simulated time, as with a holding network.
-
+where g_t is this rank's gradient at step t and ḡ_t the average over ranks. Summed over a
+run (with plain SGD) every rank applies Σ ḡ_t once the last D averages are in: replicas
+differ during training by at most D steps' worth of local gradients and agree at the end.
 With momentum or Adam the corrections pass through the optimizer like any gradient, so
 the replicas need not agree at the end; the paper's guarantee is for the update above.
 """
@@ -112,8 +86,21 @@ class DelayedAveragingDP(DataParallelBase):
     the communication thread all-reduces over, with the ranks of `comm` but not `comm`'s
     group; None creates one with `dist.new_group`, which is collective over the *whole*
     job (every process must construct, in the same order), and `close()` destroys it.
-    `network`: a `SimulatedNetwork` charged to those all-reduces (module docstring).
-    Use as a context manager, or call `close()`, to stop the communication thread.
+    `network`: a `SimulatedNetwork` charged to those all-reduces (below). Use as a context
+    manager, or call `close()`, to stop the communication thread.
+
+    After backward the rank flattens its gradient g_t, keeps a copy (the correction needs
+    g_{t−D}) and hands g_t/N to a communication thread that sums it over ranks on a
+    *separate* process group (two threads must never share a group's message stream; see
+    `DDP`). The optimizer then steps with d_t = g_t + (ḡ_{t−D} − g_{t−D}), the second term
+    from step D on; `delay=0` waits for the step's own average: d_t = ḡ_t, synchronous DP.
+
+    The simulated network is charged without blocking the thread (its communicator does
+    not sleep, `hold_simulated=False`): an average counts as *available* at start + real
+    duration + simulated seconds, so several all-reduces can be in flight at once, each at
+    the link's full bandwidth (a latency model). A step that needs an average waits for
+    the thread and then until it is available: the exposed communication time,
+    `DelayedStepStats.waited_s` (with `delay=0`, the whole simulated time).
     """
 
     def __init__(
@@ -201,7 +188,8 @@ class DelayedAveragingDP(DataParallelBase):
         return self.updater.step(None), None
 
     def finish(self) -> float:
-        """Wait for every average in flight and apply its correction; the seconds waited.
+        """Wait for every average in flight and apply its correction; call it before
+        evaluating. The seconds waited.
 
         Each correction is a plain SGD step, w −= lr·(ḡ_s − g_s) at the parameter's
         learning rate: with SGD at a constant rate every replica then holds

@@ -2,45 +2,15 @@
 
 One executor for every schedule, as torch.distributed.pipelining does it: the schedule is
 data (a `Plan`), `insert_communication` adds its transfers, and the executor walks this
-rank's list. A compute action runs the stage; consecutive `SEND_*`/`RECV_*` actions form
-one round. Its sends are posted there and stay in flight until the end of the step; its
-receives are posted a round earlier (so they are in place while this rank computes in
-between: gloo moves a message only once both ends have posted it), and each is waited for
-just before the compute that reads it. So a rank never waits for a message its next
-compute does not need, nor for its receiver to take a send. The dry run
+rank's list. Consecutive `SEND_*`/`RECV_*` actions form one round: its sends stay in flight
+until the end of the step, its receives are posted a round earlier (gloo moves a message
+only once both ends have posted it) and each is waited for just before the compute that
+reads it, so a rank never waits for a message its next compute does not need. The dry run
 (`impls.pipeline.validate`) proves the plan free of deadlock with each round posted and
-waited on together, rendezvous sends included; here every message is posted no later and
-every wait comes no earlier, so none can deadlock either.
-
-Per action (stage s, micro-batch m):
-
-- `F`: run stage s on its input — micro-batch m of the batch on stage 0, else the received
-  (or, when stage s−1 is on this rank, handed-on) activation, made a leaf that requires
-  grad. Keep (input, output) for the backward. The last stage returns
-  `loss_fn(output, targets_m) / M`, so the gradients summed over micro-batches are those of
-  the full batch's mean loss (for equal micro-batches and a mean loss).
-- `B`: `torch.autograd.backward(output, grad_output)`; parameter gradients accumulate in
-  `.grad`, the input's gradient is what `SEND_B` ships to stage s−1.
-- `I` / `W` (zero bubble, Qi et al. 2024): a plan with them reroutes its stages' linears
-  and runs each forward under `DeferWeightGrads` (`impls.pipeline.weight_grad`), so `I`
-  (`WeightGradSlot.backward`) is one backward of the stage that computes the input
-  gradient and the cheap parameter gradients (LayerNorm, embeddings, biases) and keeps
-  each linear layer's (x, grad_y) instead of running its weight-gradient GEMM; `W` runs
-  only those GEMMs into `.grad`. I + W costs one backward. Stage 0 splits the same way
-  (its `I` just has no input gradient to send).
-
-Activation memory is an exact accounting, not an allocator reading: while (s, m) is held
-(from its `F` until its `B`, or its `W` when split), it counts the bytes of every tensor
-autograd saved for its backward until its `I`, and from `I` to `W` the storages of the
-(x, grad_y) pairs the deferred GEMMs keep (`impls.memory.SavedStorages`, as `MemoryLedger` counts
-them), each storage once within that forward, parameters and the caller's batch excluded
-(they are held whatever the schedule). `peak_activation_bytes` is the largest sum over the
-step; `max_inflight` the most (stage, micro-batch) pairs held at once — the same count as
-the plan-side `max_inflight_microbatches`, so with virtual stages a pair is one chunk.
-
-The step's parts live beside this file: `transfers` (the plan's messages, grouped into
-rounds and tagged), `shapes` (the receive buffers' shapes, learnt by messages when not
-given) and `records` (the timed `ActionRecord`s and the `StepResult`).
+waited on together; here every message is posted no later and every wait comes no
+earlier, so none can deadlock either. What each compute action does is `_compute`; how
+activation memory is counted is `PipelineExecutor`. The step's parts live beside this
+file: `transfers` (messages in rounds), `shapes` (receive buffers) and `records` (timings).
 """
 
 from __future__ import annotations
@@ -114,6 +84,16 @@ class PipelineExecutor:
     first `step` sends one shape header per boundary along the pipeline (counted traffic,
     outside that step's `traffic`). A plan that already holds transfers is used as given.
     The plan is validated (dry run, rendezvous sends) before any message is sent.
+
+    Activation memory is an exact accounting, not an allocator reading: while (s, m) is
+    held (from its `F` until its `B`, or its `W` when split), it counts the bytes of every
+    tensor autograd saved for its backward until its `I`, and from `I` to `W` the storages
+    of the (x, grad_y) pairs the deferred GEMMs keep (`impls.memory.SavedStorages`, as
+    `MemoryLedger` counts them), each storage once within that forward, parameters and the
+    caller's batch excluded (held whatever the schedule). `peak_activation_bytes` is the
+    largest sum over the step; `max_inflight` the most (stage, micro-batch) pairs held at
+    once, the same count as the plan-side `max_inflight_microbatches` (with virtual stages
+    a pair is one chunk).
     """
 
     def __init__(
@@ -243,6 +223,20 @@ class PipelineExecutor:
         return list(batch.tensor_split(self.microbatches))
 
     def _compute(self, state: _StepState, action: Action) -> None:
+        """One compute action of stage s on micro-batch m.
+
+        - `F`: run stage s on its input (micro-batch m of the batch on stage 0, else the
+          received or handed-on activation, made a leaf that requires grad) and keep
+          (input, output); the last stage returns `loss_fn(output, targets_m) / M`, so the
+          gradients summed over micro-batches are the full batch's mean loss's.
+        - `B`: `torch.autograd.backward(output, grad_output)`; parameter gradients
+          accumulate in `.grad`, the input's gradient is what `SEND_B` ships to stage s−1.
+        - `I` / `W` (zero bubble, Qi et al. 2024): the stages' linears run each forward under
+          `DeferWeightGrads` (`impls.pipeline.weight_grad`), so `I` is one backward that
+          computes the input gradient and the cheap parameter gradients and keeps each
+          linear's (x, grad_y) instead of its weight-gradient GEMM; `W` runs only those GEMMs
+          into `.grad`. I + W costs one backward; stage 0 splits the same way.
+        """
         self._await_input(state, action)
         with state.guard():
             with state.timer.compute(action):
