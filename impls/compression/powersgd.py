@@ -11,29 +11,7 @@ rank-r product P̂ Qᵀ found by one power-iteration step that *every rank perfo
     Q ← Mᵀ P̂;       Q ← mean over ranks of Q          (all-reduce 2)
     ĝ ← P̂ Qᵀ;       e ← M − ĝ                         (ĝ is the same on every rank)
 
-Because P and Q are linear in M, their means are the factors of the mean gradient
-(P = mean(M) Q, Q = mean(M)ᵀ P̂), so the factors can be *summed on the wire*: the
-exchange is two ordinary all-reduces of (n + m)·r numbers instead of an all-gather, and
-the cost per rank does not grow with N. ĝ = P̂ P̂ᵀ mean(M) is the mean gradient projected
-onto span(P̂); with r ≥ min(n, m) the projection is the identity and nothing is lost.
-
-Choices of this implementation:
-
-- The rank is clamped to min(n, m) per tensor (a larger one adds nothing).
-- A tensor is sent uncompressed when it is 1-D (biases, norms: the paper's "vectors"),
-  or when n·m / ((n + m)·r) < `min_compression_rate` (the factors would not be much
-  smaller than the tensor, as torch's `powerSGD_hook` decides it). All such tensors of a
-  step travel in one fp32 all-reduce, divided by N before the sum.
-- All keys' P travel as one flat buffer, likewise all keys' Q: exactly two factor
-  all-reduces per step (ring, `impls.collectives`), plus one for the uncompressed tensors.
-- Orthogonalization is `torch.linalg.qr` (Householder, reduced): stable, and its basis
-  spans P's columns even when P is rank-deficient (Gram–Schmidt would divide by zero).
-  Every rank holds bitwise the same P after the all-reduce, hence the same P̂.
-- Q is initialised from a `torch.Generator` seeded with `seed`: each key, the first time
-  it is compressed (keys in call order), draws `torch.randn(m, r, generator=...)`; without
-  warm start every step draws a fresh Q the same way. Ranks call in the same order, so
-  they draw the same Q. With `warm_start` (the paper's "reuse of the previous Q", §3)
-  each step starts from the previous step's Q: a power iteration continued across steps.
+P and Q are linear in M, so they are *summed on the wire*: two all-reduces of (n + m)·r.
 """
 
 from __future__ import annotations
@@ -75,7 +53,24 @@ class PowerSGD(Compressor):
     `aggregate` runs Algorithm 1 over a communicator (two batched factor all-reduces and
     one of the uncompressed tensors). `compress` is the same algorithm on one process (a
     world of one rank): its payload holds P̂ and Q (or the dense tensor when it is not
-    compressed) and `decompress` returns P̂ Qᵀ.
+    compressed) and `decompress` returns P̂ Qᵀ. ĝ = P̂ P̂ᵀ mean(M) is the mean gradient
+    projected onto span(P̂). Choices of this implementation:
+
+    - The rank is clamped to min(n, m) per tensor (a larger one adds nothing).
+    - A tensor is sent uncompressed when it is 1-D (biases, norms: the paper's "vectors"),
+      or when n·m / ((n + m)·r) < `min_compression_rate` (the factors would not be much
+      smaller than the tensor, as torch's `powerSGD_hook` decides it). All such tensors of a
+      step travel in one fp32 all-reduce, divided by N before the sum.
+    - All keys' P travel as one flat buffer, likewise all keys' Q: exactly two factor
+      all-reduces per step (ring, `impls.collectives`), plus one for the uncompressed tensors.
+    - Orthogonalization is `torch.linalg.qr` (Householder, reduced): stable, and its basis
+      spans P's columns even when P is rank-deficient (Gram–Schmidt would divide by zero).
+      Every rank holds bitwise the same P after the all-reduce, hence the same P̂.
+    - Q is initialised from a `torch.Generator` seeded with `seed`: each key, the first time
+      it is compressed (keys in call order), draws `torch.randn(m, r, generator=...)`; without
+      warm start every step draws a fresh Q the same way. Ranks call in the same order, so
+      they draw the same Q. With `warm_start` (the paper's "reuse of the previous Q", §3)
+      each step starts from the previous step's Q: a power iteration continued across steps.
     """
 
     name = "powersgd"

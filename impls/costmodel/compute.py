@@ -2,37 +2,13 @@
 
 One multiply-add is 2 FLOPs; only matrix multiplications are counted (element-wise work,
 softmax and norms are < 1% of a large model's FLOPs and are priced as memory-bound work
-elsewhere). Per layer, for b sequences of s tokens, width h, MLP width f, a heads of
-which k carry keys and values (k = a without grouped-query attention):
-
-    forward = 2bsh·(h + 2h·k/a)      q, k, v projections
-            + 2bs²h + 2bs²h          scores QKᵀ and the weighted sum of V (full, unmasked
-                                     matrices, as Megatron-LM counts them)
-            + 2bsh²                  output projection
-            + 2bshf · m              MLP, m = 2 matrices (GELU) or 3 (SwiGLU)
-
-and the LM head 2bshV. With a = k, f = 4h, m = 2 that is 24bsh² + 4bs²h per layer, the
-count of Narayanan et al. 2021 (Megatron-LM, SC'21, §5.1, Appendix), whose step total with
-full recomputation, 96bslh²(1 + s/6h + V/16lh), `tests/costmodel/test_compute.py` checks.
-
-`attention` says how the core is run: "materialized" (scores in memory, as Megatron-LM's
-unfused path) or "flash" (FlashAttention, Dao et al. 2022; FlashAttention-2, Dao 2023,
-arXiv 2307.08691). The FLOPs counted here do not depend on it: the full s² terms stay in
-the model-FLOPs convention above, as the FlashAttention-2 paper itself keeps them (§4.3);
-what flash changes, the time and memory of the core, is priced in `impls.simulator.costs`
-and `impls.costmodel.activations`.
-
-Backward costs twice the forward (a gradient for the input and one for the weights). The
-FLOPs a step *needs* (model FLOPs) are 3× the forward; activation recomputation adds work
-the hardware does but the model does not need (hardware FLOPs):
-- `none`: nothing recomputed;
-- `selective`: the attention core (QKᵀ, softmax, ·V) is recomputed in the backward,
-  4bs²h per layer (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-  Transformer Models", §4.2);
-- `full`: every layer's forward runs again in the backward (the LM head does not).
-
-MFU = model FLOPs per second ÷ peak FLOP/s of the devices; HFU the same with hardware
-FLOPs (Chowdhery et al. 2022, PaLM, Appendix B).
+elsewhere). A layer's forward is `layer_forward_flops` (Narayanan et al. 2021's count); a
+step's model and hardware FLOPs, with recomputation, `step_flops`; MFU and HFU, `mfu` and
+`hfu` (Chowdhery et al. 2022, PaLM, Appendix B). The FLOPs do not depend on how attention
+is run ("materialized" or "flash", FlashAttention-2, Dao 2023, arXiv 2307.08691): the
+full s² terms stay in the model-FLOPs convention, as that paper keeps them (§4.3); what
+flash changes, the core's time and memory, is priced in `impls.simulator.costs` and
+`impls.costmodel.activations`.
 """
 
 from __future__ import annotations
@@ -108,7 +84,21 @@ class TransformerSpec:
 
 def layer_forward_flops(spec: TransformerSpec, batch: int, seq_len: int | None = None) -> dict:
     """One layer's forward FLOPs by part: `projections` (q, k, v and the output), `attention`
-    (the two s² products) and `mlp`."""
+    (the two s² products) and `mlp`.
+
+    Per layer, for b sequences of s tokens, width h, MLP width f, a heads of
+    which k carry keys and values (k = a without grouped-query attention):
+
+        forward = 2bsh·(h + 2h·k/a)      q, k, v projections
+                + 2bs²h + 2bs²h          scores QKᵀ and the weighted sum of V (full, unmasked
+                                         matrices, as Megatron-LM counts them)
+                + 2bsh²                  output projection
+                + 2bshf · m              MLP, m = 2 matrices (GELU) or 3 (SwiGLU)
+
+    and the LM head 2bshV. With a = k, f = 4h, m = 2 that is 24bsh² + 4bs²h per layer, the
+    count of Narayanan et al. 2021 (Megatron-LM, SC'21, §5.1, Appendix), whose step total with
+    full recomputation, 96bslh²(1 + s/6h + V/16lh), `tests/costmodel/test_compute.py` checks.
+    """
     s, h = seq_len or spec.seq_len, spec.d_model
     tokens = batch * s
     qkv = 2 * tokens * h * (h + 2 * h * spec.kv_fraction)
@@ -131,7 +121,17 @@ class StepFlops:
 
 def step_flops(spec: TransformerSpec, batch: int, *, recompute: str = "none",
                seq_len: int | None = None) -> StepFlops:  # fmt: skip
-    """FLOPs of one training step (forward and backward) over `batch` sequences."""
+    """FLOPs of one training step (forward and backward) over `batch` sequences.
+
+    Backward costs twice the forward (a gradient for the input and one for the weights). The
+    FLOPs a step *needs* (model FLOPs) are 3× the forward; activation recomputation adds work
+    the hardware does but the model does not need (hardware FLOPs):
+    - `none`: nothing recomputed;
+    - `selective`: the attention core (QKᵀ, softmax, ·V) is recomputed in the backward,
+      4bs²h per layer (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+      Transformer Models", §4.2);
+    - `full`: every layer's forward runs again in the backward (the LM head does not).
+    """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}; allowed values: {', '.join(RECOMPUTE)}")
     if batch < 1:
