@@ -6,30 +6,8 @@ so on the critical path) and grad_W = grad_yᵀ x (needed only by the optimizer 
 Their `B` pass runs the first and keeps (x, grad_y); their `W` pass runs only the second.
 Together they cost one backward, where running `autograd.grad` twice walks the graph twice.
 
-`reroute_linears(*modules)` points every `nn.Linear` of a stage at a forward of its own once
-(an instance-level `forward`, so models need no change and no other op pays for it), and
-`DeferWeightGrads(slot)` names the slot those linears record into while it is active;
-outside it they are plain `F.linear`. Two paths, one result:
-
-- **Captured** (the usual one). The forward stays autograd's own `F.linear`; the linear
-  only notes (weight, x, where y's gradient arrives) in `slot.captured`. `slot.backward`
-  in `I` asks autograd for the gradients of the stage input, of every other parameter and
-  of each noted y (`torch.autograd.grad` with `GradientEdge` inputs), so the engine's own
-  addmm backward skips grad_W, which no requested input needs; the y gradients become
-  the (x, grad_y) pairs of `W`. Nothing extra is kept alive: x is saved by autograd anyway,
-  and an edge holds the graph node, not y.
-- **Through a Function** (`_LinearDeferringWeight`), for linears under a block with
-  `recompute="full"` (a checkpoint recomputes them in backward, and a reference to their
-  forward's x would keep what the checkpoint frees) and for a weight shared with another
-  module (its gradient has other parts, so it cannot be left out of `I`). Its backward
-  returns grad_x and the bias gradient and, while the slot is `deferring`, appends
-  (weight, x, grad_y) instead of computing grad_W.
-
-`WeightGradSlot.run` (the `W` action) does the GEMMs and adds them into `.grad`. Everything
-else (LayerNorm, embeddings, biases) gets its gradient in `I`, as the paper's reference
-implementation does. (Earlier versions paid Python for the forward: a `TorchFunctionMode`
-cost F ~20%; a Function per linear still cost F ~15% at this host's micro-batch of one
-sequence, where the captured path costs F ~3%.)
+`reroute_linears` and `DeferWeightGrads` make a stage's linears record their deferred
+GEMMs (the two paths are described there); `WeightGradSlot.run` is the `W` action.
 """
 
 from __future__ import annotations
@@ -178,7 +156,30 @@ class DeferWeightGrads:
 def reroute_linears(*modules: nn.Module) -> int:
     """Point every `nn.Linear` under `modules` (not a subclass with its own forward) at a
     deferring path; idempotent. Give every module of a rank at once, so that a weight two
-    of them share is seen as shared. Returns how many linears are rerouted."""
+    of them share is seen as shared. Returns how many linears are rerouted.
+
+    The path is an instance-level `forward` (models need no change, no other op pays for
+    it); `DeferWeightGrads(slot)` names the slot those linears record into while it is
+    active, and outside it they are plain `F.linear`. Two paths, one result:
+
+    - **Captured** (the usual one). The forward stays autograd's own `F.linear`; the linear
+      only notes (weight, x, where y's gradient arrives) in `slot.captured`. `slot.backward`
+      in `I` asks autograd for the gradients of the stage input, of every other parameter and
+      of each noted y (`torch.autograd.grad` with `GradientEdge` inputs), so the engine's own
+      addmm backward skips grad_W, which no requested input needs; the y gradients become
+      the (x, grad_y) pairs of `W`. Nothing extra is kept alive: x is saved by autograd anyway,
+      and an edge holds the graph node, not y.
+    - **Through a Function** (`_LinearDeferringWeight`), for linears under a block with
+      `recompute="full"` (a checkpoint recomputes them in backward, and a reference to their
+      forward's x would keep what the checkpoint frees) and for a weight shared with another
+      module (its gradient has other parts, so it cannot be left out of `I`). Its backward
+      returns grad_x and the bias gradient and, while the slot is `deferring`, appends
+      (weight, x, grad_y) instead of computing grad_W.
+
+    `WeightGradSlot.run` (the `W` action) does the GEMMs and adds them into `.grad`. Everything
+    else (LayerNorm, embeddings, biases) gets its gradient in `I`, as the paper's reference
+    implementation does.
+    """
     uses = Counter(id(p) for m in modules for _, p in m.named_parameters(remove_duplicate=False))
     count = 0
     for module in modules:

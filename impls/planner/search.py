@@ -6,30 +6,10 @@ simulator's per-layer seconds and the memory each stage needs with its schedule'
 in-flight micro-batches; Zheng et al. 2022 §5). Candidates are ranked by the simulator's
 tokens/s (`impls.simulator.simulate`).
 
-Simulating all of them is too slow for a 1T model on 3072 GPUs (tens of thousands of plans,
-a replay of up to 2·P·M·V actions each), so the search is a best-first branch and bound
-whose screens never drop a plan that could enter the answer (`impls.planner.bounds`):
-
-1. Memory: `memory_bound` is the simulator's peak exactly with one stage per rank and a
-   lower bound with interleaving; a plan above the device memory cannot fit and is not
-   simulated (it counts in `screened_by_memory`). The Alpa candidate of a plan is dropped
-   when even the average rank (`memory_bound_any_cut`) does not fit.
-2. Time: `time_bound` (the pipeline's fill + steady state + drain with free transfers,
-   no DP, no optimizer) is at most the simulated step time, so sequences · seq_len /
-   bound is an upper bound on tokens/s. Candidates are taken in decreasing order of that
-   bound and simulated; the search stops when the next bound is below the K-th best
-   simulated tokens/s among fitting plans (K = top_k + the losers kept for `rejected`):
-   nothing left can enter the top K.
-3. The Alpa candidate enters with `time_bound_any_cut`, a bound for every cut; when it
-   comes up its cut is computed, it re-enters with `time_bound` of that cut, and only then
-   is simulated (a cut equal to the equal slicing, or none that fits, is dropped).
-
-`rejected` keeps the LOSERS_KEPT fitting plans ranked just below the top_k and the
-LOSERS_KEPT fastest plans that do not fit (the memory-screened plans with the highest
-time bounds are simulated for it), each with `explain`'s reason against the best.
-`smallest_memory_bytes` is found the same way over the memory bounds (ascending, stop when
-the next bound reaches the smallest simulated peak). `tests/planner/test_search.py` checks
-the answer against simulating every plan of small spaces.
+Simulating all of them is too slow at scale (tens of thousands of plans for a 1T model on
+3072 GPUs), so `search` is a best-first branch and bound whose screens never drop a plan
+that could enter the answer (`impls.planner.bounds`); `tests/planner/test_search.py`
+checks it against simulating every plan of small spaces.
 """
 
 from __future__ import annotations
@@ -161,8 +141,29 @@ def search(
     allow_cross_node_tp: bool = False,
     cps: tuple[int, ...] = (1,),
 ) -> SearchResult:
-    """The top_k plans by predicted tokens/s (see the module docstring for the screens);
-    `cps`: the context-parallel degrees to search (`plan_space`), 1 alone by default."""
+    """The top_k plans by predicted tokens/s; `cps`: the context-parallel degrees to search
+    (`plan_space`), 1 alone by default. The screens:
+
+    1. Memory: `memory_bound` is the simulator's peak exactly with one stage per rank and a
+       lower bound with interleaving; a plan above the device memory cannot fit and is not
+       simulated (it counts in `screened_by_memory`). The Alpa candidate of a plan is dropped
+       when even the average rank (`memory_bound_any_cut`) does not fit.
+    2. Time: `time_bound` (the pipeline's fill + steady state + drain with free transfers,
+       no DP, no optimizer) is at most the simulated step time, so sequences · seq_len /
+       bound is an upper bound on tokens/s. Candidates are taken in decreasing order of that
+       bound and simulated; the search stops when the next bound is below the K-th best
+       simulated tokens/s among fitting plans (K = top_k + the losers kept for `rejected`):
+       nothing left can enter the top K.
+    3. The Alpa candidate enters with `time_bound_any_cut`, a bound for every cut; when it
+       comes up its cut is computed, it re-enters with `time_bound` of that cut, and only then
+       is simulated (a cut equal to the equal slicing, or none that fits, is dropped).
+
+    `rejected` keeps the LOSERS_KEPT fitting plans ranked just below the top_k and the
+    LOSERS_KEPT fastest plans that do not fit (the memory-screened plans with the highest
+    time bounds are simulated for it), each with `explain`'s reason against the best.
+    `smallest_memory_bytes` is found the same way over the memory bounds (ascending, stop when
+    the next bound reaches the smallest simulated peak).
+    """
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k={top_k!r}: must be an integer ≥ 1")
     start = time.perf_counter()

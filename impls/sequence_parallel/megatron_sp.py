@@ -1,35 +1,17 @@
 """A transformer block under Megatron sequence parallelism (Korthikanti et al. 2022,
 "Reducing Activation Recomputation in Large Transformer Models", arXiv 2205.05198, §4.2.2).
 
-Tensor parallelism (Shoeybi et al. 2019) shards attention by heads and the MLP by hidden
-units, but leaves LayerNorm, dropout and the residual adds replicated: every rank stores
-the whole (b, s, h) activation there. Megatron-SP shards those regions along the sequence
-instead, and swaps TP's collectives to match:
+Tensor parallelism (Shoeybi et al. 2019) leaves LayerNorm, dropout and the residual adds
+replicated: every rank stores the whole (b, s, h) activation there. Megatron-SP shards
+those regions along the sequence instead, and swaps TP's collectives to match:
 
     x (b, s/P, h) ─ LN ─ all-gather(seq) ─ QKV (col) ─ attention ─ o_proj (row)
       ─ reduce-scatter(seq) ─ + bias, dropout, + x ─ LN ─ all-gather ─ fc1 (col) ─ GELU
       ─ fc2 (row) ─ reduce-scatter ─ + bias, dropout, + residual  -> (b, s/P, h)
 
-An all-reduce is a reduce-scatter followed by an all-gather, so each TP all-reduce becomes
-the same two halves on either side of the sequence-sharded region: the same bytes as TP,
-with 1/P of its replicated activations. The gather's backward is a reduce-scatter and the
-reduce-scatter's an all-gather (`impls.tensor_parallel.ops`), which also takes over the
-job of TP's `f` (summing the input gradient of the column-parallel layers).
-
-LayerNorm weights and the row layers' biases are replicated and see only this rank's
-positions: sum their gradients over the group with `all_reduce_replicated_grads`.
-Sequence lengths that P does not divide are end-padded by `common.shard_sequence`: after
-the all-gather attention runs on the padded sequence, where the causal mask hides the
-padded keys from every real query, and every other operation is per position.
-
-With `regather=True` the column layers after each all-gather keep only this rank's
-(b, s/P, h) shard of their input for backward and all-gather it again there
-(`gathered_linears`, as Megatron-LM's `LinearWithGradAccumulationAndAsyncCommunication`
-does under sequence parallelism): the saved activations are then the paper's 34·s·b·h/P
-per layer instead of 4·s·b·h·(1 − 1/P) more, for two more all-gathers in backward.
-Recomputation (`Block.recompute`) carries over: "full" recomputes the whole block from
-its input shard (its collectives run again in backward, on every rank alike),
-"selective" the attention core's s² part.
+Each TP all-reduce becomes its two halves on either side of the sequence-sharded region:
+TP's bytes, 1/P of its replicated activations. The gather's backward is a reduce-scatter
+and vice versa (`impls.tensor_parallel.ops`), which takes over TP's `f`.
 """
 
 from __future__ import annotations
@@ -201,6 +183,21 @@ class MegatronSPBlock(nn.Module):
     `Block`'s; `impls.tensor_parallel.sharded_dims(block)` names the sharded ones.
     `regather`: keep the column layers' input shards only, gathering them again in
     backward (Megatron-LM's choice, the paper's 34·s·b·h/P).
+
+    LayerNorm weights and the row layers' biases are replicated and see only this rank's
+    positions: sum their gradients over the group with `all_reduce_replicated_grads`.
+    Sequence lengths that P does not divide are end-padded by `common.shard_sequence`: after
+    the all-gather attention runs on the padded sequence, where the causal mask hides the
+    padded keys from every real query, and every other operation is per position.
+
+    With `regather=True` the column layers after each all-gather keep only this rank's
+    (b, s/P, h) shard of their input for backward and all-gather it again there
+    (`gathered_linears`, as Megatron-LM's `LinearWithGradAccumulationAndAsyncCommunication`
+    does under sequence parallelism): the saved activations are then the paper's 34·s·b·h/P
+    per layer instead of 4·s·b·h·(1 − 1/P) more, for two more all-gathers in backward.
+    Recomputation (`Block.recompute`) carries over: "full" recomputes the whole block from
+    its input shard (its collectives run again in backward, on every rank alike),
+    "selective" the attention core's s² part.
     """
 
     def __init__(self, block: Block, comm: Communicator, *, regather: bool = False) -> None:
