@@ -6,28 +6,12 @@ plus the size over a bandwidth, with constants tabulated per platform (`src/grap
 `ncclTopoTuneModel` and `ncclTopoGetAlgoTime`); MPICH switches between algorithms at
 message-size and process-count thresholds derived from the α–β model (Thakur, Rabenseifner
 & Gropp 2005, "Optimization of Collective Communication Operations in MPICH", IJHPCA 19(1),
-§4). Here the prediction for algorithm a on n ranks is, as in NCCL, a latency plus the
-size over a bandwidth,
+§4). Here the prediction for algorithm a on n ranks is, as in NCCL,
 
     t_a(n, M) = α_a(n) + β_a(n) · M     (α: seconds of a zero-byte call, β: seconds per byte)
 
 one line per algorithm from the link model, or one line per range between measured sizes
-when calibrated. The table comes from one of two places:
-
-- `AllReduceTuner.from_link`: the α–β link model of `impls.costmodel.comm` (rounds on the
-  busiest rank × the link's α, its bytes ÷ the bandwidth) — MPICH's model, no measurement;
-- `AllReduceTuner.calibrate`: measured on the communicator at two or more message sizes
-  per algorithm: linear between the measured sizes (α and β per size range, as NCCL's
-  tables are per protocol and MPICH's switch points per size range), the end ranges'
-  lines beyond them. NCCL's constants are measured offline per platform; here they are
-  measured at run time because the link model can misrank the algorithms: on this repo's
-  2-core host, where ranks share cores, the parameter server (two rounds of N−1 messages
-  posted at once) is fastest in most cells of `allreduce_scaling`, not the ring the link
-  model prefers for large messages.
-
-Every rank must choose the same algorithm for the same call, or the ranks post messages
-that do not match and deadlock. `calibrate` therefore replaces every time by the slowest
-rank's (one MAX all-reduce of the whole table), so that every rank fits the same numbers.
+when calibrated (`AllReduceTuner`).
 """
 
 from __future__ import annotations
@@ -139,6 +123,22 @@ class AllReduceTuner:
 
     `table` holds measured (or given) costs; a (algorithm, n) it lacks is priced from
     `link` when there is one. Ties go to the algorithm listed first in `algorithms`.
+    The table comes from one of two places:
+
+    - `AllReduceTuner.from_link`: the α–β link model of `impls.costmodel.comm` (rounds on the
+      busiest rank × the link's α, its bytes ÷ the bandwidth) — MPICH's model, no measurement;
+    - `AllReduceTuner.calibrate`: measured on the communicator at two or more message sizes
+      per algorithm: linear between the measured sizes (α and β per size range, as NCCL's
+      tables are per protocol and MPICH's switch points per size range), the end ranges'
+      lines beyond them. NCCL's constants are measured offline per platform; here they are
+      measured at run time because the link model can misrank the algorithms: on this repo's
+      2-core host, where ranks share cores, the parameter server (two rounds of N−1 messages
+      posted at once) is fastest in most cells of `allreduce_scaling`, not the ring the link
+      model prefers for large messages.
+
+    Every rank must choose the same algorithm for the same call, or the ranks post messages
+    that do not match and deadlock. `calibrate` therefore replaces every time by the slowest
+    rank's (one MAX all-reduce of the whole table), so that every rank fits the same numbers.
     """
 
     def __init__(

@@ -2,31 +2,7 @@
 
 Both bounds read the simulator's own per-layer pricing (`layer_prices`, cached per
 (micro-batch, tp, sp, recompute)) and never exceed the simulated value, so a plan they
-screen out could not have won:
-
-Time. Every rank runs its actions one after another, and its first action (a forward of
-its lowest stage r) waits for that micro-batch's forwards on stages 0 … r − 1; with the
-backward not split (GPipe, 1F1B, interleaved) its last action is a backward of stage r,
-after which stages r − 1 … 0 still run that micro-batch's backward. So with free
-transfers, DP and optimizer costs left out (each only adds time),
-
-    makespan ≥ maxᵣ ( Σ_{s<r} F_s + M · Σ_{s on r} (F_s + B_s) + Σ_{s<r} B_s )
-
-which is exactly 1F1B's (M + P − 1)(F + B) on equal stages. For a plan whose slicing is
-not chosen yet (the Alpa candidate) the bound is the smallest that any cut can have:
-a rank with layers [i, j) contributes g(i, j) = (F + B)[0, i) + M · (F + B)[i, j) (only
-F[0, i) for zero_bubble_h1), which grows with j and shrinks with i, so the cuts with every
-g ≤ C exist iff the greedy front-to-back cut needs ≤ P ranks (a finer cut stays within
-C), and bisection on C finds the smallest such C (its lower end is returned). Interleaved
-ranks hold stages from both ends of the model; there the bound is M·W/P (the average rank).
-
-Memory. The simulator's peak of rank r is its model states (ZeRO over the dp group),
-the activations it holds, transients and the workspace (`impls.simulator.memory`). With
-one stage per rank the held activations are n_r · (what stage r saves per micro-batch),
-n_r the schedule's in-flight count (`inflight`, pinned to
-`impls.pipeline.replay.max_inflight_microbatches` by the tests); with interleaving at
-least n_r held pairs, each ≥ the rank's smallest chunk. So the bound is exact for one
-stage per rank and a lower bound with interleaving.
+screen out could not have won: `time_bound` and `time_bound_any_cut` for the step time, `memory_bound` for the peak.
 """
 
 from __future__ import annotations
@@ -120,8 +96,19 @@ def layer_table(spec: TransformerSpec, plan: ParallelPlan, hw: Hardware, dtype: 
 
 
 def time_bound(plan: ParallelPlan, table: LayerTable, ranges) -> float:
-    """Seconds the simulated step takes at least (the module docstring's first bound);
-    `ranges` the [start, stop) of each stage (`impls.simulator.stage_slices`)."""
+    """Seconds the simulated step takes at least; `ranges` the [start, stop) of each stage
+    (`impls.simulator.stage_slices`).
+
+    Every rank runs its actions one after another, and its first action (a forward of
+    its lowest stage r) waits for that micro-batch's forwards on stages 0 … r − 1; with the
+    backward not split (GPipe, 1F1B, interleaved) its last action is a backward of stage r,
+    after which stages r − 1 … 0 still run that micro-batch's backward. So with free
+    transfers, DP and optimizer costs left out (each only adds time),
+
+        makespan ≥ maxᵣ ( Σ_{s<r} F_s + M · Σ_{s on r} (F_s + B_s) + Σ_{s<r} B_s )
+
+    which is exactly 1F1B's (M + P − 1)(F + B) on equal stages.
+    """
     work = [table.work(a, b) for a, b in ranges]
     split = plan.schedule in SPLIT_BACKWARD
     best = before_f = before_b = 0.0
@@ -135,7 +122,16 @@ def time_bound(plan: ParallelPlan, table: LayerTable, ranges) -> float:
 
 def time_bound_any_cut(plan: ParallelPlan, table: LayerTable) -> float:
     """A bound for every cut of the layers into the plan's stages (the Alpa candidate):
-    the smallest `time_bound` any cut can have, found by bisection on its value."""
+    the smallest `time_bound` any cut can have, found by bisection on its value.
+
+    For a plan whose slicing is
+    not chosen yet (the Alpa candidate) the bound is the smallest that any cut can have:
+    a rank with layers [i, j) contributes g(i, j) = (F + B)[0, i) + M · (F + B)[i, j) (only
+    F[0, i) for zero_bubble_h1), which grows with j and shrinks with i, so the cuts with every
+    g ≤ C exist iff the greedy front-to-back cut needs ≤ P ranks (a finer cut stays within
+    C), and bisection on C finds the smallest such C (its lower end is returned). Interleaved
+    ranks hold stages from both ends of the model; there the bound is M·W/P (the average rank).
+    """
     total = table.forward[-1] + table.backward[-1]
     m, pp, layers = plan.num_microbatches, plan.pp, table.layers
     if plan.virtual_stages > 1 or pp == 1:
@@ -200,7 +196,16 @@ class MemoryModel:
 def memory_bound(spec: TransformerSpec, plan: ParallelPlan, table: LayerTable, dtype: str,
                  ranges) -> float:  # fmt: skip
     """The simulator's peak memory: exact with one stage per rank, a lower bound with
-    interleaving (held pairs × the rank's smallest chunk)."""
+    interleaving (held pairs × the rank's smallest chunk).
+
+    The simulator's peak of rank r is its model states (ZeRO over the dp group),
+    the activations it holds, transients and the workspace (`impls.simulator.memory`). With
+    one stage per rank the held activations are n_r · (what stage r saves per micro-batch),
+    n_r the schedule's in-flight count (`inflight`, pinned to
+    `impls.pipeline.replay.max_inflight_microbatches` by the tests); with interleaving at
+    least n_r held pairs, each ≥ the rank's smallest chunk. So the bound is exact for one
+    stage per rank and a lower bound with interleaving.
+    """
     model = MemoryModel(spec, plan, table, dtype)
     counts = inflight(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
     return max(model.rank(ranges[r :: plan.pp], counts[r]) for r in range(plan.pp))

@@ -1,32 +1,5 @@
-"""The plan space: every ParallelPlan of a model on `gpus` devices for one global batch.
-
-Axes and the rules that bound them:
-- dp · cp · tp · pp = gpus; cp (context parallelism, ring attention) only from `cps`, the
-  degrees the caller asks for (1 alone by default, so a search without it is unchanged),
-  each dividing seq_len.
-- tp divides n_heads and kv_heads (Megatron shards attention by heads, Shoeybi et al. 2019
-  §3), and stays inside a node (≤ devices_per_node, Narayanan et al. 2021 §3.3: tensor
-  parallelism across nodes is too slow) unless `allow_cross_node_tp`.
-- pp ≤ n_layers.
-- sp: `none`; with tp > 1 also `megatron_sp` (Korthikanti et al. 2022 §4.2.2) and `ulysses`
-  (Jacobs et al. 2023; the tp axis used as the sequence group), both needing
-  tp | seq_len/cp.
-- zero_stage 0–3 over the dp group; with dp = 1 ZeRO shards nothing, so only stage 0 is
-  listed (the others are the same plan). ZeRO-2/3 with pp > 1 are listed although
-  Megatron-LM's distributed optimizer stops at stage 1 and DeepSpeed refuses stages 2/3
-  with its pipeline engine: the simulator prices them as gradient / weight re-gathers per
-  micro-batch, which is what an implementation that allowed them would pay.
-- microbatch_size b: powers of two dividing global_batch / dp; num_microbatches
-  M = global_batch / (dp · b).
-- schedule: with pp = 1 only `1f1b` (M micro-batches of gradient accumulation: every
-  schedule is the same plan); with pp > 1 every schedule whose spec opts in
-  (`PLANNER_SCHEDULES`: gpipe, 1f1b, interleaved_1f1b, zero_bubble_h1), an interleaved one
-  with virtual_stages V ∈ {2, 4, 8, …}, pp · V ≤ n_layers and M a multiple of pp (what
-  `impls.pipeline.schedules.interleaved_1f1b` requires).
-- recompute: none, selective, full (Korthikanti et al. 2022 §4.2).
-
-`fixed` pins any axis: keys dp, tp, pp, sp, zero_stage, microbatch_size, schedule,
-virtual_stages, recompute (a pinned V need not be a power of two).
+"""The plan space: every ParallelPlan of a model on `gpus` devices for one global batch
+(`plan_space`, which lists the axes and the rules that bound them, each with its source).
 """
 
 from __future__ import annotations
@@ -178,8 +151,36 @@ def plan_space(
     allow_cross_node_tp: bool = False,
     cps: tuple[int, ...] = (1,),
 ) -> list[ParallelPlan]:
-    """Every plan of the module docstring's space, `fixed` axes pinned, for each
-    context-parallel degree of `cps`.
+    """Every plan of the space, `fixed` axes pinned, for each context-parallel degree of
+    `cps`.
+
+    Axes and the rules that bound them:
+    - dp · cp · tp · pp = gpus; cp (context parallelism, ring attention) only from `cps`, the
+      degrees the caller asks for (1 alone by default, so a search without it is unchanged),
+      each dividing seq_len.
+    - tp divides n_heads and kv_heads (Megatron shards attention by heads, Shoeybi et al. 2019
+      §3), and stays inside a node (≤ devices_per_node, Narayanan et al. 2021 §3.3: tensor
+      parallelism across nodes is too slow) unless `allow_cross_node_tp`.
+    - pp ≤ n_layers.
+    - sp: `none`; with tp > 1 also `megatron_sp` (Korthikanti et al. 2022 §4.2.2) and `ulysses`
+      (Jacobs et al. 2023; the tp axis used as the sequence group), both needing
+      tp | seq_len/cp.
+    - zero_stage 0–3 over the dp group; with dp = 1 ZeRO shards nothing, so only stage 0 is
+      listed (the others are the same plan). ZeRO-2/3 with pp > 1 are listed although
+      Megatron-LM's distributed optimizer stops at stage 1 and DeepSpeed refuses stages 2/3
+      with its pipeline engine: the simulator prices them as gradient / weight re-gathers per
+      micro-batch, which is what an implementation that allowed them would pay.
+    - microbatch_size b: powers of two dividing global_batch / dp; num_microbatches
+      M = global_batch / (dp · b).
+    - schedule: with pp = 1 only `1f1b` (M micro-batches of gradient accumulation: every
+      schedule is the same plan); with pp > 1 every schedule whose spec opts in
+      (`PLANNER_SCHEDULES`: gpipe, 1f1b, interleaved_1f1b, zero_bubble_h1), an interleaved one
+      with virtual_stages V ∈ {2, 4, 8, …}, pp · V ≤ n_layers and M a multiple of pp (what
+      `impls.pipeline.schedules.interleaved_1f1b` requires).
+    - recompute: none, selective, full (Korthikanti et al. 2022 §4.2).
+
+    `fixed` pins any axis: keys dp, tp, pp, sp, zero_stage, microbatch_size, schedule,
+    virtual_stages, recompute (a pinned V need not be a power of two).
 
     ValueError names the key when a fixed value, the GPU count or the model leaves no plan.
     """

@@ -3,32 +3,9 @@
 Notation: b micro-batch, s sequence, h width, a heads (k of them with keys and values),
 d = h/a, f MLP width, V vocabulary, t the tp degree, B bytes per activation element, T = bs.
 
-Matrix multiplications are priced with `Hardware.gemm_seconds` (efficiency by GEMM size)
-on the shapes one rank runs. Megatron-LM's tensor parallelism (Shoeybi et al. 2019, §3)
-shards q/k/v and the first MLP matrix by columns, the output projection and the second by
-rows: q/k/v (T × h)·(h × h(1 + 2k/a)/t), output (T × h/t)·(h/t × h), MLP (T × h)·(h × f/t)
-(twice with a gated MLP) and (T × f/t)·(f/t × h). The attention core runs a/t heads as
-batched (s × d)·(d × s) and (s × s)·(s × d) products, causal masking not exploited, as
-Megatron counts them (Narayanan et al. 2021, App.); a batched GEMM is priced as one kernel
-of its total FLOPs. Ulysses (Jacobs et al. 2023) keeps the weights whole and shards the
-tokens instead: T/t rows through full matrices, and all a/t heads' attention over the
-whole sequence after the all-to-all, so its FLOPs per rank equal Megatron's.
-
-Backward: the input gradient I runs the weight GEMMs again with the same FLOPs (dX = dY·Wᵀ)
-plus both attention-core backward products (4 GEMMs, no weights; FlashAttention instead
-runs one fused kernel each way, `_attention_core`); the weight gradient W
-runs the weight GEMMs once more (dW = Xᵀ·dY), so I + W = 2 × forward FLOPs. Element-wise
-work (LayerNorms, GELU/SwiGLU, softmax over the a·s²/t scores, residual adds, dropout with
-1-byte masks) moves bytes at memory bandwidth; its backward moves twice the forward's bytes
-(assumption: read the saved input and the incoming gradient, write the gradient). With
-`megatron_sp` or `ulysses` the token-wise work runs on T/t tokens (Korthikanti et al. 2022,
-§4.2.2), otherwise every tp rank repeats it on all T. Recompute adds work to I: `full` the
-layer's forward with its TP collectives, `selective` the attention core (Korthikanti §4.2).
-
-TP collectives per transformer layer (Korthikanti §4.2.2, Fig. 5): Megatron 2 all-reduces of
-T·h·B forward and 2 backward; Megatron-SP each all-reduce becomes an all-gather plus a
-reduce-scatter of the same buffer; Ulysses 4 all-to-alls forward (q, k, v in, the output
-back; each rank's buffer T/t × its width) and 4 backward. They are exposed (not overlapped).
+`transformer_price` prices one layer (its GEMMs on the shapes one rank runs, the
+element-wise work at memory bandwidth, the backward and recomputation);
+`tp_collectives` lists its tensor-parallel collectives, which are exposed (not overlapped).
 """
 
 from __future__ import annotations
@@ -88,7 +65,13 @@ def _shard(sp: str, tp: int) -> int:
 
 def tp_collectives(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
                    dtype: str, recompute: str = "none") -> tuple[tuple, tuple]:  # fmt: skip
-    """(forward, backward) collectives of one transformer layer over the tp group."""
+    """(forward, backward) collectives of one transformer layer over the tp group.
+
+    TP collectives per transformer layer (Korthikanti §4.2.2, Fig. 5): Megatron 2 all-reduces of
+    T·h·B forward and 2 backward; Megatron-SP each all-reduce becomes an all-gather plus a
+    reduce-scatter of the same buffer; Ulysses 4 all-to-alls forward (q, k, v in, the output
+    back; each rank's buffer T/t × its width) and 4 backward. They are exposed (not overlapped).
+    """
     if tp == 1:
         return (), ()
     full = microbatch * spec.seq_len * spec.d_model * DTYPE_BYTES[dtype]
@@ -146,9 +129,32 @@ def _attention_core(spec: TransformerSpec, microbatch: int, tp: int, hw: Hardwar
 def transformer_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
                       recompute: str, hw: Hardware, dtype: str,
                       cp: int = 1) -> LayerPrice:  # fmt: skip
-    """One transformer layer (see the module docstring for every term); with cp > 1 one
-    context-parallel rank: its s/cp tokens, and the ring's exposed traffic added to the
-    layer's exposed communication (`context_parallel`)."""
+    """One transformer layer; with cp > 1 one context-parallel rank: its s/cp tokens, and
+    the ring's exposed traffic added to the layer's exposed communication
+    (`context_parallel`).
+
+    Matrix multiplications are priced with `Hardware.gemm_seconds` (efficiency by GEMM size)
+    on the shapes one rank runs. Megatron-LM's tensor parallelism (Shoeybi et al. 2019, §3)
+    shards q/k/v and the first MLP matrix by columns, the output projection and the second by
+    rows: q/k/v (T × h)·(h × h(1 + 2k/a)/t), output (T × h/t)·(h/t × h), MLP (T × h)·(h × f/t)
+    (twice with a gated MLP) and (T × f/t)·(f/t × h). The attention core runs a/t heads as
+    batched (s × d)·(d × s) and (s × s)·(s × d) products, causal masking not exploited, as
+    Megatron counts them (Narayanan et al. 2021, App.); a batched GEMM is priced as one kernel
+    of its total FLOPs. Ulysses (Jacobs et al. 2023) keeps the weights whole and shards the
+    tokens instead: T/t rows through full matrices, and all a/t heads' attention over the
+    whole sequence after the all-to-all, so its FLOPs per rank equal Megatron's.
+
+    Backward: the input gradient I runs the weight GEMMs again with the same FLOPs (dX = dY·Wᵀ)
+    plus both attention-core backward products (4 GEMMs, no weights; FlashAttention instead
+    runs one fused kernel each way, `_attention_core`); the weight gradient W
+    runs the weight GEMMs once more (dW = Xᵀ·dY), so I + W = 2 × forward FLOPs. Element-wise
+    work (LayerNorms, GELU/SwiGLU, softmax over the a·s²/t scores, residual adds, dropout with
+    1-byte masks) moves bytes at memory bandwidth; its backward moves twice the forward's bytes
+    (assumption: read the saved input and the incoming gradient, write the gradient). With
+    `megatron_sp` or `ulysses` the token-wise work runs on T/t tokens (Korthikanti et al. 2022,
+    §4.2.2), otherwise every tp rank repeats it on all T. Recompute adds work to I: `full` the
+    layer's forward with its TP collectives, `selective` the attention core (Korthikanti §4.2).
+    """
     full, spec = spec, local_spec(spec, cp)
     b, s, h = microbatch, spec.seq_len, spec.d_model
     f, B, shard = spec.ffn, DTYPE_BYTES[dtype], _shard(sp, tp)
