@@ -5,27 +5,13 @@ headline figure (`Experiment.charts`), built with `wandb-workspaces`.
     python -m bench.dashboard mode=online entity=me experiments=[collectives,overlap]
     python -m bench.dashboard group=20261126T004055-21       # only that grid's runs
 
-A report, not a workspace: a workspace has one run set for all its sections, so it cannot
-show each experiment's runs apart; each of a report's panel grids has its own run sets.
-Each section holds two run sets: the per-cell runs (job type `<experiment>`) and the grids'
+A report, not a workspace (a workspace has one run set for all its sections). Each
+section holds two run sets: the per-cell runs (job type `<experiment>`) and the grids'
 report runs (`<experiment>-report`, which carry the results table; `bench.wandb_log`),
 of every grid logged to the project, or of one with `group=`.
 
-Each `Chart` becomes the panel wandb draws correctly from what is logged:
-- scatter: a native scatter plot over the per-cell runs (x and y from each run's config or
-  summary, log axes kept); wandb cannot colour such points by a column, so the hover
-  label names the chart's group instead;
-- line: a custom chart with wandb's own line preset over the report run's results table
-  (logged with its real dtypes), one line per value of the group: the only panel that
-  joins cells, which are separate runs, into a series;
-- bar: a native bar plot of the median y per x (the logger's own bar chart takes the
-  median too) where x is a key column, in each cell run's config; else the bar preset
-  over the results table.
-Where a run holds a column follows `bench.wandb_log`: the key and text columns in its
-config, numbers in its summary; a chart's group is categorical, so always config.
-
 Offline (the default) contacts no server: the report's JSON spec is written to `out`.
-Online saves the report and prints its address.
+Online saves the report and prints its address. Chart to panel: `chart_panel`.
 """
 
 from __future__ import annotations
@@ -141,7 +127,21 @@ def _table_chart(preset: str, fields: dict[str, str], title: str) -> Any:
 
 
 def chart_panel(chart: Chart, experiment: Experiment) -> Any:
-    """The panel that draws `chart` from what the experiment's runs log (module docstring)."""
+    """The panel that draws `chart` from what the experiment's runs log.
+
+    Each `Chart` becomes the panel wandb draws correctly from what is logged:
+    - scatter: a native scatter plot over the per-cell runs (x and y from each run's config or
+      summary, log axes kept); wandb cannot colour such points by a column, so the hover
+      label names the chart's group instead;
+    - line: a custom chart with wandb's own line preset over the report run's results table
+      (logged with its real dtypes), one line per value of the group: the only panel that
+      joins cells, which are separate runs, into a series;
+    - bar: a native bar plot of the median y per x (the logger's own bar chart takes the
+      median too) where x is a key column, in each cell run's config; else the bar preset
+      over the results table.
+    Where a run holds a column follows `bench.wandb_log`: the key and text columns in its
+    config, numbers in its summary; a chart's group is categorical, so always config.
+    """
     import wandb_workspaces.reports.v2 as wr
 
     if chart.kind == "scatter":

@@ -1,32 +1,10 @@
 """Cluster presets for the simulator, each number with where it came from (`sources`).
 
 Peaks and memory are datasheet figures (dense, no sparsity). What a device *achieves* comes
-from published microbenchmarks only — GEMM sweeps and nccl-tests — never from the
-end-to-end training throughputs the simulator is asked to predict:
-
-- large-GEMM efficiency: the best bf16/fp16 matmul found by a shape search ("Maximum
-  Achievable Matmul FLOPS", MAMF, stas00/ml-engineering `compute/accelerator/README.md`,
-  table "Maximum Achievable Matmul FLOPS comparison table"; derived from Anthony et al.
-  2024, "The Case for Co-Designing Model Architectures with Hardware", arXiv 2401.14489),
-  or a square-matmul sweep (chsasank/device-benchmarks README summary table) where MAMF
-  has no row; fp8 from MAMF's FP8 table where it has a row (H100), refused elsewhere;
-- FlashAttention: the FlashAttention-2 paper (A100) and the FlashAttention-3 paper (H100) kernel
-  benchmarks (`attention_efficiency`);
-- the roll-off for small GEMMs: NVIDIA's "Matrix Multiplication Background User's Guide"
-  §3.2 (wave quantization) — an n × n × n GEMM in 256 × 128 output tiles (the largest
-  cuBLAS tile of §2.3) keeps tiles ÷ (waves × SMs) of the SMs busy; that fraction times
-  the large-GEMM efficiency is the table's value at n = 256 … 4096 (`_wave_table`); the
-  simulator prices each GEMM by its own shape from the plateau and the SM count instead
-  (`Hardware.sms`, `hardware.wave_fraction`: the A100 and V100 SM counts from their
-  whitepapers, as cited for the table; not the H100, see `_h100`);
-- links: `bandwidth` per device and direction from the datasheets, `efficiency` the
-  nccl-tests bus bandwidth over it (busbw is comparable with a link's bandwidth, nccl-tests
-  `doc/PERFORMANCE.md`), α NCCL's own per-step latency for the LL128 protocol
-  (`src/graph/tuning.cc`, `hwLatencies`, ring: NVLink 1.9 µs, network 4.0 µs);
-- element-wise efficiency: a large device-to-device copy over the datasheet bandwidth
-  (chsasank/device-benchmarks).
-
-Anything not found in a published source is marked "assumption: …" in `sources`.
+from published microbenchmarks only (GEMM sweeps, FlashAttention's kernel benchmarks,
+nccl-tests, device copies; the list is above `_a100`), never from the end-to-end training
+throughputs the simulator is asked to predict. Anything not found in a published source
+is marked "assumption: …" in `sources`.
 """
 
 from __future__ import annotations
@@ -78,6 +56,28 @@ def _wave_table(sms: int, large_flops: float, large_eff: float) -> tuple[tuple[f
     return (*points, (large_flops, large_eff))
 
 
+# Where each achieved figure of a preset comes from:
+# - large-GEMM efficiency: the best bf16/fp16 matmul found by a shape search ("Maximum
+#   Achievable Matmul FLOPS", MAMF, stas00/ml-engineering `compute/accelerator/README.md`,
+#   table "Maximum Achievable Matmul FLOPS comparison table"; derived from Anthony et al.
+#   2024, "The Case for Co-Designing Model Architectures with Hardware", arXiv 2401.14489),
+#   or a square-matmul sweep (chsasank/device-benchmarks README summary table) where MAMF
+#   has no row; fp8 from MAMF's FP8 table where it has a row (H100), refused elsewhere;
+# - FlashAttention: the FlashAttention-2 paper (A100) and the FlashAttention-3 paper (H100) kernel
+#   benchmarks (`attention_efficiency`);
+# - the roll-off for small GEMMs: NVIDIA's "Matrix Multiplication Background User's Guide"
+#   §3.2 (wave quantization) — an n × n × n GEMM in 256 × 128 output tiles (the largest
+#   cuBLAS tile of §2.3) keeps tiles ÷ (waves × SMs) of the SMs busy; that fraction times
+#   the large-GEMM efficiency is the table's value at n = 256 … 4096 (`_wave_table`); the
+#   simulator prices each GEMM by its own shape from the plateau and the SM count instead
+#   (`Hardware.sms`, `hardware.wave_fraction`: the A100 and V100 SM counts from their
+#   whitepapers, as cited for the table; not the H100, see `_h100`);
+# - links: `bandwidth` per device and direction from the datasheets, `efficiency` the
+#   nccl-tests bus bandwidth over it (busbw is comparable with a link's bandwidth, nccl-tests
+#   `doc/PERFORMANCE.md`), α NCCL's own per-step latency for the LL128 protocol
+#   (`src/graph/tuning.cc`, `hwLatencies`, ring: NVLink 1.9 µs, network 4.0 µs);
+# - element-wise efficiency: a large device-to-device copy over the datasheet bandwidth
+#   (chsasank/device-benchmarks).
 def _a100(memory_gb: int, bandwidth: float) -> Hardware:
     return Hardware(
         name=f"DGX A100 {memory_gb}GB (8 × A100 SXM4, NVLink3, 8 × HDR 200 Gb/s)",

@@ -1,8 +1,7 @@
 """Alpa's inter-operator pass: cut a chain of layers into pipeline stages.
 
 Zheng et al. 2022, "Alpa: Automating Inter- and Intra-Operator Parallelism for Distributed
-Deep Learning" (OSDI '22), §5.1–5.2. With B micro-batches, a synchronous 1F1B/GPipe step
-takes about
+Deep Learning" (OSDI '22), §5.1–5.2. With B micro-batches, a 1F1B/GPipe step takes about
 
     T* = Σᵢ tᵢ + (B − 1) · maxᵢ tᵢ                                   (Eq. 2)
 
@@ -11,20 +10,7 @@ crosses every stage once, the other B − 1 queue behind the slowest stage. Alpa
 Eq. 2 by enumerating t_max, the bound on every tᵢ, over the distinct values a stage can
 take (the sums of contiguous layer ranges, sorted), solving for each a DP that minimises
 Σ tᵢ with every tᵢ ≤ t_max (Algorithm 1), keeping the best T* and stopping once
-(B − 1) · t_max alone reaches it.
-
-Here every stage runs on the same mesh, so tᵢ is the sum of its layers' times and Σ tᵢ is
-the same for every cut (the whole model): the DP reduces to "is there a cut with every
-stage ≤ t_max that fits in memory", the smallest feasible t_max wins, and the early exit
-uses the lower bound Σ tᵢ ≥ Σ layers (so it stops at the first feasible t_max). Feasibility
-only grows with t_max, so the first feasible candidate is found by bisection rather than a
-linear scan (the same answer, log₂ of the work). Among cuts of equal T* the DP keeps the
-one with the smallest Σ tᵢ² (the most balanced), so equal layers give equal stages.
-
-Memory (Alpa §5.2 keeps a stage within its submesh's memory): a stage's bytes are the sum
-of `layer_bytes` over its layers, or, when `layer_bytes` is a callable
-(first, last, stage) -> bytes, whatever the caller computes, e.g. 1F1B's stage s holding
-P − s micro-batches in flight.
+(B − 1) · t_max alone reaches it. How this repo's pass departs from it (one mesh, bisection, memory): `alpa_stage_slicing`.
 """
 
 from __future__ import annotations
@@ -132,6 +118,19 @@ def alpa_stage_slicing(
     `layer_bytes`: per-layer bytes summed over a stage, or a callable
     (first, last, stage) -> bytes (`last` inclusive); `memory_limit` None: no limit.
     Returns None when no cut fits in memory (ValueError only for malformed arguments).
+
+    Here every stage runs on the same mesh, so tᵢ is the sum of its layers' times and Σ tᵢ is
+    the same for every cut (the whole model): the DP reduces to "is there a cut with every
+    stage ≤ t_max that fits in memory", the smallest feasible t_max wins, and the early exit
+    uses the lower bound Σ tᵢ ≥ Σ layers (so it stops at the first feasible t_max). Feasibility
+    only grows with t_max, so the first feasible candidate is found by bisection rather than a
+    linear scan (the same answer, log₂ of the work). Among cuts of equal T* the DP keeps the
+    one with the smallest Σ tᵢ² (the most balanced), so equal layers give equal stages.
+
+    Memory (Alpa §5.2 keeps a stage within its submesh's memory): a stage's bytes are the sum
+    of `layer_bytes` over its layers, or, when `layer_bytes` is a callable
+    (first, last, stage) -> bytes, whatever the caller computes, e.g. 1F1B's stage s holding
+    P − s micro-batches in flight.
     """
     _check(layer_seconds, layer_bytes, stages, microbatches)
     stage_bytes = _stage_bytes(layer_bytes)

@@ -8,22 +8,6 @@ ranks and back up, so rank 0 holds both the first stage and the last (the loss),
 P−1 hands its activation to stage P without a message, and the first input gradient is
 produced on the rank that also starts the forward. Every chunk is half a rank's layers,
 so each ramp step costs half a 1F1B one.
-
-The order is the paper's V (built by `_greedy.v_plan`, a list schedule with a fixed
-preference): rank r runs 2P−1−2r forwards down its first chunk before micro-batch 0
-comes back up its second, alternates the two chunks' forwards until its first input
-gradient arrives, then repeats F, I, W triples, and drains the pending W's between its
-last input gradients. It holds at most 2P (chunk, micro-batch) pairs, a micro-batch
-counted on a chunk from its F to its W: P micro-batches' worth, 1F1B's peak activation
-memory, as the paper states for ZB-V. With equal chunk costs T_F = T_I = T_W the step
-takes 6M + P − 1 chunk units (M ≥ P), and for M ≥ 2P − 1 no rank idles between its
-first and last action (rank r works from r to r + 6M).
-
-`costs` (the paper's automatic scheduler, §3): each chunk's profiled F, I and W seconds
-(one mapping for all 2P chunks, or one per stage). The same policy is then run on
-simulated time, under the same 2P limit, and the plan kept is whichever of that order
-and the unit-time one replays faster at those costs (`_greedy.fastest`); without
-`costs`, the unit-time order.
 """
 
 from __future__ import annotations
@@ -40,7 +24,24 @@ __all__ = ["ZERO_BUBBLE_V", "zero_bubble_v"]
 def zero_bubble_v(
     stages: int, microbatches: int, virtual_stages: int = 2, costs: StageCosts | None = None
 ) -> Plan:
-    """Rank r runs stages r and 2P−1−r, at most 2P (stage, micro-batch) pairs held."""
+    """Rank r runs stages r and 2P−1−r, at most 2P (stage, micro-batch) pairs held.
+
+    The order is the paper's V (built by `_greedy.v_plan`, a list schedule with a fixed
+    preference): rank r runs 2P−1−2r forwards down its first chunk before micro-batch 0
+    comes back up its second, alternates the two chunks' forwards until its first input
+    gradient arrives, then repeats F, I, W triples, and drains the pending W's between its
+    last input gradients. It holds at most 2P (chunk, micro-batch) pairs, a micro-batch
+    counted on a chunk from its F to its W: P micro-batches' worth, 1F1B's peak activation
+    memory, as the paper states for ZB-V. With equal chunk costs T_F = T_I = T_W the step
+    takes 6M + P − 1 chunk units (M ≥ P), and for M ≥ 2P − 1 no rank idles between its
+    first and last action (rank r works from r to r + 6M).
+
+    `costs` (the paper's automatic scheduler, §3): each chunk's profiled F, I and W seconds
+    (one mapping for all 2P chunks, or one per stage). The same policy is then run on
+    simulated time, under the same 2P limit, and the plan kept is whichever of that order
+    and the unit-time one replays faster at those costs (`_greedy.fastest`); without
+    `costs`, the unit-time order.
+    """
     require_count("stages", stages)
     require_count("microbatches", microbatches)
     if virtual_stages != 2:
