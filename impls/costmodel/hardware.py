@@ -1,28 +1,5 @@
-"""What a cluster can do: a typed spec of its devices and links, with each number's source.
-
-A `Hardware` is one kind of device, `devices_per_node` of them to a node, joined inside a
-node by `intra` and across nodes by `inter`. Compute is priced in two ways, because a
-training step has two kinds of kernels:
-
-- matrix multiplications run at `peak_flops[dtype]` × an achieved efficiency that depends
-  on the GEMM's size (`gemm_efficiency`: a table of (FLOPs of one GEMM, fraction of peak),
-  interpolated in log FLOPs and clamped at both ends: small GEMMs cannot fill the device;
-  fp8 GEMMs have their own cited table, `fp8_gemm_efficiency`, or are refused). Where the
-  device's SM count is given (`sms`, the GPU presets), a GEMM is priced by its own shape
-  instead: the table's large-GEMM plateau × the useful share of its tiles and waves (NVIDIA,
-  "Matrix Multiplication Background User's Guide" §3.1–3.2: an m × n output cut into
-  tiles, the edge tiles partly padding, runs in ⌈tiles ÷ SMs⌉ waves, the last partly
-  idle; the best of cuBLAS's large tiles) — the plateau is the best rate a search over
-  shapes found (MAMF), so no shape is priced above it — and never faster than reading A
-  and B and writing C at the achieved memory bandwidth (the roofline: a thin GEMM is
-  memory-bound);
-- element-wise work (norms, activations, softmax, residual adds, the optimizer) is bound
-  by memory bandwidth: bytes moved ÷ (`memory_bandwidth` × `elementwise_efficiency`).
-
-Every kernel also pays `kernel_overhead_s` (launch and tail). A link moves n bytes in
-α + n ÷ (bandwidth × efficiency) (Hockney's α–β model); `bandwidth` is per device and per
-direction, the figure NCCL's bus bandwidth is compared with.
-"""
+"""What a cluster can do: a typed spec of its devices and links, with each number's source
+(`Hardware`, which says how its compute and links are priced)."""
 
 from __future__ import annotations
 
@@ -100,7 +77,31 @@ class Link:
 
 @dataclass(frozen=True, kw_only=True)
 class Hardware:
-    """A cluster's device and links; `sources` names where each number came from."""
+    """A cluster's device and links; `sources` names where each number came from.
+
+    A `Hardware` is one kind of device, `devices_per_node` of them to a node, joined inside a
+    node by `intra` and across nodes by `inter`. Compute is priced in two ways, because a
+    training step has two kinds of kernels:
+
+    - matrix multiplications run at `peak_flops[dtype]` × an achieved efficiency that depends
+      on the GEMM's size (`gemm_efficiency`: a table of (FLOPs of one GEMM, fraction of peak),
+      interpolated in log FLOPs and clamped at both ends: small GEMMs cannot fill the device;
+      fp8 GEMMs have their own cited table, `fp8_gemm_efficiency`, or are refused). Where the
+      device's SM count is given (`sms`, the GPU presets), a GEMM is priced by its own shape
+      instead: the table's large-GEMM plateau × the useful share of its tiles and waves (NVIDIA,
+      "Matrix Multiplication Background User's Guide" §3.1–3.2: an m × n output cut into
+      tiles, the edge tiles partly padding, runs in ⌈tiles ÷ SMs⌉ waves, the last partly
+      idle; the best of cuBLAS's large tiles) — the plateau is the best rate a search over
+      shapes found (MAMF), so no shape is priced above it — and never faster than reading A
+      and B and writing C at the achieved memory bandwidth (the roofline: a thin GEMM is
+      memory-bound);
+    - element-wise work (norms, activations, softmax, residual adds, the optimizer) is bound
+      by memory bandwidth: bytes moved ÷ (`memory_bandwidth` × `elementwise_efficiency`).
+
+    Every kernel also pays `kernel_overhead_s` (launch and tail). A link moves n bytes in
+    α + n ÷ (bandwidth × efficiency) (Hockney's α–β model); `bandwidth` is per device and per
+    direction, the figure NCCL's bus bandwidth is compared with.
+    """
 
     name: str
     devices_per_node: int

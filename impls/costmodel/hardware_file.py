@@ -1,27 +1,17 @@
 """A `Hardware` preset as a YAML file: what `device_profile` writes after measuring a device,
-and what `hardware=path/to/file.yaml` reads wherever a preset name is taken.
-
-The file holds every field of `Hardware` under its own name, the links (`intra`, `inter`)
-as mappings of `Link`'s fields, tables as lists of lists and `sources` as a mapping from
-a field to where its number came from::
+and what `hardware=path/to/file.yaml` reads wherever a preset name is taken. It holds
+every field of `Hardware` under its own name, the links (`intra`, `inter`) as mappings of
+`Link`'s fields, tables as lists of lists and `sources` as a mapping from a field to
+where its number came from::
 
     name: this host (2 × CPU ranks)
     devices_per_node: 2
     peak_flops: {fp32: 52000000000.0, bf16: 9000000000.0}
     intra: {name: loopback (gloo), alpha_s: 0.0003, bandwidth: 1500000000.0, efficiency: 1.0}
-    gemm_efficiency:
-    - [2097152.0, 0.41]
-    - [1073741824.0, 1.0]
+    gemm_efficiency: [[2097152.0, 0.41], [1073741824.0, 1.0]]
     sources: {peak_flops: "measured here, 2026-11-28, cpu, host"}
 
-Fields are read generically from the dataclasses (`dataclasses.fields`), so a field added
-to `Hardware` or `Link` is written and read without a change here. A field without a
-default must be present; one with a default may be left out and takes it, and is left
-out when written at its default (a file then stays readable where `Hardware` gains or
-drops an optional field the preset does not use). A bad file is
-refused with one line naming the file and the key (missing, unknown, of the wrong type);
-the values themselves are checked by `Hardware` and `Link` (`__post_init__`), whose error
-is prefixed with the file too.
+Reading and its refusals: `load_hardware`.
 """
 
 from __future__ import annotations
@@ -186,7 +176,17 @@ def _build(cls: type, data: Any, prefix: str = "") -> Any:
 
 def load_hardware(path: str | Path) -> Hardware:
     """The `Hardware` in the YAML file at `path`; ValueError (one line naming the file and
-    the key) for a missing, unreadable or malformed file."""
+    the key) for a missing, unreadable or malformed file.
+
+    Fields are read generically from the dataclasses (`dataclasses.fields`), so a field added
+    to `Hardware` or `Link` is written and read without a change here. A field without a
+    default must be present; one with a default may be left out and takes it, and is left
+    out when written at its default (a file then stays readable where `Hardware` gains or
+    drops an optional field the preset does not use). A bad file is
+    refused with one line naming the file and the key (missing, unknown, of the wrong type);
+    the values themselves are checked by `Hardware` and `Link` (`__post_init__`), whose error
+    is prefixed with the file too.
+    """
     shown = f"hardware file {str(path)!r}"
     try:
         text = Path(path).read_text(encoding="utf-8")

@@ -4,25 +4,12 @@ Architecture after GPT-2 (Radford et al., 2019, "Language Models are Unsupervise
 Learners"): token + learned position embeddings, pre-LayerNorm blocks
 (`x + attn(ln1(x))`, then `x + mlp(ln2(x))`), a final LayerNorm and a linear LM head.
 
-Two choices serve the parallel implementations built on top of it:
-
-- Attention keeps q, k, v and the output projection as four separate `nn.Linear` layers, so
-  Megatron tensor parallelism (Shoeybi et al., arXiv 1909.08053) can shard q/k/v column-wise
-  by heads and `o_proj` row-wise. The head count is inferred from `q_proj`'s output width,
-  so an attention module whose projections hold only some heads still runs.
-- Weights come from an explicit `torch.Generator` (or a seed), never from the global RNG,
-  so every rank builds bit-identical weights without coordinating.
-
-Activation recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in
-Large Transformer Models", arXiv 2205.05198): `recompute="full"` keeps only each block's
-input and recomputes the block in backward; `recompute="selective"` recomputes only the
-attention core's s² part (QK^T, softmax, dropout, attention over V; §4.2). Both use
-`torch.utils.checkpoint` (use_reentrant=False), which restores the RNG state before the
-recomputation, so dropout draws the same masks twice. `attention="materialized"` computes
-the scores, softmax and dropout explicitly, so the s² tensors the paper counts exist;
-`"fused"` is `F.scaled_dot_product_attention`. Dropout keeps a 1-byte mask
-(`torch.native_dropout`), as the paper's accounting assumes; on CPU `F.dropout` would keep
-one of the activation's dtype.
+For the parallel implementations built on it, attention keeps q, k, v and the output
+projection as four `nn.Linear` layers, so Megatron tensor parallelism (Shoeybi et al.,
+arXiv 1909.08053) can shard q/k/v column-wise by heads and `o_proj` row-wise (the head
+count is read from `q_proj`'s width), and weights come from an explicit `torch.Generator`,
+never the global RNG, so every rank builds bit-identical weights without coordinating.
+Activation recomputation and the attention core's forms: `GPTConfig`.
 """
 
 from __future__ import annotations
@@ -64,7 +51,19 @@ def check_choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
 
 @dataclass(kw_only=True)
 class GPTConfig:
-    """Shape of the GPT. Checked on construction; every error names the key and the rule."""
+    """Shape of the GPT. Checked on construction; every error names the key and the rule.
+
+    Activation recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+    Large Transformer Models", arXiv 2205.05198): `recompute="full"` keeps only each block's
+    input and recomputes the block in backward; `recompute="selective"` recomputes only the
+    attention core's s² part (QK^T, softmax, dropout, attention over V; §4.2). Both use
+    `torch.utils.checkpoint` (use_reentrant=False), which restores the RNG state before the
+    recomputation, so dropout draws the same masks twice. `attention="materialized"` computes
+    the scores, softmax and dropout explicitly, so the s² tensors the paper counts exist;
+    `"fused"` is `F.scaled_dot_product_attention`. Dropout keeps a 1-byte mask
+    (`torch.native_dropout`), as the paper's accounting assumes; on CPU `F.dropout` would keep
+    one of the activation's dtype.
+    """
 
     vocab_size: int = 256
     """Number of token ids; the LM head predicts one logit per id."""

@@ -10,19 +10,7 @@ stage returns logits. MLP stages pass (b, width) activations.
 By default the layers are split equally (`stage_layer_ranges`); `layer_counts` gives each
 stage's count instead, as a planner chooses it (Alpa's stage slicing, `impls.planner`): a
 GPT's first and last stage may then hold no block at all (the embedding, the LM head).
-
-Virtual stages follow the interleaved schedule of Narayanan et al., 2021, "Efficient
-Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (arXiv 2104.04473):
-the model is cut into P * V stages in model order and rank r runs stages r, r + P, ...
-
-Tied embeddings (`GPTConfig.tie_embeddings`): stage 0's token embedding and the last stage's
-LM head stay one Parameter, and both stages name it as `tied_weight` (None on every other
-stage, and on every stage of an untied model). Every rank builds the whole model from one
-seed, so the first stage's rank and the last stage's rank hold bit-identical copies; each
-backward fills only its own use's share of the gradient, so a pipeline that places the two
-stages on different ranks must add the shares after the backward, as Megatron's embedding
-group does: `impls.pipeline.tied.EmbeddingGroup`. On one rank (P = 1) the shares already
-meet in the one Parameter's `.grad`.
+Virtual stages (interleaving): `split_into_virtual_stages`; tied embeddings: `Stage`.
 """
 
 from __future__ import annotations
@@ -53,6 +41,15 @@ class Stage(nn.Sequential):
     or MLP Linear layers) it runs. Submodule names keep the model index (`block3`, `layer3`).
     `tied_weight` is the token-embedding matrix the LM head shares, on the first and the last
     stage of a tied GPT; None elsewhere.
+
+    Tied embeddings (`GPTConfig.tie_embeddings`): stage 0's token embedding and the last stage's
+    LM head stay one Parameter, and both stages name it as `tied_weight` (None on every other
+    stage, and on every stage of an untied model). Every rank builds the whole model from one
+    seed, so the first stage's rank and the last stage's rank hold bit-identical copies; each
+    backward fills only its own use's share of the gradient, so a pipeline that places the two
+    stages on different ranks must add the shares after the backward, as Megatron's embedding
+    group does: `impls.pipeline.tied.EmbeddingGroup`. On one rank (P = 1) the shares already
+    meet in the one Parameter's `.grad`.
     """
 
     def __init__(
@@ -220,6 +217,10 @@ def split_into_virtual_stages(model: GPT | MLP, n_ranks: int, n_virtual: int) ->
 
     Stage i runs on rank `i % n_ranks`; `stages_of_rank` lists a rank's stages in the order
     it holds them. `n_virtual=1` is the ordinary split.
+
+    Virtual stages follow the interleaved schedule of Narayanan et al., 2021, "Efficient
+    Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (arXiv 2104.04473):
+    the model is cut into P * V stages in model order and rank r runs stages r, r + P, ...
     """
     require_positive_ints("split_into_virtual_stages", n_ranks=n_ranks, n_virtual=n_virtual)
     n_layers, unit = _layer_count(model)

@@ -9,18 +9,6 @@ are folded in with the online softmax (Milakov & Gimelshein 2018; the blockwise 
 Rabe & Staats 2021): a running row maximum m and row sum l, so the s × s score matrix never
 exists, only one (s/P) × (s/P) block at a time.
 
-Causal masking by block index: block j < r is fully visible, j = r gets the triangular
-mask, j > r is skipped (it is still relayed). Step 0 is always the diagonal block, so every
-row has a finite maximum before any fully masked case can arise.
-
-Backward is a custom autograd Function that recomputes each block from the saved
-log-sum-exp (as FlashAttention does) instead of keeping per-block probabilities. K/V go
-around the ring again, and each block's dK/dV accumulator follows one hop behind: the
-accumulator for block j, received from r − 1 while this rank computes its own contribution
-to block j, is added afterwards and sent on in the next step; a last hop returns it to its
-owner. Forward moves (P − 1) K/V blocks per rank; backward (P − 1) K/V blocks and P dK/dV
-blocks (see `analytic.layer_traffic`).
-
 Uneven sequence lengths are end-padded by `common.shard_sequence`; padded keys come after
 every real query, so the causal mask already hides them.
 """
@@ -52,7 +40,12 @@ def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, diagonal: bool) -> t
 
 
 def _ring_forward(q, k, v, comm: Communicator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blockwise causal attention over the ring: (output, log-sum-exp), both per query."""
+    """Blockwise causal attention over the ring: (output, log-sum-exp), both per query.
+
+    Causal masking by block index: block j < r is fully visible, j = r gets the triangular
+    mask, j > r is skipped (it is still relayed). Step 0 is always the diagonal block, so every
+    row has a finite maximum before any fully masked case can arise.
+    """
     p, r = comm.world_size, comm.rank
     scale = 1.0 / math.sqrt(q.shape[-1])
     out = torch.zeros_like(q)  # running un-normalized output
@@ -82,7 +75,16 @@ def _ring_forward(q, k, v, comm: Communicator) -> tuple[torch.Tensor, torch.Tens
 
 
 def _ring_backward(q, k, v, out, lse, grad_out, comm: Communicator):
-    """dQ, dK, dV by blockwise recomputation; K/V and dK/dV accumulators go round the ring."""
+    """dQ, dK, dV by blockwise recomputation; K/V and dK/dV accumulators go round the ring.
+
+    Backward is a custom autograd Function that recomputes each block from the saved
+    log-sum-exp (as FlashAttention does) instead of keeping per-block probabilities. K/V go
+    around the ring again, and each block's dK/dV accumulator follows one hop behind: the
+    accumulator for block j, received from r − 1 while this rank computes its own contribution
+    to block j, is added afterwards and sent on in the next step; a last hop returns it to its
+    owner. Forward moves (P − 1) K/V blocks per rank; backward (P − 1) K/V blocks and P dK/dV
+    blocks (see `analytic.layer_traffic`).
+    """
     p, r = comm.world_size, comm.rank
     scale = 1.0 / math.sqrt(q.shape[-1])
     delta = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO ∘ O), the softmax-backward term

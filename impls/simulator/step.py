@@ -1,28 +1,8 @@
 """One training step of a plan, predicted: price the stages, replay the schedule, add DP.
 
-1. Each layer is priced per micro-batch on one rank (`costs`); a stage's F, I, W are the
-   sums over its layers, its TP collectives added to F and to the backward (exposed).
-2. The schedule (`impls.pipeline.schedules.build_plan`) is replayed twice (`timeline`, the
-   compiled equivalent of `impls.pipeline.replay.replay`): once with free transfers (the
-   schedule's own bubble) and once with each activation / gradient send priced as a
-   point-to-point transfer of T·h·B bytes (÷ t when the sequence is sharded, ÷ cp under
-   context parallelism) over the link between the two pipeline ranks: inter-node when, in
-   the tp-innermost, then cp, then dp, then pp layout (`plan`), the two ranks' devices sit
-   on different nodes. A send is a latency
-   between the two ranks' actions, or, on `Hardware.p2p_blocking` hardware, time the
-   sending action holds its rank for. ZeRO-2/3 communication that happens per micro-batch
-   is added to the actions it overlaps (`zero_comm`). pp == 1 is M micro-batches of
-   gradient accumulation on one rank, no bubble.
-3. After its last action each pipeline rank finishes its data-parallel reduction (the part
-   the last backward could not hide) and then the optimizer: Adam reads and writes its
-   states, reads the gradient and writes the weights, 2·O + G + P bytes per parameter
-   (+ P more in fp32, whose weights are the master copy), fused into one kernel
-   (assumption), on the rank's parameters, ÷ the DP group under ZeRO ≥ 1. The step ends
-   when the last rank is done.
-
-The critical rank is the busiest one; the breakdown is its compute, TP and per-micro-batch
-DP time, its idle time with free transfers (bubble), what priced transfers add (PP), the
-DP and optimizer time beyond its makespan. The parts add up to the step time.
+`simulate` lists the three parts (layer pricing, the schedule replayed with free and with
+priced transfers, the data-parallel tail and the optimizer) and the breakdown of the
+critical rank's step, whose parts add up to the step time.
 """
 
 from __future__ import annotations
@@ -149,13 +129,36 @@ def simulate(
     workspace_bytes: float = WORKSPACE_BYTES,
     dp_collectives: int | None = None,
 ) -> Prediction:
-    """Predict one step of `plan` (see the module docstring).
+    """Predict one step of `plan`.
 
     `stage_costs` overrides the pricing for tests: (F, I, W) compute seconds per (virtual)
     stage, TP communication then zero; memory and DP still come from the model.
     `dp_collectives`: the calls each ZeRO gather / reduce-scatter of a stage is split
     into (its ZeRO / FSDP units, `zero_comm`); None: one unit per layer of the stage (FSDP
     and `impls.zero` wrap each transformer block; the embedding and head are units too).
+
+    1. Each layer is priced per micro-batch on one rank (`costs`); a stage's F, I, W are the
+       sums over its layers, its TP collectives added to F and to the backward (exposed).
+    2. The schedule (`impls.pipeline.schedules.build_plan`) is replayed twice (`timeline`, the
+       compiled equivalent of `impls.pipeline.replay.replay`): once with free transfers (the
+       schedule's own bubble) and once with each activation / gradient send priced as a
+       point-to-point transfer of T·h·B bytes (÷ t when the sequence is sharded, ÷ cp under
+       context parallelism) over the link between the two pipeline ranks: inter-node when, in
+       the tp-innermost, then cp, then dp, then pp layout (`plan`), the two ranks' devices sit
+       on different nodes. A send is a latency between the two ranks' actions, or, on `Hardware.p2p_blocking` hardware, time the
+       sending action holds its rank for. ZeRO-2/3 communication that happens per micro-batch
+       is added to the actions it overlaps (`zero_comm`). pp == 1 is M micro-batches of
+       gradient accumulation on one rank, no bubble.
+    3. After its last action each pipeline rank finishes its data-parallel reduction (the part
+       the last backward could not hide) and then the optimizer: Adam reads and writes its
+       states, reads the gradient and writes the weights, 2·O + G + P bytes per parameter
+       (+ P more in fp32, whose weights are the master copy), fused into one kernel
+       (assumption), on the rank's parameters, ÷ the DP group under ZeRO ≥ 1. The step ends
+       when the last rank is done.
+
+    The critical rank is the busiest one; the breakdown is its compute, TP and per-micro-batch
+    DP time, its idle time with free transfers (bubble), what priced transfers add (PP), the
+    DP and optimizer time beyond its makespan. The parts add up to the step time.
     """
     if dp_collectives is not None and (type(dp_collectives) is not int or dp_collectives < 1):
         raise ValueError(f"dp_collectives={dp_collectives!r}: must be an integer ≥ 1")
