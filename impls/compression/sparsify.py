@@ -8,18 +8,7 @@
   from a generator seeded at construction so that a run is reproducible (every rank draws
   the same indices when seeded alike).
 
-k = max(1, round(density · n)). Values travel in `value_dtype` (fp16 by default: with
-error feedback its rounding error is carried to the next step like the dropped elements;
-values are clamped to fp16's range first). Indices travel in whichever of two encodings is
-smaller for (n, k) — both are fixed by n and k, so every rank picks the same one:
-
-- "coo": one int32 index per kept element (4 bytes each);
-- "blocks": the tensor cut into blocks of 255 elements; per block the count of kept
-  elements (one uint8), and per kept element its offset inside its block (one uint8) —
-  ⌈n/255⌉ + k bytes, smaller than 4k once the density exceeds 1/765.
-
-At 1% density with fp16 values "blocks" costs ≈ 3.4 bytes per kept element: ~118× fewer
-bytes than the fp32 gradient (8-byte int32/fp32 pairs would give 50×).
+k = max(1, round(density · n)) (`kept`); the payload's encodings: `encode_sparse`.
 """
 
 from __future__ import annotations
@@ -58,7 +47,21 @@ def sparse_nbytes(numel: int, k: int, value_bytes: int = 2) -> int:
 
 
 def encode_sparse(x: torch.Tensor, index: torch.Tensor, value_dtype: torch.dtype) -> Payload:
-    """The payload sending x's elements at `index` (flat positions, any order)."""
+    """The payload sending x's elements at `index` (flat positions, any order).
+
+    Values travel in `value_dtype` (fp16 by default: with
+    error feedback its rounding error is carried to the next step like the dropped elements;
+    values are clamped to fp16's range first). Indices travel in whichever of two encodings is
+    smaller for (n, k) — both are fixed by n and k, so every rank picks the same one:
+
+    - "coo": one int32 index per kept element (4 bytes each);
+    - "blocks": the tensor cut into blocks of 255 elements; per block the count of kept
+      elements (one uint8), and per kept element its offset inside its block (one uint8) —
+      ⌈n/255⌉ + k bytes, smaller than 4k once the density exceeds 1/765.
+
+    At 1% density with fp16 values "blocks" costs ≈ 3.4 bytes per kept element: ~118× fewer
+    bytes than the fp32 gradient (8-byte int32/fp32 pairs would give 50×).
+    """
     flat = x.reshape(-1)
     index = index.sort().values
     values = flat[index]

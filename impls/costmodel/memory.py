@@ -1,24 +1,16 @@
 """Memory and traffic of data-parallel training with ZeRO, from the formulas (theory only).
 
-Model states are what the ZeRO paper (Rajbhandari et al. 2019, "ZeRO: Memory Optimizations
-Toward Training Trillion Parameter Models", §3.1, §5 and Fig. 1) counts per device for a model of
-Ψ parameters on N data-parallel ranks, with P, G, O the bytes per parameter of weights,
-gradients and optimizer state:
+Model states per device (Rajbhandari et al. 2019, ZeRO, §3.1, §5, Fig. 1) for Ψ parameters
+on N data-parallel ranks, P, G, O the bytes per parameter of weights, gradients, optimizer:
 
     stage 0 (plain DP)      (P + G + O) Ψ
     stage 1 (ZeRO-1, O)     (P + G) Ψ + O Ψ / N
     stage 2 (ZeRO-2, G + O) P Ψ + (G + O) Ψ / N
     stage 3 (ZeRO-3, all)   (P + G + O) Ψ / N
 
-The lecture (`seeds/003`, "ZeRO-1 / 2 / 3 and FSDP") takes mixed-precision Adam, P = G = 2
-and O = K = 12 ("fp32 copy of the parameters, momentum and variance"): 16 bytes per
-parameter, so an 80 GB device (GB = 1e9 bytes: 80e9 / 16 = 5e9) trains 5B parameters
-unsharded and, at N = 64, 19B / 36B / 320B under ZeRO-1 / 2 / 3 (`max_trainable_params`).
-
-A real implementation cuts Ψ into N equal shards, padding each flat unit to a multiple of
-N; `pad=True` predicts that: a sharded quantity of a unit of Ψ_u parameters holds
-ceil(Ψ_u / N) per rank. Activations are not model states: `impls.costmodel.activations`
-prices what autograd saves for the backward.
+The lecture (`seeds/003`) takes mixed-precision Adam, P = G = 2, O = K = 12: 16 bytes per
+parameter, so an 80 GB device (GB = 1e9 bytes) trains 5B parameters unsharded and, at
+N = 64, 19B / 36B / 320B under ZeRO-1 / 2 / 3 (`max_trainable_params`).
 Nothing here touches torch.distributed: these are the numbers measured runs are held to.
 """
 
@@ -139,6 +131,11 @@ def model_state_bytes(
     `params` is one count, or the sizes of the flat units the implementation shards
     separately (FSDP-style units); with `pad=True` each unit is padded to a multiple of `dp`
     before sharding, so a rank holds ceil(Ψ_u / N) of every sharded quantity.
+
+    A real implementation cuts Ψ into N equal shards, padding each flat unit to a multiple of
+    N; `pad=True` predicts that: a sharded quantity of a unit of Ψ_u parameters holds
+    ceil(Ψ_u / N) per rank. Activations are not model states: `impls.costmodel.activations`
+    prices what autograd saves for the backward.
     """
     _check_stage(stage)
     check_count("dp", dp)

@@ -3,24 +3,9 @@
 Li et al., VLDB 2020, "PyTorch Distributed"; the lecture's "overlapping communication
 and computation": while backward computes the gradients of earlier layers, the gradients
 of later layers, already final, are all-reduced.
-
-- Each parameter's `register_post_accumulate_grad_hook` fires once its gradient is
-  final for this backward. The hook copies the gradient, divided by N, into its
-  bucket's flat buffer and makes `param.grad` a view of that slot (one copy; after the
-  all-reduce the gradients are already in place, like torch's `gradient_as_bucket_view`).
-- When every gradient of a bucket has arrived, the bucket is handed to the communication
-  thread — buckets strictly in index order, so all ranks issue the same collectives in
-  the same order. Our collectives block, so overlap needs that thread: it all-reduces
-  buckets from a queue with its own `Communicator` over a *separate* process group
-  (two threads must never share a group's message stream).
-- `finish_gradient_sync()` waits for the queue to drain. `train_step` calls it after
-  backward; a training loop of its own must call it after every backward, before
-  reading gradients or stepping.
-- `overlap=False` is the baseline: the same buckets, all-reduced one after the other on
-  the calling thread once backward has returned.
-
-Each step records every bucket's ready / start / finish times and the end of backward
-(`SyncTimeline`), so a run can show the overlap happened.
+How the hooks, buckets and communication thread do it: `DDP`. Each step records every
+bucket's ready / start / finish times and the end of backward (`SyncTimeline`), so a run
+can show the overlap happened.
 """
 
 from __future__ import annotations
@@ -60,6 +45,21 @@ class DDP(DataParallelBase):
     `overlap`, one is created with `dist.new_group`, which is collective over the *whole*
     job (every process must construct its DDP, in the same order); without, `comm`.
     Use as a context manager, or call `close()`, to stop the communication thread.
+
+    - Each parameter's `register_post_accumulate_grad_hook` fires once its gradient is
+      final for this backward. The hook copies the gradient, divided by N, into its
+      bucket's flat buffer and makes `param.grad` a view of that slot (one copy; after the
+      all-reduce the gradients are already in place, like torch's `gradient_as_bucket_view`).
+    - When every gradient of a bucket has arrived, the bucket is handed to the communication
+      thread — buckets strictly in index order, so all ranks issue the same collectives in
+      the same order. Our collectives block, so overlap needs that thread: it all-reduces
+      buckets from a queue with its own `Communicator` over a *separate* process group
+      (two threads must never share a group's message stream).
+    - `finish_gradient_sync()` waits for the queue to drain. `train_step` calls it after
+      backward; a training loop of its own must call it after every backward, before
+      reading gradients or stepping.
+    - `overlap=False` is the baseline: the same buckets, all-reduced one after the other on
+      the calling thread once backward has returned.
     """
 
     def __init__(

@@ -1,22 +1,7 @@
 """DP 1.0: the parameter server (Li et al., OSDI 2014, "Scaling Distributed Machine
 Learning with the Parameter Server"; the lecture's first data-parallel design).
 
-Rank 0 is the server: it alone holds the optimizer (and, in fp16/bf16, the fp32 master
-weights and the loss scaler). Every step:
-
-1. every rank computes gradients on its shard;
-2. Push & Sum: each worker sends its gradients to the server in one round (`gather`),
-   and the server sums them;
-3. the server steps its optimizer;
-4. Replicate & Pull: the server sends the new weights to every worker in one round.
-
-The server is colocated with a worker: it also computes on a shard, as in the lecture's
-parameter-server all-reduce (`impls.collectives.central`), so N ranks split the batch N
-ways exactly like DP 1.1 and DDP, and the variants are compared on the same data. Per
-step and M gradient bytes, a worker sends M and receives M (O(1)); the server receives
-(N−1)·M and sends (N−1)·M (O(N)): the bottleneck the lecture points out. Under loss
-scaling, the pull also carries a 2-element message per worker (the loss scale for the
-next step and whether this one was applied), since only the server runs the scaler.
+Rank 0 is the server and also a worker; its step and its O(N) traffic: `ParameterServerDP`.
 """
 
 from __future__ import annotations
@@ -41,7 +26,25 @@ _WEIGHTS_TAG, _CONTROL_TAG = 0, 1
 
 
 class ParameterServerDP(DataParallelBase):
-    """Data parallelism through a parameter server on rank 0 of `comm` (DP 1.0)."""
+    """Data parallelism through a parameter server on rank 0 of `comm` (DP 1.0).
+
+    Rank 0 is the server: it alone holds the optimizer (and, in fp16/bf16, the fp32 master
+    weights and the loss scaler). Every step:
+
+    1. every rank computes gradients on its shard;
+    2. Push & Sum: each worker sends its gradients to the server in one round (`gather`),
+       and the server sums them;
+    3. the server steps its optimizer;
+    4. Replicate & Pull: the server sends the new weights to every worker in one round.
+
+    The server is colocated with a worker: it also computes on a shard, as in the lecture's
+    parameter-server all-reduce (`impls.collectives.central`), so N ranks split the batch N
+    ways exactly like DP 1.1 and DDP, and the variants are compared on the same data. Per
+    step and M gradient bytes, a worker sends M and receives M (O(1)); the server receives
+    (N−1)·M and sends (N−1)·M (O(N)): the bottleneck the lecture points out. Under loss
+    scaling, the pull also carries a 2-element message per worker (the loss scale for the
+    next step and whether this one was applied), since only the server runs the scaler.
+    """
 
     def __init__(
         self,

@@ -7,13 +7,7 @@ TP group, and so on for every axis. The layout is row-major over `order`, innerm
 first: with Megatron's default `"tp,sp,pp,dp"`, TP ranks are adjacent (their all-reduces,
 one per layer and direction, stay inside a node), and DP ranks are farthest apart (their
 one all-reduce per step tolerates the slowest links).
-
-The layout, the groups and the validation are pure Python. `communicator(axis)` needs
-torch.distributed: the first call creates every group of every axis with `dist.new_group`
-in one fixed order (a collective call on every process of the default group), and the mesh
-keeps them — no module-level process groups. The mesh occupies global ranks
-0..world_size-1; a process beyond them (a larger default group) must still join the
-creation through `create_groups()`.
+Groups are made on first use (`Mesh.communicator`).
 """
 
 from __future__ import annotations
@@ -41,6 +35,13 @@ class Mesh:
     initialized and that rank lies inside the mesh, and no rank otherwise (the pure-Python
     queries still work; `communicator` then refuses). Every bad value raises ValueError
     naming its key.
+
+    The layout, the groups and the validation are pure Python. `communicator(axis)` needs
+    torch.distributed: the first call creates every group of every axis with `dist.new_group`
+    in one fixed order (a collective call on every process of the default group), and the mesh
+    keeps them — no module-level process groups. The mesh occupies global ranks
+    0..world_size-1; a process beyond them (a larger default group) must still join the
+    creation through `create_groups()`.
     """
 
     def __init__(

@@ -1,26 +1,7 @@
 """The 3D training step: data x pipeline x tensor parallelism on one `Mesh`.
 
 Megatron-LM's PTD-P (Narayanan et al., 2021, arXiv 2104.04473, section 2.3) composes the
-three axes, and each one needs only its own communicator:
-
-- **TP** (`tp` group): every block is split by `impls.tensor_parallel.parallelize_gpt` —
-  heads and MLP columns/rows, vocab-parallel embedding and LM head. The activations
-  between blocks come out of `g` replicated on every TP rank of a stage.
-- **PP** (`pp` group): the TP-sharded GPT is cut into `pp` stages
-  (`impls.models.split_into_stages`) and run by `impls.pipeline.PipelineExecutor` with any
-  one-stage-per-rank schedule (1F1B by default). A pp group holds the ranks with the same
-  dp and tp coordinates, so each TP rank sends its (replicated) activation to the TP rank
-  with the same tp coordinate in the next stage: t parallel copies of the pipeline, one per
-  tp coordinate, that never talk to each other through the executor. The last stage's loss
-  is `vocab_parallel_cross_entropy` over the TP group, so the logits are never gathered.
-- **DP** (`dp` group): each pipeline replica trains on its 1/dp share of the batch;
-  after the pipeline step the gradients (summed over micro-batches, each scaled by 1/M by
-  the executor) are averaged over dp with one all-reduce of all of them, so every replica
-  holds the gradient of the whole batch's mean loss and takes the same optimizer step.
-
-Sharded parameters need no TP reduction: each TP rank owns its shard's gradient, and the
-replicated ones (LayerNorms, position embedding, row biases) get identical gradients on
-every TP rank because their inputs and output gradients are replicated.
+three axes, and each one needs only its own communicator (`HybridTrainer` says how).
 """
 
 from __future__ import annotations
@@ -71,6 +52,25 @@ class HybridTrainer:
     stages has its gradient summed over the first and last stage's ranks (Megatron's
     embedding group, `impls.pipeline.tied`) before the dp average: each TP rank sums its
     own vocabulary shard with the same TP position on the other end of the pipeline.
+
+    - **TP** (`tp` group): every block is split by `impls.tensor_parallel.parallelize_gpt` —
+      heads and MLP columns/rows, vocab-parallel embedding and LM head. The activations
+      between blocks come out of `g` replicated on every TP rank of a stage.
+    - **PP** (`pp` group): the TP-sharded GPT is cut into `pp` stages
+      (`impls.models.split_into_stages`) and run by `impls.pipeline.PipelineExecutor` with any
+      one-stage-per-rank schedule (1F1B by default). A pp group holds the ranks with the same
+      dp and tp coordinates, so each TP rank sends its (replicated) activation to the TP rank
+      with the same tp coordinate in the next stage: t parallel copies of the pipeline, one per
+      tp coordinate, that never talk to each other through the executor. The last stage's loss
+      is `vocab_parallel_cross_entropy` over the TP group, so the logits are never gathered.
+    - **DP** (`dp` group): each pipeline replica trains on its 1/dp share of the batch;
+      after the pipeline step the gradients (summed over micro-batches, each scaled by 1/M by
+      the executor) are averaged over dp with one all-reduce of all of them, so every replica
+      holds the gradient of the whole batch's mean loss and takes the same optimizer step.
+
+    Sharded parameters need no TP reduction: each TP rank owns its shard's gradient, and the
+    replicated ones (LayerNorms, position embedding, row biases) get identical gradients on
+    every TP rank because their inputs and output gradients are replicated.
     """
 
     def __init__(
