@@ -1,21 +1,13 @@
 """Activation memory: the bytes a forward saves for its backward, from the formulas (theory only).
 
 Model states (weights, gradients, optimizer state under ZeRO) are `impls.costmodel.memory`'s;
-this module prices what autograd keeps from a micro-batch's forward until its backward, so a
-peak can be predicted too:
-
-- `activation_bytes`: the whole small GPT or MLP of `impls.models`, tensor by tensor as
-  autograd saves it (exact for fp32 on CPU, but for a 4-byte scalar the loss keeps).
-- `activation_bytes_per_layer`: one transformer layer per device by Korthikanti et al. 2022
-  ("Reducing Activation Recomputation in Large Transformer Models", arXiv 2205.05198, §4 and
-  Table 2), under each recomputation mode (`RECOMPUTE`), tensor parallelism and sequence
-  parallelism (`ACTIVATION_SP`: none, Megatron-SP, or DeepSpeed Ulysses, Jacobs et al. 2023,
-  arXiv 2309.14509).
-- `implementation_activation_bytes_per_layer`: what `impls.models.Block` and its parallel
-  versions save, exactly (materialized attention): the paper's terms and what it leaves out.
-
-Arithmetic on the configs only, no tensors and no process groups: saved-tensor counts taken
-in real runs (`impls.memory.saved`) are held against these numbers.
+this module prices what autograd keeps from a micro-batch's forward until its backward:
+`activation_bytes` (the small GPT or MLP of `impls.models`, tensor by tensor),
+`activation_bytes_per_layer` (one transformer layer by Korthikanti et al. 2022, arXiv
+2205.05198, §4 and Table 2, under recomputation, TP and sequence parallelism) and
+`implementation_activation_bytes_per_layer` (what `impls.models.Block` saves, exactly).
+Arithmetic on the configs only: saved-tensor counts taken in real runs
+(`impls.memory.saved`) are held against these numbers.
 """
 
 from __future__ import annotations

@@ -3,18 +3,7 @@
 On a GPU `torch.cuda.max_memory_allocated` gives one number; on CPU there is no allocator
 to ask, and one number would not say *what* fills the memory anyway. The ledger is told
 about every buffer the training code allocates (or counts it itself, for activations),
-so it can report the ZeRO paper's breakdown (Rajbhandari et al., 2020, figure 1) exactly:
-
-- `params`, `grads`, `optim` (optimizer state, fp32 master weights included): model states;
-- `gathered`: the transient full parameters of a ZeRO-3 unit;
-- `activations`: tensors autograd saves for backward, counted by a `saved_tensors_hooks`
-  pack hook (`impls.memory.saved`), each storage once, parameters and tracked buffers
-  excluded, and released when autograd drops the saved tensor (a `weakref.finalize` on
-  the packed handle);
-- `buffers`: communication buckets and other transient gradient buffers.
-
-Besides the current bytes it keeps the peak of the running total since `reset_peak()`,
-the breakdown at that peak, and each category's own peak.
+so it can report the ZeRO paper's breakdown (Rajbhandari et al., 2020, figure 1) exactly (the categories: `MemoryLedger`).
 """
 
 from __future__ import annotations
@@ -37,6 +26,17 @@ class MemoryLedger:
 
     `device`: on CUDA, `snapshot()` also reports `torch.cuda.max_memory_allocated` beside
     the ledger's own numbers, and `reset_peak()` resets the allocator's peak too.
+
+    - `params`, `grads`, `optim` (optimizer state, fp32 master weights included): model states;
+    - `gathered`: the transient full parameters of a ZeRO-3 unit;
+    - `activations`: tensors autograd saves for backward, counted by a `saved_tensors_hooks`
+      pack hook (`impls.memory.saved`), each storage once, parameters and tracked buffers
+      excluded, and released when autograd drops the saved tensor (a `weakref.finalize` on
+      the packed handle);
+    - `buffers`: communication buckets and other transient gradient buffers.
+
+    Besides the current bytes it keeps the peak of the running total since `reset_peak()`,
+    the breakdown at that peak, and each category's own peak.
     """
 
     def __init__(self, device: torch.device | str | None = None) -> None:

@@ -10,17 +10,6 @@ al., 2019, arXiv 1909.08053; Narayanan et al., 2021, arXiv 2104.04473) all-reduc
 gradient over the *embedding group* — the first and the last pipeline stage's ranks — after
 the pipeline's backward and before the optimizer, so both copies take the same step and stay
 identical. That is what `EmbeddingGroup.all_reduce_gradients` does.
-
-Over a pair an all-reduce is one exchange: each rank sends its part and adds the one it
-receives (one round, V·h elements each way; a two-rank ring would take two rounds of half).
-Floating-point addition is commutative, so a + b on one rank and b + a on the other are
-bit-identical. When one rank holds both stages (P = 1, or a V-shaped placement whose rank 0
-holds the first and the last chunk), autograd already summed both parts into the one
-Parameter's `.grad`: nothing is sent. Ranks outside the pair do nothing.
-
-    result = executor.step(inputs, targets)
-    group.all_reduce_gradients()  # group = EmbeddingGroup.of_executor(executor), built once
-    optimizer.step()
 """
 
 from __future__ import annotations
@@ -47,6 +36,17 @@ class EmbeddingGroup:
     the stages must include the first (last) stage of a tied GPT, and a rank holding both
     must hold them as one Parameter; every error is a ValueError naming the key. `weight`
     is this rank's tied Parameter, None on a rank outside the pair.
+
+    Over a pair an all-reduce is one exchange: each rank sends its part and adds the one it
+    receives (one round, V·h elements each way; a two-rank ring would take two rounds of half).
+    Floating-point addition is commutative, so a + b on one rank and b + a on the other are
+    bit-identical. When one rank holds both stages (P = 1, or a V-shaped placement whose rank 0
+    holds the first and the last chunk), autograd already summed both parts into the one
+    Parameter's `.grad`: nothing is sent. Ranks outside the pair do nothing.
+
+        result = executor.step(inputs, targets)
+        group.all_reduce_gradients()  # group = EmbeddingGroup.of_executor(executor), built once
+        optimizer.step()
     """
 
     def __init__(

@@ -10,12 +10,6 @@ The design reports utilization twice, and the two must never be confused:
   every rank had its own device". Thread CPU time equals the action's cost only when the
   rank computes on one thread (`torch.get_num_threads() == 1`), as distbench's CPU ranks
   do on a shared host.
-
-A transfer's cost is read off both ends of the message: from the moment the later of the
-two ends was posted until the receiver had the data (a send's round ends when it has
-handed the message over, which says nothing of its delivery); the rest of the receive's
-span is waiting for the peer, which is bubble, not transfer. Times share an origin across
-ranks only up to the skew of the barrier that opened the step.
 """
 
 from __future__ import annotations
@@ -95,6 +89,12 @@ def transfer_costs(records_by_rank: Records) -> dict[Action, float]:
 
     The receive's end − max(starts), floored at 0 (the barrier's clock skew can push a
     short one below zero).
+
+    A transfer's cost is read off both ends of the message: from the moment the later of the
+    two ends was posted until the receiver had the data (a send's round ends when it has
+    handed the message over, which says nothing of its delivery); the rest of the receive's
+    span is waiting for the peer, which is bubble, not transfer. Times share an origin across
+    ranks only up to the skew of the barrier that opened the step.
     """
     spans: dict[Action, tuple[float, float]] = {}
     for rank_records in records_by_rank.values():

@@ -6,17 +6,7 @@ another rank and a send after every one whose output is needed on another rank (
 action or one transfer round per rank per step, checks every dependency and detects
 deadlock; on failure `PlanError` shows the step × rank grid with the offending cell marked
 `[x]*`. No process starts and no tensor is allocated.
-
-Transfer semantics a passing plan is safe under (the executor must honour them):
-consecutive send/receive actions on a rank form one *round*, posted together and waited
-on together, like `impls.comm.Round`. By default each message is a rendezvous: a send
-completes only once the peer has posted the matching receive, and a receive once the peer
-has posted the matching send — gloo's behaviour, and the strictest usual one, so a plan
-that passes also runs with buffered sends. `sends="buffered"` models isend-and-forget
-instead: a send completes when posted and a receive when its send was posted. Messages are
-matched by what they carry; the dry run also requires each directed rank pair to send and
-receive its messages in the same order, so in-order transports (NCCL, untagged gloo) pair
-them identically.
+The transfer semantics a passing plan is safe under: `dry_run`.
 """
 
 from __future__ import annotations
@@ -105,6 +95,17 @@ def dry_run(
     must already be on its rank) or waits on its current round; a step in which no rank
     moves, with work left, is a deadlock. At the end every forward must have met a full
     backward (`B`, or `I` then `W`) and every send its receive.
+
+    Transfer semantics a passing plan is safe under (the executor must honour them):
+    consecutive send/receive actions on a rank form one *round*, posted together and waited
+    on together, like `impls.comm.Round`. By default each message is a rendezvous: a send
+    completes only once the peer has posted the matching receive, and a receive once the peer
+    has posted the matching send — gloo's behaviour, and the strictest usual one, so a plan
+    that passes also runs with buffered sends. `sends="buffered"` models isend-and-forget
+    instead: a send completes when posted and a receive when its send was posted. Messages are
+    matched by what they carry; the dry run also requires each directed rank pair to send and
+    receive its messages in the same order, so in-order transports (NCCL, untagged gloo) pair
+    them identically.
     """
     ranks = len(plan) if stages is None else stages
     _check_ranks(plan, ranks)

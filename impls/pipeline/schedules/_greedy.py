@@ -9,11 +9,7 @@ papers' equal-cost case); `costs` gives each stage's F, I and W seconds instead 
 paper's automatic scheduler, which orders the actions by profiled times). The order each
 rank ends up with is the plan; replaying it at the same costs takes at most the
 simulated time (at unit costs exactly it: every action started as soon as it was chosen).
-
-`greedy_plan` (ZB-H2's policy): the input gradient `I` whose gradient arrived first (it
-is on the critical path); else the next forward, if the rank holds fewer than its limit
-of (stage, micro-batch) pairs; else the oldest deferred weight gradient `W`.
-`v_plan` (ZB-V's policy): see its docstring.
+The policies: `greedy_plan` (ZB-H2's) and `v_plan` (ZB-V's).
 """
 
 from __future__ import annotations
@@ -139,6 +135,10 @@ def greedy_plan(
     until its limit blocks the next forward), so that they fill the drain instead.
     Forwards of a stage run in micro-batch order; a rank prefers its later stage's forward
     and input gradient (the one nearer the loss) when two are ready.
+
+    `greedy_plan` (ZB-H2's policy): the input gradient `I` whose gradient arrived first (it
+    is on the critical path); else the next forward, if the rank holds fewer than its limit
+    of (stage, micro-batch) pairs; else the oldest deferred weight gradient `W`.
     """
     reserve = [0] * len(limits) if reserves is None else list(reserves)
 

@@ -9,16 +9,6 @@ on the gradients of later stages. With T_F = T_I = T_W no rank idles between its
 and last action: rank r works without a gap from r·T_F to r·T_F + M(T_F+T_I+T_W), the
 paper's parallelogram (which its optimizer post-validation tiles across iterations; a
 synchronous step still sees the (P−1)·T_F skew, see `impls.pipeline.theory`).
-
-The order is built by the unit-time list scheduler of `_greedy` (input gradients first,
-then forwards under the limit, then weight gradients), as the paper builds its schedules.
-The zero-bubble claim needs M ≥ 2P−1; with fewer micro-batches the plan still runs.
-
-`costs` (the paper's automatic scheduler, §3): each stage's profiled F, I and W seconds
-(one mapping for all stages, or one per stage). The same policy is then run on simulated
-time, under the same limits, and the plan kept is whichever of that order and the
-unit-time one replays faster at those costs (`_greedy.fastest`); without `costs`, the
-unit-time order.
 """
 
 from __future__ import annotations
@@ -33,7 +23,18 @@ __all__ = ["ZERO_BUBBLE_H2", "zero_bubble_h2"]
 
 
 def zero_bubble_h2(stages: int, microbatches: int, costs: StageCosts | None = None) -> Plan:
-    """Rank r: up to 2P−1 micro-batches in flight, W's fill gaps, 2r W's kept for the drain."""
+    """Rank r: up to 2P−1 micro-batches in flight, W's fill gaps, 2r W's kept for the drain.
+
+    The order is built by the unit-time list scheduler of `_greedy` (input gradients first,
+    then forwards under the limit, then weight gradients), as the paper builds its schedules.
+    The zero-bubble claim needs M ≥ 2P−1; with fewer micro-batches the plan still runs.
+
+    `costs` (the paper's automatic scheduler, §3): each stage's profiled F, I and W seconds
+    (one mapping for all stages, or one per stage). The same policy is then run on simulated
+    time, under the same limits, and the plan kept is whichever of that order and the
+    unit-time one replays faster at those costs (`_greedy.fastest`); without `costs`, the
+    unit-time order.
+    """
     require_count("stages", stages)
     require_count("microbatches", microbatches)
     limits = [2 * stages - 1] * stages
