@@ -43,13 +43,6 @@ PENDING = {
     "bench/report/skeleton.py",
     "bench/results.py",
     "bench/wandb_log.py",
-    "impls/precision/__init__.py",
-    "impls/sequence_parallel/analytic.py",
-    "impls/simulator/data_parallel.py",
-    "impls/simulator/memory.py",
-    "impls/simulator/validation.py",
-    "impls/zero/__init__.py",
-    "impls/zero/units.py",
 }
 HISTORY = re.compile(r"\b(this|last|previous) session\b|\bwas measured .* this hour\b", re.I)
 

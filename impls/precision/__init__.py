@@ -1,14 +1,8 @@
 """Mixed-precision training: fp16 with loss scaling and fp32 master weights, and bf16.
 
-The pieces every data-parallel and ZeRO variant combines:
-
-- `compute_dtype(precision)`: the dtype of the model, activations and gradients;
-- `check_precision(precision, loss_scale)`: refuses pairs that cannot train (fp16 without
-  a loss scale, a scale that is not a positive finite fp16 number) before anything runs;
-- `make_loss_scaler(precision, loss_scale)`: a `DynamicLossScaler`, `StaticLossScaler` or None;
-- `MasterWeights(params)`: the fp32 copy the optimizer updates.
-
-One step (single process)::
+The pieces every data-parallel and ZeRO variant combines: `compute_dtype`,
+`check_precision` (refuses pairs that cannot train, before anything runs),
+`make_loss_scaler` and `MasterWeights`. One step (single process)::
 
     loss = loss_fn(model(x.to(dtype)).float(), y)
     scaler.scale_loss(loss).backward()               # low-precision gradients, scaled

@@ -5,19 +5,7 @@ Every count is per rank and per transformer layer, for P ranks holding L = ceil(
 positions each (padding included, since padded positions travel too). "Per link" follows
 DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509, §3.2): the bytes one GPU puts on
 its link per layer. The papers quote the large-P limit; the counts here keep the exact
-(P − 1)/P factors of ring and all-to-all collectives, so they equal the counters.
-
-- Megatron-SP (Korthikanti et al. 2022, arXiv 2205.05198, §4.2.2): per block, 2 all-gathers
-  of the b·s·h activations forward (before QKV and fc1) and 2 reduce-scatters (after o_proj
-  and fc2); backward swaps them, and with `regather` (the column layers keep their input
-  shard only) all-gathers those inputs again: 6 collectives backward. A ring all-gather or
-  reduce-scatter of b·s·h elements sends (P − 1)/P · b·s·h per rank: 4·b·s·h per link each
-  way, constant in P.
-- Ulysses (§3.2): 4 all-to-alls forward (q, k, v in; context out) and 4 backward, each of
-  the b·(s/P)·h elements a rank holds, (P − 1)/P of which leave it: O(1/P) per link.
-- Ring Attention (Liu et al. 2023, arXiv 2310.01889, §3): forward passes P − 1 K/V blocks
-  of 2·b·(s/P)·h; our backward passes P − 1 K/V blocks and P dK/dV blocks (see
-  `ring_attention`), 2P − 1 blocks of 2·b·(s/P)·h in all: O(1) per link, like Megatron-SP.
+(P − 1)/P factors of ring and all-to-all collectives, so they equal the counters. Each method's count: `layer_traffic`.
 """
 
 from __future__ import annotations
@@ -66,7 +54,20 @@ def layer_traffic(
 ) -> LayerTraffic:
     """Per-rank traffic of one layer: a whole block for Megatron-SP, attention otherwise
     (the other methods' MLP is per-position and needs no communication). `regather`:
-    Megatron-SP's `MegatronSPBlock(regather=True)`, two more all-gathers in backward."""
+    Megatron-SP's `MegatronSPBlock(regather=True)`, two more all-gathers in backward.
+
+    - Megatron-SP (Korthikanti et al. 2022, arXiv 2205.05198, §4.2.2): per block, 2 all-gathers
+      of the b·s·h activations forward (before QKV and fc1) and 2 reduce-scatters (after o_proj
+      and fc2); backward swaps them, and with `regather` (the column layers keep their input
+      shard only) all-gathers those inputs again: 6 collectives backward. A ring all-gather or
+      reduce-scatter of b·s·h elements sends (P − 1)/P · b·s·h per rank: 4·b·s·h per link each
+      way, constant in P.
+    - Ulysses (§3.2): 4 all-to-alls forward (q, k, v in; context out) and 4 backward, each of
+      the b·(s/P)·h elements a rank holds, (P − 1)/P of which leave it: O(1/P) per link.
+    - Ring Attention (Liu et al. 2023, arXiv 2310.01889, §3): forward passes P − 1 K/V blocks
+      of 2·b·(s/P)·h; our backward passes P − 1 K/V blocks and P dK/dV blocks (see
+      `ring_attention`), 2P − 1 blocks of 2·b·(s/P)·h in all: O(1) per link, like Megatron-SP.
+    """
     _check(method, sp, batch=batch, seq_len=seq_len, d_model=d_model)
     chunk = batch * math.ceil(seq_len / sp) * d_model * bytes_per_element  # b·L·h bytes
     if sp == 1:

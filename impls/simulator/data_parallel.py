@@ -5,22 +5,9 @@ backward ≈ 3 × forward, Kaplan et al. 2020 §2.1), as
 `impls.costmodel.models.DataParallelModel` states them; any object with `.params` and
 `.flops_per_sample` will do.
 
-- Compute: `flops_per_sample` × `batch_per_gpu` at peak × `hw.efficiency` of a
-  representative GEMM: the average weight layer of the batch's forward, forward FLOPs ÷
-  `weight_layers` (assumption: 50, ResNet-50's convolutions and classifier; a convolution
-  runs as an implicit GEMM of the same FLOPs).
-- Communication: one all-reduce of params × `grad_bytes` over all GPUs
-  (`impls.costmodel.comm.collective_seconds`, hierarchical when the group spans nodes),
-  bucketed and overlapped with the backward (2/3 of compute) as PyTorch DDP and Horovod do
-  (Li et al. 2020 §3.2): exposed = min(t, max(0, t − backward) + one 25 MB bucket).
-- Optimizer: SGD with momentum, fused (assumption): reads weight, gradient and momentum,
-  writes weight and momentum, in fp32, plus writing the half-precision copy (20 + 2 bytes per
-  parameter; Adam: 28 + 2).
-- Memory: fp32 weights, gradients of `grad_bytes`, the momentum (Adam: two moments) and the
-  half copy, plus `activation_bytes_per_sample` × batch when the model gives it, plus the
-  workspace constant of `impls.simulator.memory`.
-
-The returned `Prediction` carries samples per second in `tokens_per_s`'s place.
+The terms (compute, the overlapped all-reduce, the optimizer, memory):
+`simulate_data_parallel`. The returned `Prediction` carries samples per second in
+`tokens_per_s`'s place.
 """
 
 from __future__ import annotations
@@ -58,7 +45,23 @@ def simulate_data_parallel(
     weight_layers: int = 50,
     workspace_bytes: float = WORKSPACE_BYTES,
 ) -> Prediction:
-    """One synchronous data-parallel step of `model` on `gpus` devices (module docstring)."""
+    """One synchronous data-parallel step of `model` on `gpus` devices (module docstring).
+
+    - Compute: `flops_per_sample` × `batch_per_gpu` at peak × `hw.efficiency` of a
+      representative GEMM: the average weight layer of the batch's forward, forward FLOPs ÷
+      `weight_layers` (assumption: 50, ResNet-50's convolutions and classifier; a convolution
+      runs as an implicit GEMM of the same FLOPs).
+    - Communication: one all-reduce of params × `grad_bytes` over all GPUs
+      (`impls.costmodel.comm.collective_seconds`, hierarchical when the group spans nodes),
+      bucketed and overlapped with the backward (2/3 of compute) as PyTorch DDP and Horovod do
+      (Li et al. 2020 §3.2): exposed = min(t, max(0, t − backward) + one 25 MB bucket).
+    - Optimizer: SGD with momentum, fused (assumption): reads weight, gradient and momentum,
+      writes weight and momentum, in fp32, plus writing the half-precision copy (20 + 2 bytes per
+      parameter; Adam: 28 + 2).
+    - Memory: fp32 weights, gradients of `grad_bytes`, the momentum (Adam: two moments) and the
+      half copy, plus `activation_bytes_per_sample` × batch when the model gives it, plus the
+      workspace constant of `impls.simulator.memory`.
+    """
     _count("gpus", gpus)
     _count("batch_per_gpu", batch_per_gpu)
     _count("weight_layers", weight_layers)

@@ -1,19 +1,8 @@
 """Peak memory of one pipeline rank: model states, held activations, transients, workspace.
 
-- Model states: `impls.costmodel.memory.model_state_bytes` over the rank's own parameters
-  (its tp shard of its stages) at the plan's ZeRO stage over the data-parallel group;
-  Adam in mixed precision 2 + 2 + 12 bytes per parameter (bf16/fp16/fp8), fp32 Adam
-  4 + 4 + 8 (Rajbhandari et al. 2019 §3.1).
-- Activations: walking the rank's action list in order, a (stage, micro-batch) is held from
-  its F to its B (or its W when the backward is split), as
-  `impls.pipeline.replay.max_inflight_microbatches` counts, each held pair weighing what its
-  stage saves per micro-batch (`activation_bytes_per_layer` × the stage's layers, the
-  embedding's and the head's own). GPipe therefore holds M micro-batches, 1F1B's first rank P.
-- Transients, alive during one backward: the full-recompute layer's rematerialised
-  activations, ZeRO-3's two gathered layers (the current and the prefetched one) and the
-  LM head's fp32 logit gradient on the rank that holds the head.
-- A workspace constant, `WORKSPACE_BYTES` (assumption: CUDA context, cuBLAS/NCCL buffers
-  and allocator fragmentation, ~1 GiB as commonly observed on A100/H100).
+Each part, with its source or assumption: `rank_memory`. The workspace constant,
+`WORKSPACE_BYTES`, is an assumption (CUDA context, cuBLAS/NCCL buffers and allocator
+fragmentation, ~1 GiB as commonly observed on A100/H100).
 """
 
 from __future__ import annotations
@@ -64,7 +53,23 @@ def rank_memory(
     transient: float,
     workspace: float = WORKSPACE_BYTES,
 ) -> dict:
-    """The memory breakdown of one rank (bytes); `total` is its peak."""
+    """The memory breakdown of one rank (bytes); `total` is its peak.
+
+    - Model states: `impls.costmodel.memory.model_state_bytes` over the rank's own parameters
+      (its tp shard of its stages) at the plan's ZeRO stage over the data-parallel group;
+      Adam in mixed precision 2 + 2 + 12 bytes per parameter (bf16/fp16/fp8), fp32 Adam
+      4 + 4 + 8 (Rajbhandari et al. 2019 §3.1).
+    - Activations: walking the rank's action list in order, a (stage, micro-batch) is held from
+      its F to its B (or its W when the backward is split), as
+      `impls.pipeline.replay.max_inflight_microbatches` counts, each held pair weighing what its
+      stage saves per micro-batch (`activation_bytes_per_layer` × the stage's layers, the
+      embedding's and the head's own). GPipe therefore holds M micro-batches, 1F1B's first rank P.
+    - Transients, alive during one backward: the full-recompute layer's rematerialised
+      activations, ZeRO-3's two gathered layers (the current and the prefetched one) and the
+      LM head's fp32 logit gradient on the rank that holds the head.
+    - A workspace constant, `WORKSPACE_BYTES` (assumption: CUDA context, cuBLAS/NCCL buffers
+      and allocator fragmentation, ~1 GiB as commonly observed on A100/H100).
+    """
     states: ModelStateBytes = model_state_bytes(params, zero_stage, dp_size, bytes_per_param(dtype))
     parts = {
         "weights": states.weights,

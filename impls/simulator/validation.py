@@ -4,16 +4,8 @@
 comparison is made in the source's own metric and FLOP convention (MFU, TFLOP/s per GPU
 counting the recomputed forward or not, tokens/s per GPU). Every one of those metrics is
 a work count ÷ the step time, so `ratio` = predicted ÷ published is also the published
-step time ÷ the predicted one: above 1 is optimistic.
-
-The error bar. No term of the simulator is fitted to a published throughput, so a
-prediction's error on a run is the same whether or not that run is among the validation
-rows; what the rows estimate is the *spread* of that error. `ratio_interval` takes the
-empirical quantiles of ln(ratio) over validation rows; a prediction p then carries the
-interval [p ÷ r_hi, p ÷ r_lo] for the quantity it predicts (a run that went as the model
-says it would lie inside it at the stated coverage). `leave_one_source_out` builds, for
-each source, the interval from the other sources' rows only, and says how many of that
-source's rows it covers: the honest test of an interval on data it did not see.
+step time ÷ the predicted one: above 1 is optimistic. The error bar a
+prediction carries: `ratio_interval`, tested on unseen sources by `leave_one_source_out`.
 """
 
 from __future__ import annotations
@@ -164,7 +156,17 @@ def predict_runs(runs: Iterable[PublishedRun] = PUBLISHED_RUNS) -> tuple[RunPred
 
 
 def ratio_interval(ratios: Sequence[float], coverage: float = COVERAGE) -> Interval:
-    """The central `coverage` quantiles of `ratios`, interpolated in log space."""
+    """The central `coverage` quantiles of `ratios`, interpolated in log space.
+
+    No term of the simulator is fitted to a published throughput, so a
+    prediction's error on a run is the same whether or not that run is among the validation
+    rows; what the rows estimate is the *spread* of that error. `ratio_interval` takes the
+    empirical quantiles of ln(ratio) over validation rows; a prediction p then carries the
+    interval [p ÷ r_hi, p ÷ r_lo] for the quantity it predicts (a run that went as the model
+    says it would lie inside it at the stated coverage). `leave_one_source_out` builds, for
+    each source, the interval from the other sources' rows only, and says how many of that
+    source's rows it covers: the honest test of an interval on data it did not see.
+    """
     if not 0 < coverage < 1:
         raise ValueError(f"coverage={coverage!r}: must lie in (0, 1)")
     logs = sorted(math.log(r) for r in ratios)

@@ -10,15 +10,7 @@
 - stage 1: optimizer state sharded: reduce-scatter gradients, step the shard, all-gather;
 - stage 2: + gradients sharded: each unit's gradients reduce-scattered during backward;
 - stage 3 / FSDP: + parameters sharded: a unit is all-gathered before its forward and its
-  backward and freed right after each.
-
-Parameters are flattened per unit (`flat.py`) into buffers padded to a multiple of the world
-size; rank r owns block r of every unit. `FlatAdam` (`adam.py`) is Adam/AdamW on those fp32
-blocks. Under fp16/bf16 the model's weights and gradients are 2 bytes and the optimizer
-keeps an fp32 master copy (K = 12 bytes per parameter with m and v); fp16 scales the loss,
-agrees on overflow across ranks and skips the step everywhere. `step()` returns a
-`StepReport`: whether it stepped, this rank's traffic over the step, and the
-`MemoryLedger` snapshot (per-category bytes and peaks).
+  backward and freed right after each. Flat units, the fp32 master copy and the step's report: `ZeroDataParallel`.
 """
 
 from impls.zero.adam import OPTIMIZERS, FlatAdam

@@ -6,18 +6,7 @@ and only this rank's averaged shard is kept; the full gradient never exists for 
 model at once. ZeRO-3 / FSDP (§5.3; Zhao et al., 2023) also keeps only a shard of each
 unit's parameters: the unit is all-gathered before its forward and freed right after,
 all-gathered again before its backward and freed once its gradients are reduced.
-
-Freeing must really free: autograd holds on to the weights it saved for backward, so
-dropping Python references would free nothing. The unit's parameters are views of one
-full buffer whose *storage* is resized to zero between uses and re-allocated before the
-next use (as FSDP1 does); the parameters and the tensors autograd saved see the data again
-once it is re-gathered. Their version counters are their own (`param.data = view`), so the
-gather's in-place writes do not trip autograd's saved-tensor checks.
-
-Hooks: forward pre/post hooks on the unit's module; the pre-backward gather is a
-`register_multi_grad_hook` on the unit's forward outputs (it fires when the first of their
-gradients arrives, i.e. just before the unit's backward); the post-backward is each
-parameter's `register_post_accumulate_grad_hook`, counting down the unit's parameters.
+How freeing really frees: `UnitState`; the hooks that drive it: `UnitHooks`.
 """
 
 from __future__ import annotations
@@ -45,6 +34,13 @@ class UnitState:
     or for ZeRO-3 a view of the persistent shard buffer). `grad`: the gradient this rank
     keeps (full for stages 0/1, its averaged shard for 2/3). `master`: the fp32 segment
     the optimizer updates.
+
+    Freeing must really free: autograd holds on to the weights it saved for backward, so
+    dropping Python references would free nothing. The unit's parameters are views of one
+    full buffer whose *storage* is resized to zero between uses and re-allocated before the
+    next use (as FSDP1 does); the parameters and the tensors autograd saved see the data again
+    once it is re-gathered. Their version counters are their own (`param.data = view`), so the
+    gather's in-place writes do not trip autograd's saved-tensor checks.
     """
 
     unit: FlatUnit
@@ -58,7 +54,13 @@ class UnitState:
 
 
 class UnitHooks:
-    """Backward-time gradient reduce-scatter (stages 2, 3) and parameter gathering (3)."""
+    """Backward-time gradient reduce-scatter (stages 2, 3) and parameter gathering (3).
+
+    Hooks: forward pre/post hooks on the unit's module; the pre-backward gather is a
+    `register_multi_grad_hook` on the unit's forward outputs (it fires when the first of their
+    gradients arrives, i.e. just before the unit's backward); the post-backward is each
+    parameter's `register_post_accumulate_grad_hook`, counting down the unit's parameters.
+    """
 
     def __init__(
         self,

@@ -62,6 +62,14 @@ class ZeroDataParallel:
     `full_parameters()`. `units` are the submodules that form ZeRO-3 units and ZeRO-2
     buckets (default: every element of a top-level ModuleList/Sequential, plus one unit
     for the remaining parameters). Floating-point inputs are cast to the compute dtype.
+
+    Parameters are flattened per unit (`flat.py`) into buffers padded to a multiple of the world
+    size; rank r owns block r of every unit. `FlatAdam` (`adam.py`) is Adam/AdamW on those fp32
+    blocks. Under fp16/bf16 the model's weights and gradients are 2 bytes and the optimizer
+    keeps an fp32 master copy (K = 12 bytes per parameter with m and v); fp16 scales the loss,
+    agrees on overflow across ranks and skips the step everywhere. `step()` returns a
+    `StepReport`: whether it stepped, this rank's traffic over the step, and the
+    `MemoryLedger` snapshot (per-category bytes and peaks).
     """
 
     def __init__(
