@@ -1,23 +1,6 @@
 """What one rank does in an `activation_recompute` cell.
 
-A cell is (recompute, t, sp, s). Each rank builds one transformer layer from the same
-seeded `Block`: under t = 1 the block itself, under TP the block of a one-layer
-`parallelize_gpt` GPT (Megatron's heads / hidden split), under TP + SP a
-`MegatronSPBlock(regather=True)` (the column layers keep their input shard, as Megatron-LM
-does), each cast to the cell's dtype. Then:
-
-- saved bytes: one forward under `bench.kit.memory.ledger_over_pass`, which counts what
-  autograd saves for backward (each storage once, parameters excluded) — the layer's
-  input stays outside the count only where the layer does not save it itself;
-- correctness: output, input gradient and every parameter gradient against the same
-  layer without recomputation, dropout on and the same RNG state (recomputation must
-  redraw the same masks): `wrong` counts the tensors that differ at all;
-- time: `repeats` barrier-opened forward + backward passes of this mode and of "none"
-  taking turns (`bench.kit.timing.alternate`), the slowest rank's fastest pass each (the
-  least disturbed by other work on shared cores);
-- the longest sequence within `budget_bytes`: forward passes at growing s (multiples of
-  t, at most `budget_max_seq_len`, which bounds the s² scores a probe allocates) with the
-  count on, doubling then bisecting, on the cell's largest s only.
+What a cell does on each rank, step by step: `run`.
 """
 
 from __future__ import annotations
@@ -131,7 +114,27 @@ def longest_in_budget(
 
 
 def run(cfg: ActivationRecomputeConfig, cell: Cell) -> dict[str, Any]:
-    """One rank of a cell on the default group: saved bytes, errors, times, budget."""
+    """One rank of a cell on the default group: saved bytes, errors, times, budget.
+
+    A cell is (recompute, t, sp, s). Each rank builds one transformer layer from the same
+    seeded `Block`: under t = 1 the block itself, under TP the block of a one-layer
+    `parallelize_gpt` GPT (Megatron's heads / hidden split), under TP + SP a
+    `MegatronSPBlock(regather=True)` (the column layers keep their input shard, as Megatron-LM
+    does), each cast to the cell's dtype. Then:
+
+    - saved bytes: one forward under `bench.kit.memory.ledger_over_pass`, which counts what
+      autograd saves for backward (each storage once, parameters excluded) — the layer's
+      input stays outside the count only where the layer does not save it itself;
+    - correctness: output, input gradient and every parameter gradient against the same
+      layer without recomputation, dropout on and the same RNG state (recomputation must
+      redraw the same masks): `wrong` counts the tensors that differ at all;
+    - time: `repeats` barrier-opened forward + backward passes of this mode and of "none"
+      taking turns (`bench.kit.timing.alternate`), the slowest rank's fastest pass each (the
+      least disturbed by other work on shared cores);
+    - the longest sequence within `budget_bytes`: forward passes at growing s (multiples of
+      t, at most `budget_max_seq_len`, which bounds the s² scores a probe allocates) with the
+      count on, doubling then bisecting, on the cell's largest s only.
+    """
     comm = Communicator()
     mode, sp, seq_len = cell.key["recompute"], cell.key["sp"], cell.key["seq_len"]
     layer = build_layer(cfg, comm, mode, sp, seq_len)

@@ -1,19 +1,7 @@
 """What one rank does in a `delayed_averaging` cell: train the task under a simulated
 link, synchronously or with delayed gradient averaging, and time it.
 
-- `sync`: `AllReduceDP` — every step all-reduces its gradients and waits for the link
-  (the communicator holds each round for latency + bytes/bandwidth);
-- `dga`: `DelayedAveragingDP` with delay D — each step goes on with its own gradient
-  while the average is in flight, and is corrected when it arrives D steps later
-  (Zhu et al., NeurIPS 2021).
-
-Both all-reduce with the one-round "parallel" algorithm (the latency-optimal choice: one
-link latency per average) and plain SGD, the update DGA's correction is exact for. Each
-training step is timed by the kit (`bench.kit.timing.timed_step`: barrier-opened, the
-slowest rank's time), and the clock is the sum of those steps: the training time only.
-Held-out accuracy is measured every `eval_every` steps with the clock stopped, on rank
-0's replica as it is at that moment (for DGA, with the corrections still in flight not
-yet applied); after the last step DGA's `finish()` applies them and its wait is counted.
+What a cell does on each rank, step by step: `run`.
 """
 
 from __future__ import annotations
@@ -77,7 +65,22 @@ def _data_parallel(
 
 
 def run(cfg: DelayedAveragingConfig, cell: Cell) -> dict[str, Any]:
-    """One rank of a cell: `cfg.steps` timed steps, held-out evaluations between them."""
+    """One rank of a cell: `cfg.steps` timed steps, held-out evaluations between them.
+
+    - `sync`: `AllReduceDP` — every step all-reduces its gradients and waits for the link
+      (the communicator holds each round for latency + bytes/bandwidth);
+    - `dga`: `DelayedAveragingDP` with delay D — each step goes on with its own gradient
+      while the average is in flight, and is corrected when it arrives D steps later
+      (Zhu et al., NeurIPS 2021).
+
+    Both all-reduce with the one-round "parallel" algorithm (the latency-optimal choice: one
+    link latency per average) and plain SGD, the update DGA's correction is exact for. Each
+    training step is timed by the kit (`bench.kit.timing.timed_step`: barrier-opened, the
+    slowest rank's time), and the clock is the sum of those steps: the training time only.
+    Held-out accuracy is measured every `eval_every` steps with the clock stopped, on rank
+    0's replica as it is at that moment (for DGA, with the corrections still in flight not
+    yet applied); after the last step DGA's `finish()` applies them and its wait is counted.
+    """
     task = build_task(cfg.task, cfg.batch_size, cfg.seed)
     dga = cell.key["method"] == "dga"
     dp = _data_parallel(cfg, cell, task)

@@ -1,32 +1,7 @@
 """What one rank does in a `gradient_compression` cell: data-parallel training on real
 data with one gradient-compression method, every byte counted.
 
-Methods (`METHODS`; the setting each takes in brackets):
-
-- `dp`: uncompressed — one fp32 ring all-reduce of all gradients (the baseline);
-- `topk` / `topk_noef` [density]: Top-K with / without error feedback;
-- `randomk` [density]: Random-K with error feedback;
-- `dgc` [density]: Deep Gradient Compression (momentum correction and factor masking,
-  local clipping, sparsity warm-up); the optimizer is then momentum-free SGD;
-- `onebit`: 1-bit SGD with error feedback; `terngrad`; `qsgd` [levels];
-- `powersgd` [rank]: PowerSGD with error feedback and warm start;
-- `fp16` / `bf16`: the gradients all-reduced in half precision;
-- `torch_powersgd` [rank] / `torch_fp16`: torch's own DDP with its comm hooks
-  (`powerSGD_hook`, `fp16_compress_hook`) on the same model, data and schedule.
-
-Every training step is timed by the kit (`bench.kit.timing.timed_step`: barrier-opened,
-the slowest rank's time). distbench's methods train through `CompressedDP` over a
-`Communicator`: bytes per step are what its counters saw (each rank's bytes sent), the
-exchange time is the `aggregate` call's (compress + collective + decode), and with a
-`network` every round also waits for the simulated link. torch's DDP moves its bytes
-inside torch.distributed, where these counters cannot see them, and its all-reduces
-overlap backward: those rows carry NaN bytes and exchange time, never an estimate, and
-their step time is without the simulated link.
-
-For `qsgd` and `terngrad`, rank 0 also measures the quantizer on a real gradient (the
-first layer's, after training): `draws` independent quantizations of the same g, their
-mean against g (bias statistic S = draws·‖mean − g‖² / v̂, ≈ 1 when unbiased, ≫ 1 when
-biased), and E‖Q(g) − g‖² against the paper's bound.
+What a cell does on each rank, step by step: `run`.
 """
 
 from __future__ import annotations
@@ -137,7 +112,35 @@ def _train(
 
 
 def run(cfg: GradientCompressionConfig, cell: Cell) -> dict[str, Any]:
-    """One rank of a cell: the method of `cell.key`, its setting `cell.carry`."""
+    """One rank of a cell: the method of `cell.key`, its setting `cell.carry`.
+
+    Methods (`METHODS`; the setting each takes in brackets):
+
+    - `dp`: uncompressed — one fp32 ring all-reduce of all gradients (the baseline);
+    - `topk` / `topk_noef` [density]: Top-K with / without error feedback;
+    - `randomk` [density]: Random-K with error feedback;
+    - `dgc` [density]: Deep Gradient Compression (momentum correction and factor masking,
+      local clipping, sparsity warm-up); the optimizer is then momentum-free SGD;
+    - `onebit`: 1-bit SGD with error feedback; `terngrad`; `qsgd` [levels];
+    - `powersgd` [rank]: PowerSGD with error feedback and warm start;
+    - `fp16` / `bf16`: the gradients all-reduced in half precision;
+    - `torch_powersgd` [rank] / `torch_fp16`: torch's own DDP with its comm hooks
+      (`powerSGD_hook`, `fp16_compress_hook`) on the same model, data and schedule.
+
+    Every training step is timed by the kit (`bench.kit.timing.timed_step`: barrier-opened,
+    the slowest rank's time). distbench's methods train through `CompressedDP` over a
+    `Communicator`: bytes per step are what its counters saw (each rank's bytes sent), the
+    exchange time is the `aggregate` call's (compress + collective + decode), and with a
+    `network` every round also waits for the simulated link. torch's DDP moves its bytes
+    inside torch.distributed, where these counters cannot see them, and its all-reduces
+    overlap backward: those rows carry NaN bytes and exchange time, never an estimate, and
+    their step time is without the simulated link.
+
+    For `qsgd` and `terngrad`, rank 0 also measures the quantizer on a real gradient (the
+    first layer's, after training): `draws` independent quantizations of the same g, their
+    mean against g (bias statistic S = draws·‖mean − g‖² / v̂, ≈ 1 when unbiased, ≫ 1 when
+    biased), and E‖Q(g) − g‖² against the paper's bound.
+    """
     method, seed = cell.key["method"], cell.key["seed"]
     task = build_task(cfg.task, cfg.batch_size, seed)
     if method.startswith("torch_"):

@@ -1,38 +1,7 @@
 """What one rank does in an `overlap` cell: DDP training steps of the GPT with its bucket
 all-reduces overlapped with backward or run after it, timed step by step.
 
-Every rank builds the same GPT (one seed) and takes its shard of one seeded global batch
-(`bench.kit.workloads`: `batch_size` sequences per rank), and wraps the model in
-`impls.data_parallel.DDP` with the cell's bucket cap and overlap flag. The bucket
-all-reduces run over a process group of their own (`dist.new_group`), through a
-`Communicator` that carries the cell's simulated link, if any: with `overlap=True` on
-DDP's communication thread during backward, with `overlap=False` on the training thread
-once backward has returned. The data-parallel communicator (weight broadcast) is the
-WORLD group's, without the link.
-
-The kit times the steps (`bench.kit.timing.alternate`: `warmup` + `repeats` rounds, each
-step barrier-opened, its time the slowest rank's). Inside its step a side times its own
-phases — forward | backward | the rest (waiting for the buckets, then the optimizer
-step) — and from the step's `SyncTimeline` takes, on this rank:
-
-- `allreduce_s`: the bucket all-reduces' time, Σ (finished − started);
-- `hidden_s`: the part of it spent before backward ended, Σ |[started, finished] ∩
-  (−∞, backward_end]| — what overlap took off the critical path;
-- `exposed_sync_s`: max(0, last bucket finished − backward end), the synchronization the
-  step still waited for after backward;
-- `last_bucket_s`: the last bucket's all-reduce — it holds the gradients backward
-  produces last, so no schedule can hide it behind backward.
-
-With `paired`, a twin replica (same seed, same batch, its own sync group) runs the other
-overlap setting, its steps alternating with the cell's own (the sides of `alternate`):
-the two settings then share the host's state step by step, and the ratio of their
-medians is a side-by-side measurement that drift between cells cannot bias.
-
-After the timed steps every rank fingerprints its parameters (SHA-256 of the fp32
-bytes); the fingerprints are all-gathered and each rank that differs from rank 0's, or
-holds a non-finite value, counts one in `wrong` (the replicas must be identical). The
-twin's fingerprint comes back too: overlap changes when buckets are summed, not what.
-The groups made here are destroyed at the end, so a pool running many cells leaks none.
+What a cell does on each rank, step by step: `run`.
 """
 
 from __future__ import annotations
@@ -163,7 +132,41 @@ class _Side:
 
 
 def run(cfg: OverlapConfig, cell: Cell) -> dict[str, Any]:
-    """One rank of a cell: the timed steps of its side, and of the twin's in alternation."""
+    """One rank of a cell: the timed steps of its side, and of the twin's in alternation.
+
+    Every rank builds the same GPT (one seed) and takes its shard of one seeded global batch
+    (`bench.kit.workloads`: `batch_size` sequences per rank), and wraps the model in
+    `impls.data_parallel.DDP` with the cell's bucket cap and overlap flag. The bucket
+    all-reduces run over a process group of their own (`dist.new_group`), through a
+    `Communicator` that carries the cell's simulated link, if any: with `overlap=True` on
+    DDP's communication thread during backward, with `overlap=False` on the training thread
+    once backward has returned. The data-parallel communicator (weight broadcast) is the
+    WORLD group's, without the link.
+
+    The kit times the steps (`bench.kit.timing.alternate`: `warmup` + `repeats` rounds, each
+    step barrier-opened, its time the slowest rank's). Inside its step a side times its own
+    phases — forward | backward | the rest (waiting for the buckets, then the optimizer
+    step) — and from the step's `SyncTimeline` takes, on this rank:
+
+    - `allreduce_s`: the bucket all-reduces' time, Σ (finished − started);
+    - `hidden_s`: the part of it spent before backward ended, Σ |[started, finished] ∩
+      (−∞, backward_end]| — what overlap took off the critical path;
+    - `exposed_sync_s`: max(0, last bucket finished − backward end), the synchronization the
+      step still waited for after backward;
+    - `last_bucket_s`: the last bucket's all-reduce — it holds the gradients backward
+      produces last, so no schedule can hide it behind backward.
+
+    With `paired`, a twin replica (same seed, same batch, its own sync group) runs the other
+    overlap setting, its steps alternating with the cell's own (the sides of `alternate`):
+    the two settings then share the host's state step by step, and the ratio of their
+    medians is a side-by-side measurement that drift between cells cannot bias.
+
+    After the timed steps every rank fingerprints its parameters (SHA-256 of the fp32
+    bytes); the fingerprints are all-gathered and each rank that differs from rank 0's, or
+    holds a non-finite value, counts one in `wrong` (the replicas must be identical). The
+    twin's fingerprint comes back too: overlap changes when buckets are summed, not what.
+    The groups made here are destroyed at the end, so a pool running many cells leaks none.
+    """
     plan: Plan = cell.carry
     batch = seeded_batch(GPTConfig(**cfg.model), cfg.batch_size * dist.get_world_size(), cfg.seed)
     x, y = (rank_shard(t) for t in batch)

@@ -1,35 +1,7 @@
 """What one rank does in a `parallelism_comparison` cell: train one mesh layout, then
 count, compare, time and profile it.
 
-Every layout trains the same GPT (one seed on every rank) on the same batch with AdamW
-through `impls.hybrid.HybridTrainer` on a `Mesh` of degrees (dp, pp, tp). A degree of 1
-leaves an axis out, so `{dp: 4}` is plain data parallelism, `{tp: 4}` Megatron tensor
-parallelism, `{pp: 4}` a pipeline, and the others their 2D and 3D compositions (PTD-P,
-Narayanan et al. 2021, arXiv 2104.04473). On each rank a cell:
-
-1. trains `steps` steps, reading each step's traffic on the mesh's dp, pp and tp
-   communicators and the pipeline executor's peak of saved activations; then the bytes of
-   model state the rank holds (its parameters, their gradients, AdamW's moments);
-2. checks losses, parameters and the last gradients against single-device AdamW on the
-   whole batch (`bench.kit.reference`: rank 0 trains it and broadcasts it; each rank
-   compares its own TP shard);
-3. times `repeats` steps after `warmup` (`bench.kit.timing.alternate`, one side):
-   barrier-opened, slowest rank, and per rank its own step and its wall seconds inside
-   communication rounds (the wall-clock utilization);
-4. measures the thread CPU one TP all-reduce of an activation spends outside its rounds
-   (the clone Megatron's f/g make, the ring's slicing and additions): communication's own
-   work, which the experiment must not count as compute;
-5. profiles `profile_steps` steps in which the ranks of the host compute one at a time
-   (`bench.kit.host.HostComputeLock`, handed back while a rank waits in a round, so that
-   TP's all-reduces inside a forward cannot deadlock on it): each compute action's thread
-   CPU time, inside rounds and in all, and the TP traffic it made; the step's CPU time
-   and traffic in all — what the experiment replays as if every rank had its own device;
-6. probes α and β of this host's link: the fastest exchange of 4 bytes and of 1 MiB
-   between two ranks while the others wait (`bench.kit.host.probe_pairs`).
-
-Rounds are timed by giving the mesh's three communicators (the instances this cell built,
-nothing global) a `round_type` that clocks each round's posting and each of its waits:
-every collective and transfer in `impls` posts its messages through `Communicator.round`.
+What a cell does on each rank, step by step: `run`.
 """
 
 from __future__ import annotations
@@ -268,7 +240,38 @@ def _train(trainer: HybridTrainer, comms, inputs, targets, steps: int) -> dict[s
 
 
 def run(cfg: ParallelismComparisonConfig, cell: Cell) -> dict[str, Any]:
-    """One rank of a layout: traffic, memory, correctness, step times, profile, link."""
+    """One rank of a layout: traffic, memory, correctness, step times, profile, link.
+
+    Every layout trains the same GPT (one seed on every rank) on the same batch with AdamW
+    through `impls.hybrid.HybridTrainer` on a `Mesh` of degrees (dp, pp, tp). A degree of 1
+    leaves an axis out, so `{dp: 4}` is plain data parallelism, `{tp: 4}` Megatron tensor
+    parallelism, `{pp: 4}` a pipeline, and the others their 2D and 3D compositions (PTD-P,
+    Narayanan et al. 2021, arXiv 2104.04473). On each rank a cell:
+
+    1. trains `steps` steps, reading each step's traffic on the mesh's dp, pp and tp
+       communicators and the pipeline executor's peak of saved activations; then the bytes of
+       model state the rank holds (its parameters, their gradients, AdamW's moments);
+    2. checks losses, parameters and the last gradients against single-device AdamW on the
+       whole batch (`bench.kit.reference`: rank 0 trains it and broadcasts it; each rank
+       compares its own TP shard);
+    3. times `repeats` steps after `warmup` (`bench.kit.timing.alternate`, one side):
+       barrier-opened, slowest rank, and per rank its own step and its wall seconds inside
+       communication rounds (the wall-clock utilization);
+    4. measures the thread CPU one TP all-reduce of an activation spends outside its rounds
+       (the clone Megatron's f/g make, the ring's slicing and additions): communication's own
+       work, which the experiment must not count as compute;
+    5. profiles `profile_steps` steps in which the ranks of the host compute one at a time
+       (`bench.kit.host.HostComputeLock`, handed back while a rank waits in a round, so that
+       TP's all-reduces inside a forward cannot deadlock on it): each compute action's thread
+       CPU time, inside rounds and in all, and the TP traffic it made; the step's CPU time
+       and traffic in all — what the experiment replays as if every rank had its own device;
+    6. probes α and β of this host's link: the fastest exchange of 4 bytes and of 1 MiB
+       between two ranks while the others wait (`bench.kit.host.probe_pairs`).
+
+    Rounds are timed by giving the mesh's three communicators (the instances this cell built,
+    nothing global) a `round_type` that clocks each round's posting and each of its waits:
+    every collective and transfer in `impls` posts its messages through `Communicator.round`.
+    """
     layout: Layout = cell.carry
     mesh = Mesh(dist.get_world_size(), **layout.degrees)
     trainer = HybridTrainer(gpt(cfg.model, cfg.seed), mesh, _adamw(cfg.lr),

@@ -1,28 +1,6 @@
 """What one rank does in a `pipeline_utilization` cell: a timed pipeline step, two ways.
 
-A distbench cell drives distbench's executor (`impls.pipeline.executor`) over the plan its
-parent built (`cell.carry.plan`); a torch cell drives `torch.distributed.pipelining`
-(`PipelineStage` with `ScheduleGPipe`, `Schedule1F1B` or `ScheduleInterleaved1F1B`) on
-the same GPT, the same stage split (equal, or the cell's carried Alpa cut), the same
-ranks, batch and micro-batches. Both build the model from one seed on every rank
-(`bench.kit.workloads`) and are timed by the kit (`bench.kit.timing.alternate`): `warmup`
-untimed steps, then `repeats` barrier-opened steps, each the slowest rank's time. A paired
-distbench cell also builds torch's twin schedule on a twin model and the two take turns
-step by step, so the speed ratio is measured side by side (machine drift hits both alike).
-
-Weights are not updated between steps (gradients are cleared at the start of each step,
-no optimizer step): every step sees the same weights and batch, so the timed steps are
-alike, and every row's loss is the same full-batch loss. After the timed steps each rank
-checks its gradients and the loss against one process computing the whole batch
-(`bench.kit.reference`).
-
-Replaying a timeline needs what each action costs with the host to itself. Inside a
-timed step ranks that share a core slow each other down, and a transfer mostly measures
-the wait for a descheduled peer; so a distbench cell then runs profiling steps (at least
-two, `profile_samples` of each stage's action kind) under a
-`bench.kit.host.HostComputeLock` (one rank computes at a time; the replay prices each
-action at those steps' thread CPU times) and times one activation between each pair of
-neighbouring ranks alone (`bench.kit.host.probe_pairs`).
+What a cell does on each rank, step by step: `run`.
 """
 
 from __future__ import annotations
@@ -54,7 +32,32 @@ Side = tuple[Callable[..., Any], list[nn.Module], GPT]  # (one step, modules it 
 
 
 def run(cfg: PipelineUtilizationConfig, cell: Cell) -> dict[str, Any]:
-    """One rank of a cell: a distbench cell (`cell.carry.plan`) or a torch one."""
+    """One rank of a cell: a distbench cell (`cell.carry.plan`) or a torch one.
+
+    A distbench cell drives distbench's executor (`impls.pipeline.executor`) over the plan its
+    parent built (`cell.carry.plan`); a torch cell drives `torch.distributed.pipelining`
+    (`PipelineStage` with `ScheduleGPipe`, `Schedule1F1B` or `ScheduleInterleaved1F1B`) on
+    the same GPT, the same stage split (equal, or the cell's carried Alpa cut), the same
+    ranks, batch and micro-batches. Both build the model from one seed on every rank
+    (`bench.kit.workloads`) and are timed by the kit (`bench.kit.timing.alternate`): `warmup`
+    untimed steps, then `repeats` barrier-opened steps, each the slowest rank's time. A paired
+    distbench cell also builds torch's twin schedule on a twin model and the two take turns
+    step by step, so the speed ratio is measured side by side (machine drift hits both alike).
+
+    Weights are not updated between steps (gradients are cleared at the start of each step,
+    no optimizer step): every step sees the same weights and batch, so the timed steps are
+    alike, and every row's loss is the same full-batch loss. After the timed steps each rank
+    checks its gradients and the loss against one process computing the whole batch
+    (`bench.kit.reference`).
+
+    Replaying a timeline needs what each action costs with the host to itself. Inside a
+    timed step ranks that share a core slow each other down, and a transfer mostly measures
+    the wait for a descheduled peer; so a distbench cell then runs profiling steps (at least
+    two, `profile_samples` of each stage's action kind) under a
+    `bench.kit.host.HostComputeLock` (one rank computes at a time; the replay prices each
+    action at those steps' thread CPU times) and times one activation between each pair of
+    neighbouring ranks alone (`bench.kit.host.probe_pairs`).
+    """
     if cell.carry.plan is None:
         return _run_torch(cfg, cell)
     return _run_distbench(cfg, cell)

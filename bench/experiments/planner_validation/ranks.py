@@ -2,31 +2,7 @@
 (`calibration`: cached per process and per thread count), then predict one ground-truth
 configuration.
 
-The link's α and β come with the cell (`carry`), fitted to `allreduce_scaling`'s ring at
-the row's rank count, or (`link` None) are this run's own two-rank probe
-(`calibration.calibrate`'s `link`; `experiment.py` says which row takes which); a
-replayed TP row adds to α its collectives' own work per round, measured by this run on a
-pool of its tp ranks at its activation's size (`calibration.tp_call_work`, `round_alpha`).
-No number the source measured in the row's own cell enters the prediction. What this run
-measured on the host is priced at the host speed of the source's run (`host_slowdown`):
-compute, overheads, AdamW, the TP call work and its own link alike.
-
-Prediction (`predict`): the simulator (`impls.simulator.simulate`) on the calibrated
-`Hardware`, the plan laid out as this repo's implementations lay it out (blocks split
-evenly, the first stage holding the embedding and the last the LM head,
-`impls.models.stages.stage_layer_ranges`), its optimizer time replaced by the measured
-AdamW cost. A rank's rates are scaled by `rank_rates` (threads per rank, modelled core
-sharing when ranks outnumber cores on the wall clock), a rank with several threads at the
-measured thread speedup.
-
-Memory is composed here, not by the simulator (whose model is GPU training with 2-byte
-activations, Korthikanti et al. 2022): the exact bytes autograd saves in this repo's GPT
-(`impls.costmodel.activations.activation_bytes`'s terms, split per stage and sharded by tp),
-held for the in-flight micro-batches the schedule keeps
-(`impls.simulator.memory.held_activation_peak`), plus the model states of the rank's
-parameters under its ZeRO stage (`impls.costmodel.memory.model_state_bytes`) and, under
-ZeRO-3, the parameters gathered at once (one block and the non-block parameters, what
-`zero_memory` measures as gathered_peak_bytes).
+What a cell does on each rank, step by step: `run`.
 """
 
 from __future__ import annotations
@@ -214,7 +190,34 @@ def rank_rates(ranks_: int, cores: int, wall_clock: bool) -> tuple[int, float, f
 
 
 def run(cfg: PlannerValidationConfig, cell: Cell) -> dict[str, Any]:
-    """Calibrate (cached) and predict `cell.carry`, the ground-truth row."""
+    """Calibrate (cached) and predict `cell.carry`, the ground-truth row.
+
+    The link's α and β come with the cell (`carry`), fitted to `allreduce_scaling`'s ring at
+    the row's rank count, or (`link` None) are this run's own two-rank probe
+    (`calibration.calibrate`'s `link`; `experiment.py` says which row takes which); a
+    replayed TP row adds to α its collectives' own work per round, measured by this run on a
+    pool of its tp ranks at its activation's size (`calibration.tp_call_work`, `round_alpha`).
+    No number the source measured in the row's own cell enters the prediction. What this run
+    measured on the host is priced at the host speed of the source's run (`host_slowdown`):
+    compute, overheads, AdamW, the TP call work and its own link alike.
+
+    Prediction (`predict`): the simulator (`impls.simulator.simulate`) on the calibrated
+    `Hardware`, the plan laid out as this repo's implementations lay it out (blocks split
+    evenly, the first stage holding the embedding and the last the LM head,
+    `impls.models.stages.stage_layer_ranges`), its optimizer time replaced by the measured
+    AdamW cost. A rank's rates are scaled by `rank_rates` (threads per rank, modelled core
+    sharing when ranks outnumber cores on the wall clock), a rank with several threads at the
+    measured thread speedup.
+
+    Memory is composed here, not by the simulator (whose model is GPU training with 2-byte
+    activations, Korthikanti et al. 2022): the exact bytes autograd saves in this repo's GPT
+    (`impls.costmodel.activations.activation_bytes`'s terms, split per stage and sharded by tp),
+    held for the in-flight micro-batches the schedule keeps
+    (`impls.simulator.memory.held_activation_peak`), plus the model states of the rank's
+    parameters under its ZeRO stage (`impls.costmodel.memory.model_state_bytes`) and, under
+    ZeRO-3, the parameters gathered at once (one block and the non-block parameters, what
+    `zero_memory` measures as gathered_peak_bytes).
+    """
     truth = cell.carry
     cal = calibration.calibrate(cfg, 1)
     wall_clock = truth["ground_truth"] != "replayed"

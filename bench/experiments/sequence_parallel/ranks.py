@@ -1,31 +1,7 @@
 """What one rank does in a `sequence_parallel` cell: one transformer layer, forward and
 backward on this rank's sequence chunk, counted, checked and timed.
 
-A cell is (method, P, s). Every rank builds the same block of the same seeded GPT and the
-same full input x and output gradient dy of shape (b, s, h), and keeps its chunk of each
-(`impls.sequence_parallel.shard_sequence`: ceil(s/P) positions, the last chunks
-end-padded). The layer is a whole pre-LayerNorm transformer block for all three methods:
-
-- `megatron_sp`: `MegatronSPBlock` (Korthikanti et al. 2022, arXiv 2205.05198, §4.2.2) —
-  LayerNorms sequence-sharded, attention heads and MLP units tensor-parallel;
-- `ulysses` / `ring_attention`: `SequenceShardedBlock` below — replicated LayerNorms and
-  MLP on the rank's positions around `UlyssesAttention` (Jacobs et al. 2023, arXiv
-  2309.14509) or `RingAttention` (Liu et al. 2023, arXiv 2310.01889).
-
-One measured pass, on which everything but time is read:
-
-- traffic: the communicator's counters over the forward and over the backward (the
-  gradient all-reduce of replicated weights, a per-step cost like data parallelism's, is
-  counted apart);
-- memory: `bench.kit.memory.ledger_over_pass` holding the rank's weights, counting what
-  autograd saves for backward in the forward (`saved_tensors_hooks`; weights excluded)
-  and each gradient as it is accumulated, with the peak of their sum over the pass;
-- correctness: the output, the input gradient and every weight gradient (after the
-  replicated ones are summed over ranks) against the full single-process block on the same
-  x and dy (`wrong`: tensors off by more than `TOLERANCE`, see there).
-
-Then `repeats` timed passes (after `warmup`, `bench.kit.timing.alternate`), each opened by
-a barrier and taken as the slowest rank's time, with no hooks installed.
+What a cell does on each rank, step by step: `run`.
 """
 
 from __future__ import annotations
@@ -220,7 +196,34 @@ def _step_times(
 
 
 def run(cfg: SequenceParallelConfig, cell: Cell) -> dict[str, Any]:
-    """One rank of a cell on the default group: see `measure`."""
+    """One rank of a cell on the default group: see `measure`.
+
+    A cell is (method, P, s). Every rank builds the same block of the same seeded GPT and the
+    same full input x and output gradient dy of shape (b, s, h), and keeps its chunk of each
+    (`impls.sequence_parallel.shard_sequence`: ceil(s/P) positions, the last chunks
+    end-padded). The layer is a whole pre-LayerNorm transformer block for all three methods:
+
+    - `megatron_sp`: `MegatronSPBlock` (Korthikanti et al. 2022, arXiv 2205.05198, §4.2.2) —
+      LayerNorms sequence-sharded, attention heads and MLP units tensor-parallel;
+    - `ulysses` / `ring_attention`: `SequenceShardedBlock` below — replicated LayerNorms and
+      MLP on the rank's positions around `UlyssesAttention` (Jacobs et al. 2023, arXiv
+      2309.14509) or `RingAttention` (Liu et al. 2023, arXiv 2310.01889).
+
+    One measured pass, on which everything but time is read:
+
+    - traffic: the communicator's counters over the forward and over the backward (the
+      gradient all-reduce of replicated weights, a per-step cost like data parallelism's, is
+      counted apart);
+    - memory: `bench.kit.memory.ledger_over_pass` holding the rank's weights, counting what
+      autograd saves for backward in the forward (`saved_tensors_hooks`; weights excluded)
+      and each gradient as it is accumulated, with the peak of their sum over the pass;
+    - correctness: the output, the input gradient and every weight gradient (after the
+      replicated ones are summed over ranks) against the full single-process block on the same
+      x and dy (`wrong`: tensors off by more than `TOLERANCE`, see there).
+
+    Then `repeats` timed passes (after `warmup`, `bench.kit.timing.alternate`), each opened by
+    a barrier and taken as the slowest rank's time, with no hooks installed.
+    """
     return measure(cfg, cell, Communicator())
 
 

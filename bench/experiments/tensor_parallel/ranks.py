@@ -1,36 +1,6 @@
 """What one rank does in a `tensor_parallel` cell: train, count one layer's traffic, time.
 
-Both methods split the same GPT (one seed on every rank) over the t ranks of the cell:
-
-- `distbench`: `impls.tensor_parallel.parallelize_gpt` — Megatron's split of every block
-  (q/k/v column-parallel by heads behind one shared `f`, o_proj row-parallel ending in
-  `g`; fc1 column, fc2 row), the vocab-parallel embedding and LM head, and
-  `vocab_parallel_cross_entropy`, all over distbench's counted collectives;
-- `torch_dtensor`: torch's `parallelize_module` on every block with the plan Megatron's
-  layout calls for (`ColwiseParallel` on q/k/v and fc1, `RowwiseParallel` on o_proj and
-  fc2); the embedding and the LM head stay replicated, since DTensor's vocab-parallel
-  pieces (`loss_parallel`) are a different recipe from the layers compared here.
-
-A cell does four things on each rank:
-
-1. **Correctness.** `steps` SGD steps on the whole batch (tensor parallelism splits the
-   model, not the batch), then rank 0 compares the full parameters (shards gathered) with
-   a single-process reference trained the same way (`bench.kit.reference`): `update_error`
-   = ‖θ − θ_ref‖ / ‖θ_ref − θ_0‖ over the whole model, and the largest loss difference.
-2. **One layer's communication.** One transformer block's forward and backward on a
-   replicated (b, s, h) activation: distbench's bytes, messages, rounds and collective
-   calls from the TP communicator's counters; for torch, the collectives DTensor issued,
-   counted by `torch.distributed.tensor.debug.CommDebugMode` (their bytes are opaque to
-   our counters: NaN, never a made-up figure).
-3. **Memory.** Over one forward + backward of the block stack, `bench.kit.memory.
-   ledger_over_pass` counts this rank's parameters, the gradients as they are accumulated
-   and the tensors autograd saves (a DTensor counts its local shard); `peak_bytes` is the
-   largest running total.
-4. **Speed.** The step the issue names — forward and backward of the transformer blocks
-   (attention + MLP) on a replicated activation — timed `repeats` times (barrier, slowest
-   rank, median: `bench.kit.timing.alternate`). With a twin (`paired`), the other method's
-   blocks are built on twin weights and timed in alternating steps, so the ratio is
-   measured side by side.
+What a cell does on each rank, step by step: `run`.
 """
 
 from __future__ import annotations
@@ -235,7 +205,40 @@ def paired_block_times(cfg: TensorParallelConfig, cell: Cell) -> dict[str, float
 
 
 def run(cfg: TensorParallelConfig, cell: Cell) -> dict[str, Any]:
-    """One rank of a cell on the default group: see `measure`."""
+    """One rank of a cell on the default group: see `measure`.
+
+    Both methods split the same GPT (one seed on every rank) over the t ranks of the cell:
+
+    - `distbench`: `impls.tensor_parallel.parallelize_gpt` — Megatron's split of every block
+      (q/k/v column-parallel by heads behind one shared `f`, o_proj row-parallel ending in
+      `g`; fc1 column, fc2 row), the vocab-parallel embedding and LM head, and
+      `vocab_parallel_cross_entropy`, all over distbench's counted collectives;
+    - `torch_dtensor`: torch's `parallelize_module` on every block with the plan Megatron's
+      layout calls for (`ColwiseParallel` on q/k/v and fc1, `RowwiseParallel` on o_proj and
+      fc2); the embedding and the LM head stay replicated, since DTensor's vocab-parallel
+      pieces (`loss_parallel`) are a different recipe from the layers compared here.
+
+    A cell does four things on each rank:
+
+    1. **Correctness.** `steps` SGD steps on the whole batch (tensor parallelism splits the
+       model, not the batch), then rank 0 compares the full parameters (shards gathered) with
+       a single-process reference trained the same way (`bench.kit.reference`): `update_error`
+       = ‖θ − θ_ref‖ / ‖θ_ref − θ_0‖ over the whole model, and the largest loss difference.
+    2. **One layer's communication.** One transformer block's forward and backward on a
+       replicated (b, s, h) activation: distbench's bytes, messages, rounds and collective
+       calls from the TP communicator's counters; for torch, the collectives DTensor issued,
+       counted by `torch.distributed.tensor.debug.CommDebugMode` (their bytes are opaque to
+       our counters: NaN, never a made-up figure).
+    3. **Memory.** Over one forward + backward of the block stack, `bench.kit.memory.
+       ledger_over_pass` counts this rank's parameters, the gradients as they are accumulated
+       and the tensors autograd saves (a DTensor counts its local shard); `peak_bytes` is the
+       largest running total.
+    4. **Speed.** The step the issue names — forward and backward of the transformer blocks
+       (attention + MLP) on a replicated activation — timed `repeats` times (barrier, slowest
+       rank, median: `bench.kit.timing.alternate`). With a twin (`paired`), the other method's
+       blocks are built on twin weights and timed in alternating steps, so the ratio is
+       measured side by side.
+    """
     return measure(cfg, cell, Communicator())
 
 

@@ -1,28 +1,6 @@
 """What one rank does in a `zero_memory` cell: train a few steps, account memory, time.
 
-Every method trains the same GPT (one seed on every rank, `bench.kit.workloads`) on the
-same batch, each of the N ranks on its contiguous 1/N of it, with AdamW:
-
-- distbench: `dp`, `zero1`, `zero2`, `zero3` (`impls.zero.ZeroDataParallel`, stage 0–3,
-  its `MemoryLedger` counting every byte), and `ddp` / `ddp_no_overlap`
-  (`impls.data_parallel.DDP`, bucketed, with and without overlapping backward);
-- torch.distributed: `torch_ddp` (DistributedDataParallel), `torch_zero_redundancy`
-  (DDP + ZeroRedundancyOptimizer: ZeRO-1) and `torch_fsdp2` (FSDP2 `fully_shard` per
-  block and on the root: ZeRO-3).
-
-After `steps` training steps, rank 0 compares every parameter with the single-process
-AdamW reference trained on the whole batch (`bench.kit.reference`: `max_param_diff`, and
-`update_error`, the relative error of the update, which decides `wrong`). Model-state
-bytes of the distbench ZeRO stages come from the ledger; for the torch methods they are
-read off the tensors the rank holds after the training steps (`bench.kit.memory.held_bytes`:
-parameters, `.grad`s, optimizer state; a DTensor counts its local shard), exact for those
-tensors but, unlike the ledger, blind to transient buffers. The `ddp` rows are about
-speed (overlap) and leave memory empty: distbench's DDP drops its gradients at the end of
-a step, so no moment outside the step shows them. Then `repeats` timed steps
-(`bench.kit.timing.alternate`: barrier, slowest rank, median); a paired cell builds its
-torch twin (`Plan.twin`) on a twin model and times it in steps alternating with its own,
-so the speed ratio is measured side by side; a paired `ddp` cell also alternates with
-`ddp_no_overlap`, for what the overlap buys.
+What a cell does on each rank, step by step: `run`.
 """
 
 from __future__ import annotations
@@ -193,7 +171,32 @@ def paired_step_times(cfg: ZeroMemoryConfig, cell: Cell, other: str) -> dict[str
 
 
 def run(cfg: ZeroMemoryConfig, cell: Cell) -> dict[str, Any]:
-    """One rank of a cell: losses, memory, traffic, parameter check, step times."""
+    """One rank of a cell: losses, memory, traffic, parameter check, step times.
+
+    Every method trains the same GPT (one seed on every rank, `bench.kit.workloads`) on the
+    same batch, each of the N ranks on its contiguous 1/N of it, with AdamW:
+
+    - distbench: `dp`, `zero1`, `zero2`, `zero3` (`impls.zero.ZeroDataParallel`, stage 0–3,
+      its `MemoryLedger` counting every byte), and `ddp` / `ddp_no_overlap`
+      (`impls.data_parallel.DDP`, bucketed, with and without overlapping backward);
+    - torch.distributed: `torch_ddp` (DistributedDataParallel), `torch_zero_redundancy`
+      (DDP + ZeroRedundancyOptimizer: ZeRO-1) and `torch_fsdp2` (FSDP2 `fully_shard` per
+      block and on the root: ZeRO-3).
+
+    After `steps` training steps, rank 0 compares every parameter with the single-process
+    AdamW reference trained on the whole batch (`bench.kit.reference`: `max_param_diff`, and
+    `update_error`, the relative error of the update, which decides `wrong`). Model-state
+    bytes of the distbench ZeRO stages come from the ledger; for the torch methods they are
+    read off the tensors the rank holds after the training steps (`bench.kit.memory.held_bytes`:
+    parameters, `.grad`s, optimizer state; a DTensor counts its local shard), exact for those
+    tensors but, unlike the ledger, blind to transient buffers. The `ddp` rows are about
+    speed (overlap) and leave memory empty: distbench's DDP drops its gradients at the end of
+    a step, so no moment outside the step shows them. Then `repeats` timed steps
+    (`bench.kit.timing.alternate`: barrier, slowest rank, median); a paired cell builds its
+    torch twin (`Plan.twin`) on a twin model and times it in steps alternating with its own,
+    so the speed ratio is measured side by side; a paired `ddp` cell also alternates with
+    `ddp_no_overlap`, for what the overlap buys.
+    """
     plan: Plan = cell.carry
     trainer = _trainer(cfg, plan)
     results = [trainer.step() for _ in range(cfg.steps)]
