@@ -5,17 +5,8 @@ parallelism.
 
 A cell is (recompute, t, sp, s) on t ranks; `ranks.py` measures the bytes the layer saves
 for backward, checks its output and gradients against the same layer without
-recomputation, and times it beside that twin. Beside each measurement:
-
-- `paper_bytes_per_layer`: the paper's equations (`activation_bytes_per_layer`): no
-  recomputation sbh(34 + 5as/h); TP sbh(10 + 24/t + 5as/(ht)); TP + SP sbh(34/t +
-  5as/(ht)); selective drops the 5as²b term; full keeps 2sbh (÷ t with SP);
-- `model_bytes_per_layer`: what this implementation saves, exactly
-  (`implementation_activation_bytes_per_layer`; materialized attention, or any attention
-  under selective and full recomputation, which never keep the fused kernel's tensors);
-- `predicted_flops_overhead`: the recomputed FLOPs over one layer's forward + backward
-  (3 forwards), from the paper's FLOP count (`impls.costmodel.compute`): full 1/3,
-  selective 4bs²h / (3·(24bsh² + 4bs²h)) — beside `overhead_vs_none`, measured.
+recomputation, and times it beside that twin. The theory and model columns beside each
+measurement: `to_row`.
 """
 
 from __future__ import annotations
@@ -86,6 +77,16 @@ def _predictions(cfg: ActivationRecomputeConfig, key: dict) -> dict:
 
 
 def to_row(cfg: ActivationRecomputeConfig, cell: Cell, per_rank: list[dict]) -> dict:
+    """- `paper_bytes_per_layer`: the paper's equations (`activation_bytes_per_layer`): no
+      recomputation sbh(34 + 5as/h); TP sbh(10 + 24/t + 5as/(ht)); TP + SP sbh(34/t +
+      5as/(ht)); selective drops the 5as²b term; full keeps 2sbh (÷ t with SP);
+    - `model_bytes_per_layer`: what this implementation saves, exactly
+      (`implementation_activation_bytes_per_layer`; materialized attention, or any attention
+      under selective and full recomputation, which never keep the fused kernel's tensors);
+    - `predicted_flops_overhead`: the recomputed FLOPs over one layer's forward + backward
+      (3 forwards), from the paper's FLOP count (`impls.costmodel.compute`): full 1/3,
+      selective 4bs²h / (3·(24bsh² + 4bs²h)) — beside `overhead_vs_none`, measured.
+    """
     predicted = _predictions(cfg, cell.key)
     saved = max(r["saved_bytes"] for r in per_rank)
     step = max(r["step_time_s"] for r in per_rank)

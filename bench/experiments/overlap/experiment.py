@@ -9,13 +9,6 @@ in alternating steps: `paired_speedup` (serial ÷ overlapped, ratio of the media
 then measured side by side, immune to drift between cells on a shared host. The cell
 carries its `ranks.Plan` (the link, and the sides to run). Cells of one network and
 bucket cap run back to back, serial first.
-
-Li et al. (VLDB 2020, "PyTorch Distributed") put the ideal at forward + max(backward,
-all-reduce) + optimizer against the serial forward + backward + all-reduce + optimizer.
-With buckets, the last one (the gradients backward produces last) cannot start before
-backward ends, so overlap can save at most min(backward, all-reduce − last bucket's
-all-reduce) per step. The report derives that bound from the serial cell's own measured
-times.
 """
 
 from __future__ import annotations
@@ -72,6 +65,13 @@ def _hidden_fraction(per_rank: list[dict]) -> list[float]:
 
 
 def to_row(cfg: OverlapConfig, cell: Cell, per_rank: list[dict]) -> dict:
+    """Li et al. (VLDB 2020, "PyTorch Distributed") put the ideal at forward + max(backward,
+    all-reduce) + optimizer against the serial forward + backward + all-reduce + optimizer.
+    With buckets, the last one (the gradients backward produces last) cannot start before
+    backward ends, so overlap can save at most min(backward, all-reduce − last bucket's
+    all-reduce) per step. The report derives that bound from the serial cell's own measured
+    times.
+    """
     first = per_rank[0]
     network = cell.carry.network or {}
     median = {k: _median(_per_step(per_rank, k)) for k in (*PHASES, *PER_STEP)}

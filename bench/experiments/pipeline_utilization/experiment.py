@@ -1,21 +1,7 @@
 """`pipeline_utilization`: every schedule over micro-batch counts, with
 torch.distributed.pipelining's GPipe / 1F1B / interleaved 1F1B as baselines.
 
-A cell is (schedule, stages P, micro-batches M, virtual stages V, slicing) on P ranks. The
-grid is schedules × stages × microbatches × slicings, plus `slicing_pairs` (each cell
-with both slicings); a combination a schedule cannot take is left out of it
-rather than failing the run: `naive` runs at M = 1 only, the interleaved schedules need M
-divisible by P, torch's `Schedule1F1B` needs M ≥ P. A schedule left with no cell at all is
-refused, naming `microbatches`. Everything else that cannot work — more stages than
-layers, a batch that M does not divide, an unknown schedule — is refused before any
-process starts.
-
-Each distbench cell's plan is built once, here, and carried (`Carry`): its ranks run it,
-`to_row` replays it, and `artefacts` draws its trace from it. Each distbench row carries
-utilization measured two ways — wall clock, and replayed (`timeline.py`) — beside the
-bound from theory, peak activation memory and in-flight micro-batches. The distbench
-cells with M in `trace_microbatches` also leave a Chrome trace and the spans the report's
-Gantt charts are drawn from under `<trace_dir>/traces/` (by default the report's folder).
+The grid and what it leaves out: `cells`; what each row carries: `to_row`.
 """
 
 from __future__ import annotations
@@ -52,7 +38,17 @@ GRAD_TOLERANCE = 1e-4
 
 def cells(cfg: PipelineUtilizationConfig) -> list[Cell]:
     """Every (schedule, P, M, slicing) a schedule can take, then the slicing pairs, P
-    ascending (one pool of ranks per P)."""
+    ascending (one pool of ranks per P).
+
+    A cell is (schedule, stages P, micro-batches M, virtual stages V, slicing) on P ranks. The
+    grid is schedules × stages × microbatches × slicings, plus `slicing_pairs` (each cell
+    with both slicings); a combination a schedule cannot take is left out of it
+    rather than failing the run: `naive` runs at M = 1 only, the interleaved schedules need M
+    divisible by P, torch's `Schedule1F1B` needs M ≥ P. A schedule left with no cell at all is
+    refused, naming `microbatches`. Everything else that cannot work — more stages than
+    layers, a batch that M does not divide, an unknown schedule — is refused before any
+    process starts.
+    """
     keys, skipped = [], []
     for p in sorted(set(cfg.stages)):
         for schedule in cfg.schedules:
@@ -114,6 +110,13 @@ def _carry(cfg: PipelineUtilizationConfig, key: dict[str, Any],
 
 
 def to_row(cfg: PipelineUtilizationConfig, cell: Cell, per_rank: list[dict]) -> dict:
+    """Each distbench cell's plan is built once, here, and carried (`Carry`): its ranks run it,
+    `to_row` replays it, and `artefacts` draws its trace from it. Each distbench row carries
+    utilization measured two ways — wall clock, and replayed (`timeline.py`) — beside the
+    bound from theory, peak activation memory and in-flight micro-batches. The distbench
+    cells with M in `trace_microbatches` also leave a Chrome trace and the spans the report's
+    Gantt charts are drawn from under `<trace_dir>/traces/` (by default the report's folder).
+    """
     carry: Carry = cell.carry
     step_time = statistics.median(per_rank[0]["step_times_s"])  # already the slowest rank's
     losses = [r["loss"] for r in per_rank if r.get("loss") is not None]

@@ -8,38 +8,9 @@ and prices the configuration with the simulator (`ranks.py`). The metadata's `wo
 is that 1; the source's rank count is the `ranks` column, and `source_git_sha` is the commit
 that measured the ground truth.
 
-Which measured time is the ground truth (`ground_truth`): the wall clock where the source
-ran no more ranks than the host has cores; otherwise the source's replayed timeline (each
-rank's compute timed with the host to itself, transfers α–β) where it has one; otherwise
-the wall clock with modelled core sharing (each rank gets cores/N of the host). Which
-statistic of its samples that time is (`statistic`) picks the reference fit it is
-predicted on (`calibration`): the median, but the fastest for `pipeline_utilization`'s
-replay, which prices each action at the fastest of its stage's.
-
-Which link a row is priced on (`link_source`): a wall-clock row of N ≥ 2 ranks uses the
-α–β fitted (`fit_ring`, a median regression on relative error) to `allreduce_scaling`'s
-ring all-reduce at the same N, run on this host (N ranks sharing its cores: a round waits
-for a descheduled rank, so α grows with N/cores, which a two-rank probe cannot see); a
-replayed row, or an N that run lacks, uses the two-rank probe this run's calibration makes
-(`pool_probes.probe_link`).
-
-What a row takes from its source's results.csv: its configuration (layout, degrees,
-sizes, dtype, schedule, rank and core counts, the model) and its measured time and
-memory, which are compared with the prediction and never enter it. The other numbers the
-source measured in that cell — its link probe, its TP call work, the host probes around
-it — do not price the row: the calibration measures its own (`CONFIGURATION_COLUMNS`
-lists what a prediction may read; `tests/test_planner_validation_held_out.py` perturbs
-every other column of a row and finds its prediction unchanged).
-
-How fast the host ran while the source measured (`host_probe_s`, `source_host_probe`):
-the source's runner timed `bench.kit.host.host_probe` between its cells, and the row is
-priced at the median of those probes over the source's other cells — the probes timed
-next to the row's own cell (its two, which its neighbours in the file share) left out.
-It is the host's speed during the source's run, not during the row: a calibration made
-at another time, or on another machine, is scaled to it (`ranks.host_slowdown`).
-
-Which half a row is in (`split`): `held_out` for a source of `cfg.held_out`, else
-`development` (see `config.HELD_OUT`).
+Which time is the ground truth: `ground_truth`; which link a row is priced on:
+`ring_links`; what a row takes from its source: `to_row`; the host speed it is scaled to:
+`source_host_probe`.
 """
 
 from __future__ import annotations
@@ -104,7 +75,15 @@ def source_host_probe(probes: Sequence[float], position: int) -> float:
     """The median of a source's host probes (`_host_probe` per finished row, in file
     order) leaving out the row at `position` and its neighbours: the probe timed between
     two cells is recorded on both, so theirs were timed next to the row's cell too. NaN
-    where no other probe is finite."""
+    where no other probe is finite.
+
+    How fast the host ran while the source measured (`host_probe_s`, `source_host_probe`):
+    the source's runner timed `bench.kit.host.host_probe` between its cells, and the row is
+    priced at the median of those probes over the source's other cells — the probes timed
+    next to the row's own cell (its two, which its neighbours in the file share) left out.
+    It is the host's speed during the source's run, not during the row: a calibration made
+    at another time, or on another machine, is scaled to it (`ranks.host_slowdown`).
+    """
     others = [p for i, p in enumerate(probes) if abs(i - position) > 1 and math.isfinite(p)]
     return statistics.median(others) if others else math.nan
 
@@ -212,7 +191,15 @@ _PARSERS = {"parallelism_comparison": _parallelism, "zero_memory": _zero,
 
 def ring_links(root: Path, *, robust: bool = True) -> dict[int, tuple[float, float]]:
     """{N: (α s per round, β s per byte)}: `fit_ring` on `allreduce_scaling`'s ring rows
-    at each N ≥ 2 with ≥ 2 message sizes; {} when that experiment has not run."""
+    at each N ≥ 2 with ≥ 2 message sizes; {} when that experiment has not run.
+
+    Which link a row is priced on (`link_source`): a wall-clock row of N ≥ 2 ranks uses the
+    α–β fitted (`fit_ring`, a median regression on relative error) to `allreduce_scaling`'s
+    ring all-reduce at the same N, run on this host (N ranks sharing its cores: a round waits
+    for a descheduled rank, so α grows with N/cores, which a two-rank probe cannot see); a
+    replayed row, or an N that run lacks, uses the two-rank probe this run's calibration makes
+    (`pool_probes.probe_link`).
+    """
     return {n: fit_ring(n, *points, robust=robust) for n, points in _ring_points(root).items()}
 
 
@@ -238,7 +225,16 @@ def _spread(items: list, k: int | None) -> list:
 
 def ground_truth(cfg: PlannerValidationConfig) -> list[dict[str, Any]]:
     """Every ground-truth configuration of `cfg.sources`, with its half (`split`) and the
-    link it is priced on (None: this run's own probe, measured by the rank)."""
+    link it is priced on (None: this run's own probe, measured by the rank).
+
+    Which measured time is the ground truth (`ground_truth`): the wall clock where the source
+    ran no more ranks than the host has cores; otherwise the source's replayed timeline (each
+    rank's compute timed with the host to itself, transfers α–β) where it has one; otherwise
+    the wall clock with modelled core sharing (each rank gets cores/N of the host). Which
+    statistic of its samples that time is (`statistic`) picks the reference fit it is
+    predicted on (`calibration`): the median, but the fastest for `pipeline_utilization`'s
+    replay, which prices each action at the fastest of its stage's.
+    """
     root = cfg.root()
     rings = ring_links(root)
     squares = ring_links(root, robust=False)  # for context
@@ -275,6 +271,17 @@ def _error(predicted: float, measured: float) -> float:
 
 
 def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> dict:
+    """What a row takes from its source's results.csv: its configuration (layout, degrees,
+    sizes, dtype, schedule, rank and core counts, the model) and its measured time and
+    memory, which are compared with the prediction and never enter it. The other numbers the
+    source measured in that cell — its link probe, its TP call work, the host probes around
+    it — do not price the row: the calibration measures its own (`CONFIGURATION_COLUMNS`
+    lists what a prediction may read; `tests/test_planner_validation_held_out.py` perturbs
+    every other column of a row and finds its prediction unchanged).
+
+    Which half a row is in (`split`): `held_out` for a source of `cfg.held_out`, else
+    `development` (see `config.HELD_OUT`).
+    """
     t, p = cell.carry, per_rank[0]
     measured_step, measured_peak = t["measured_step_time_s"], t["measured_peak_bytes"]
     return {

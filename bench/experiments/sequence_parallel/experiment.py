@@ -8,12 +8,6 @@ ledger and the step time, and checks every output and gradient against the singl
 block. Beside each measurement its prediction (`theory.py`, built once per cell). "Per
 link" is Jacobs et al.'s: the bytes one rank puts on its link in the layer's forward plus
 backward (it receives as many); measured as the busiest rank's.
-
-Every method accepts any sequence length ≥ 1: P need not divide s, the chunks are
-end-padded to ceil(s/P) and the causal mask hides the padding (`impls.sequence_parallel.
-common`; tested in tests/sequence_parallel with s = 3, 7, 10, 12 on P = 2 and 4). What
-cannot split is refused here: Ulysses needs P to divide the heads, Megatron-SP (tensor-
-parallel inside) the heads, the width and the MLP width.
 """
 
 from __future__ import annotations
@@ -34,7 +28,14 @@ __all__ = ["EXPERIMENT", "cells", "to_row"]
 
 def cells(cfg: SequenceParallelConfig) -> list[Cell]:
     """Every (method, P, s), P ascending (the runner reuses one pool per world size); each
-    carries its block and its predictions (`theory.plan`)."""
+    carries its block and its predictions (`theory.plan`).
+
+    Every method accepts any sequence length ≥ 1: P need not divide s, the chunks are
+    end-padded to ceil(s/P) and the causal mask hides the padding (`impls.sequence_parallel.
+    common`; tested in tests/sequence_parallel with s = 3, 7, 10, 12 on P = 2 and 4). What
+    cannot split is refused here: Ulysses needs P to divide the heads, Megatron-SP (tensor-
+    parallel inside) the heads, the width and the MLP width.
+    """
     out = []
     for sp in sorted(set(cfg.sp_degrees)):
         for method in cfg.methods:
