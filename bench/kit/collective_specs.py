@@ -1,19 +1,10 @@
 """nccl-tests-style hooks for each collective: sizes, inputs with a known answer, the
 bus-bandwidth factor, and how to run it with distbench's implementation or torch's.
 
-Sizes follow nccl-tests (doc/PERFORMANCE.md): S is the buffer of an all-reduce,
-broadcast or reduce; the *total* gathered/scattered buffer (N × per-rank block) of an
-all-gather, reduce-scatter, gather or scatter; and each rank's whole send buffer of an
-all-to-all. busbw = algbw × factor, the factor making busbw comparable to the hardware's
-link bandwidth whatever the collective and N:
-- all_reduce 2(N−1)/N: a bandwidth-optimal all-reduce moves every byte out and back
-  in through each rank's link, less the 1/N it keeps;
-- all_gather, reduce_scatter, all_to_all, scatter, gather (N−1)/N: each rank's link
-  carries all of S except its own block;
-- broadcast, reduce 1: a pipelined tree or chain can approach S per link.
-
 Inputs are small integers, so every sum over ≤ 8 ranks is exact in float32 and the
 `wrong` count (elements that differ from the known answer) must be zero.
+
+Sizes and the bus-bandwidth factor of each collective follow nccl-tests (`CollectiveSpec`).
 """
 
 from __future__ import annotations
@@ -50,6 +41,21 @@ class Buffers:
 
 @dataclass(frozen=True)
 class CollectiveSpec:
+    """One collective as nccl-tests runs it: its bus-bandwidth factor and how to build its
+    buffers with a known answer.
+
+    Sizes follow nccl-tests (doc/PERFORMANCE.md): S is the buffer of an all-reduce,
+    broadcast or reduce; the *total* gathered/scattered buffer (N × per-rank block) of an
+    all-gather, reduce-scatter, gather or scatter; and each rank's whole send buffer of an
+    all-to-all. busbw = algbw × factor, the factor making busbw comparable to the hardware's
+    link bandwidth whatever the collective and N:
+    - all_reduce 2(N−1)/N: a bandwidth-optimal all-reduce moves every byte out and back
+      in through each rank's link, less the 1/N it keeps;
+    - all_gather, reduce_scatter, all_to_all, scatter, gather (N−1)/N: each rank's link
+      carries all of S except its own block;
+    - broadcast, reduce 1: a pipelined tree or chain can approach S per link.
+    """
+
     name: str
     bus_factor: Callable[[int], float]
     build: Callable[[Communicator, int, torch.dtype, str], Buffers]

@@ -1,20 +1,7 @@
-"""Measuring as if every rank had a device of its own, on a host whose ranks share cores.
-
-- `HostComputeLock`: a lock all ranks of the host share, taken around each compute action
-  of a profiling step, so ranks compute one at a time and each action's CPU time is what
-  that work costs with the host to itself (ranks sharing a core slow each other down by
-  an amount that depends on how many the schedule keeps busy at that moment).
-- `probe_pairs`: what one transfer costs with the pair of ranks alone. Timed inside a
-  step on shared cores, a transfer mostly measures the wait for a descheduled peer; so
-  each pair of neighbouring ranks takes turns while the others wait at a barrier, and
-  keeps its *fastest* trial: on shared cores a slower one is one where a peer was
-  descheduled, the interference such a replay sets out to remove (on busy shared cores
-  the median swings between runs; the fastest is steady).
-- `host_probe`: how fast this host runs right now. A shared host drifts between fast and
-  slow phases lasting seconds to minutes; a prediction calibrated at one time and compared
-  with a measurement taken at another reads that drift as its own error. The runner
-  times the probe between cells of an experiment that asks for it
-  (`Experiment.host_probe`), and `planner_validation` times it again where it calibrates.
+"""Measuring as if every rank had a device of its own, on a host whose ranks share cores:
+`HostComputeLock` (ranks compute one at a time), `probe_pairs` (what one transfer costs
+with the pair alone) and `host_probe` (how fast this host runs right now), each saying why
+it is needed.
 """
 
 from __future__ import annotations
@@ -52,6 +39,11 @@ class HostComputeLock:
     the system's temporary directory where that is unset, as under torchrun), and its name
     is removed as soon as every rank holds it open: `flock` works on the open file, so
     nothing is left behind even by a rank killed while it holds the lock.
+
+    a lock all ranks of the host share, taken around each compute action
+    of a profiling step, so ranks compute one at a time and each action's CPU time is what
+    that work costs with the host to itself (ranks sharing a core slow each other down by
+    an amount that depends on how many the schedule keeps busy at that moment).
     """
 
     def __enter__(self) -> HostComputeLock:
@@ -93,6 +85,13 @@ def probe_pairs(
     `tensor` (what every ring round does). Pairs (r, r+1) take turns, the other ranks
     waiting at a barrier; `wraps` adds the pair (N−1, 0). Returns the median over the
     pairs this rank took part in of each pair's fastest trial (None on a single rank).
+
+    what one transfer costs with the pair of ranks alone. Timed inside a
+    step on shared cores, a transfer mostly measures the wait for a descheduled peer; so
+    each pair of neighbouring ranks takes turns while the others wait at a barrier, and
+    keeps its *fastest* trial: on shared cores a slower one is one where a peer was
+    descheduled, the interference such a replay sets out to remove (on busy shared cores
+    the median swings between runs; the fastest is steady).
     """
     comm = Communicator()
     rank, ranks = comm.rank, comm.world_size
@@ -135,7 +134,14 @@ def _probe_step():
 def host_probe(window_s: float = PROBE_WINDOW_S) -> float:
     """Median seconds of one fp32 training step (forward, loss, backward, zero_grad) of
     `REFERENCE_GPT` at micro-batch `PROBE_MICRO` on one thread, stepping for `window_s`
-    seconds after one warm-up step (at least one timed step)."""
+    seconds after one warm-up step (at least one timed step).
+
+    how fast this host runs right now. A shared host drifts between fast and
+    slow phases lasting seconds to minutes; a prediction calibrated at one time and compared
+    with a measurement taken at another reads that drift as its own error. The runner
+    times the probe between cells of an experiment that asks for it
+    (`Experiment.host_probe`), and `planner_validation` times it again where it calibrates.
+    """
     step, before = _probe_step(), torch.get_num_threads()
     torch.set_num_threads(1)
     try:

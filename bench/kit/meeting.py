@@ -12,18 +12,6 @@ three sides every six rounds):
   count agreed over the ranks), the ranks computing side by side without meeting;
 - *meeting*: the same segment, then a one-element ring all-reduce (`impls.collectives`);
 - *call*: that all-reduce alone, back to back (what a ring fit of back-to-back calls sees).
-
-What one call costs after compute is, per round, meeting − segment (the slowest rank's
-time of each loop), and the median over the rounds (`after_compute_s`); the same call back
-to back is `call_s`. On a shared host the first stays high in the host's fast phases and
-slow ones alike, while the second swings with them: what a link fitted to back-to-back
-calls leaves out is after_compute_s less that link's price of the call (`planner_validation`
-prices it as `Hardware.collective_meeting_s`). The rounds are short and take turns, so the
-host's drift between phases hits the three loops alike.
-
-`measure` runs the probe on a fresh pool in a child interpreter (`python -m
-bench.kit.meeting`): a rank of another pool is a daemonic process, which may not start
-processes of its own.
 """
 
 from __future__ import annotations
@@ -57,7 +45,16 @@ def probe(segment_s: float = MEETING_SEGMENT_S, rounds: int = 12, per_round: int
     docstring). Returns every rank the same dict: `after_compute_s`, the medians over the
     rounds of each loop's seconds per iteration (`segment_s`, `iteration_s`, `call_s`),
     the call (`"ring all-reduce of one float32"`), `gemms`, `rounds`, `per_round` and
-    `world_size`."""
+    `world_size`.
+
+    What one call costs after compute is, per round, meeting − segment (the slowest rank's
+    time of each loop), and the median over the rounds (`after_compute_s`); the same call back
+    to back is `call_s`. On a shared host the first stays high in the host's fast phases and
+    slow ones alike, while the second swings with them: what a link fitted to back-to-back
+    calls leaves out is after_compute_s less that link's price of the call (`planner_validation`
+    prices it as `Hardware.collective_meeting_s`). The rounds are short and take turns, so the
+    host's drift between phases hits the three loops alike.
+    """
     from impls.collectives import all_reduce
     from impls.comm import Communicator
 
@@ -118,7 +115,12 @@ def _check(segment_s: float, rounds: int, per_round: int) -> None:
 
 def measure(world_size: int = 2, segment_s: float = MEETING_SEGMENT_S, rounds: int = 12,
             per_round: int = 20, timeout_s: float = 300.0) -> dict:  # fmt: skip
-    """`probe` on a fresh pool of `world_size` gloo ranks, in a child interpreter."""
+    """`probe` on a fresh pool of `world_size` gloo ranks, in a child interpreter.
+
+    `measure` runs the probe on a fresh pool in a child interpreter (`python -m
+    bench.kit.meeting`): a rank of another pool is a daemonic process, which may not start
+    processes of its own.
+    """
     if world_size < 2:
         raise ValueError(f"world_size={world_size}: a meeting needs at least 2 ranks")
     _check(segment_s, rounds, per_round)

@@ -1,25 +1,12 @@
 """What a device can do, measured on it: the microbenchmarks a hardware preset is made of.
 
 Each benchmark is split into *what runs* (a step builder: the tensors made once, a
-callable that runs the kernel, and a check of its result against a reference) and *how it is timed* (`timed`, through `bench.kit.timing`:
-barrier-opened windows of calls, the slowest rank's time, the median window), so a caller
-with its own timing can reuse the steps:
-
-- `gemm_step(m, n, k, dtype, device)`: one (m × k)·(k × n) product into a buffer made once,
-  2mnk FLOPs (bf16 / fp16 / fp32; tf32 is fp32 with CUDA's TF32 tensor cores on),
-  checked against float64;
-- `copy_step(nbytes, device)`: a device-to-device copy of `nbytes`, 2·nbytes moved (read
-  and write), whose rate is the achieved memory bandwidth (chsasank/device-benchmarks
-  measures a GPU's the same way);
-- `launch_step(device)`: an in-place add on one element, the cheapest kernel there is:
-  its time per call is the launch overhead every kernel pays.
-
-On CUDA a timed step ends with `torch.cuda.synchronize()`, so a window's clock stops only
-when its kernels have run; `per_call` kernels run back to back before it (the launch
-probe: the rate at which the host issues kernels, not a synchronisation's round trip).
-
-`fit_ring` (from `bench.kit.fit`, the one α–β fit) turns a ring all-reduce timed at
-several sizes (`bench.kit.collectives`) into a link's (α, β).
+callable that runs the kernel, and a check of its result against a reference:
+`gemm_step`, `copy_step`, `launch_step`) and *how it is timed* (`timed`, through
+`bench.kit.timing`: barrier-opened windows of calls, the slowest rank's time, the median
+window), so a caller with its own timing can reuse the steps. `fit_ring` (from
+`bench.kit.fit`, the one α–β fit) turns a ring all-reduce timed at several sizes
+(`bench.kit.collectives`) into a link's (α, β).
 """
 
 from __future__ import annotations
@@ -106,7 +93,7 @@ inputs, whose rounding errors add up as √k."""
 def gemm_step(m: int, n: int, k: int, dtype: str, device: str) -> Step:
     """One (m × k)·(k × n) product into an (m × n) buffer made once: 2mnk FLOPs a call;
     the check compares the first rows with the same product in float64. Call both inside
-    `gemm_mode(dtype, device)`."""
+    `gemm_mode(dtype, device)` (tf32 is fp32 with CUDA's TF32 tensor cores on)."""
     kind = GEMM_DTYPES[dtype]
     a = torch.randn(m, k, device=device).to(kind)  # (m, k)
     b = torch.randn(k, n, device=device).to(kind)  # (k, n)
@@ -123,8 +110,9 @@ def gemm_step(m: int, n: int, k: int, dtype: str, device: str) -> Step:
 
 
 def copy_step(nbytes: int, device: str) -> Step:
-    """A copy of `nbytes` of fp32 from one buffer into another: 2·nbytes through memory;
-    the check counts the elements of the target that differ from the source."""
+    """A copy of `nbytes` of fp32 from one buffer into another: 2·nbytes through memory,
+    whose rate is the achieved memory bandwidth (chsasank/device-benchmarks measures a
+    GPU's the same way); the check counts the elements of the target that differ."""
     source = torch.arange(max(1, nbytes // 4), device=device, dtype=torch.float32)
     target = torch.empty_like(source)
     return (lambda: target.copy_(source)), lambda: int((target != source).sum().item())
@@ -148,7 +136,12 @@ def timed(fn: Callable[[], Any], *, device: str, warmup: int, repeats: int, wind
     """Seconds per `fn` call: `per_call` calls and a device synchronisation make a step,
     timed as every experiment times one (`bench.kit.timing`: `warmup` untimed steps, then
     `repeats` barrier-opened windows of as many steps as fill `window_s`, each the slowest
-    rank's). The median window (`seconds`) and the fastest (`fastest_s`), per call."""
+    rank's). The median window (`seconds`) and the fastest (`fastest_s`), per call.
+
+    On CUDA a timed step ends with `torch.cuda.synchronize()`, so a window's clock stops only
+    when its kernels have run; `per_call` kernels run back to back before it (the launch
+    probe: the rate at which the host issues kernels, not a synchronisation's round trip).
+    """
 
     def step() -> None:
         for _ in range(per_call):
