@@ -6,15 +6,6 @@ process group), so a grid of many cells reuses one pool: the ranks stay alive be
 group. A cell whose ranks raise, crash or hang is killed as a whole and reported as a
 `RankFailure` naming each rank's failure; the next `run` starts a fresh pool, so one
 failing cell does not poison the next.
-
-Protocol (one duplex pipe per rank): the rank sends ``(rank, True, None)`` once its
-process group is up, then for every task it receives (a pickled ``(fn, args, kwargs)``,
-or ``None`` to stop) it sends back ``(rank, ok, value_or_traceback)``.
-
-Nothing listens beyond loopback: ranks meet through a file store in a private run
-directory (0700, one per start; torch's TCP store would listen on every interface) and
-gloo is pinned to loopback. Ranks find the directory in `DISTBENCH_RUN_DIR` for their
-scratch files; it goes when the pool closes, or when a rank sees SIGTERM or its parent gone.
 """
 
 from __future__ import annotations
@@ -199,6 +190,15 @@ class RankPool:
     """`world_size` rank processes in one process group, reused across `run` calls.
 
     Ranks start lazily on the first `run`. Not thread-safe: one `run` at a time.
+
+    Protocol (one duplex pipe per rank): the rank sends ``(rank, True, None)`` once its
+    process group is up, then for every task it receives (a pickled ``(fn, args, kwargs)``,
+    or ``None`` to stop) it sends back ``(rank, ok, value_or_traceback)``.
+
+    Nothing listens beyond loopback: ranks meet through a file store in a private run
+    directory (0700, one per start; torch's TCP store would listen on every interface) and
+    gloo is pinned to loopback. Ranks find the directory in `DISTBENCH_RUN_DIR` for their
+    scratch files; it goes when the pool closes, or when a rank sees SIGTERM or its parent gone.
     """
 
     def __init__(

@@ -6,16 +6,6 @@ rows by key and replaces the file atomically (a temporary file of a unique name 
 directory, then ``os.replace``, which replaces a planted link instead of writing through
 it) while holding an ``fcntl`` lock, so an interrupted grid loses no finished cell and
 Hydra multirun jobs writing at the same time do not clobber each other.
-
-`ResultStore.check` is the preflight a run passes before any rank starts: report_dir is a
-directory, holds no other experiment's results, and its results.csv parses (a corrupted
-file is refused with its path and line, and left as it is). `ResultStore.claim` holds the
-report directory for one run (or the jobs of one sweep) until it ends: a second run into
-it is refused instead of mixing, or dropping, the first one's rows.
-
-Key values are compared in their CSV form: an int key ``2`` is written ``2`` and reads back
-as ``2``, a float ``0.5`` as ``0.5``, ``None`` as an empty cell. `ResultStore.key_of`
-gives the canonical key tuple of a row, the same form `finished_keys` returns.
 """
 
 from __future__ import annotations
@@ -122,7 +112,18 @@ def _read_text(path: Path) -> pd.DataFrame:
 
 
 class ResultStore:
-    """One experiment's results.csv: one row per cell, identified by `key_columns`."""
+    """One experiment's results.csv: one row per cell, identified by `key_columns`.
+
+    `ResultStore.check` is the preflight a run passes before any rank starts: report_dir is a
+    directory, holds no other experiment's results, and its results.csv parses (a corrupted
+    file is refused with its path and line, and left as it is). `ResultStore.claim` holds the
+    report directory for one run (or the jobs of one sweep) until it ends: a second run into
+    it is refused instead of mixing, or dropping, the first one's rows.
+
+    Key values are compared in their CSV form: an int key ``2`` is written ``2`` and reads back
+    as ``2``, a float ``0.5`` as ``0.5``, ``None`` as an empty cell. `ResultStore.key_of`
+    gives the canonical key tuple of a row, the same form `finished_keys` returns.
+    """
 
     def __init__(self, report_dir: str | Path, key_columns: Sequence[str],
                  key_defaults: Mapping[str, Any] | None = None) -> None:  # fmt: skip

@@ -1,6 +1,6 @@
 """Module docstrings say what a module is and why, in at most {MAX_LINES} lines (issue 34,
 part 4): details belong beside the code they explain, history in commit messages and
-reports. `PENDING` lists the modules still over the bound; it may only shrink.
+reports.
 """
 
 from __future__ import annotations
@@ -11,19 +11,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 15
-# Over the bound when the check was written; remove a module once its docstring is cut.
-PENDING = {
-    "bench/experiments/allreduce_scaling/auto.py",
-    "bench/experiments/device_profile/preset.py",
-    "bench/experiments/planner_validation/calibration.py",
-    "bench/experiments/planner_validation/pool_probes.py",
-    "bench/experiments/sequence_parallel/report.py",
-    "bench/kit/collectives.py",
-    "bench/launch.py",
-    "bench/report/skeleton.py",
-    "bench/results.py",
-    "bench/wandb_log.py",
-}
 HISTORY = re.compile(r"\b(this|last|previous) session\b|\bwas measured .* this hour\b", re.I)
 
 
@@ -42,10 +29,7 @@ def test_module_docstrings_are_at_most_the_bound_long():
     long = {
         str(p.relative_to(ROOT)): n for p in _modules() if (n := docstring_lines(p)) > MAX_LINES
     }
-    new = {p: n for p, n in long.items() if p not in PENDING}
-    assert not new, f"module docstrings over {MAX_LINES} lines: {new}"
-    done = sorted(PENDING - set(long))
-    assert not done, f"now within the bound: remove from PENDING: {done}"
+    assert not long, f"module docstrings over {MAX_LINES} lines: {long}"
 
 
 def test_no_docstring_tells_run_history():

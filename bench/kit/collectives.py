@@ -1,26 +1,6 @@
 """Timed collectives, nccl-tests style, shared by `allreduce_scaling` and `collectives`.
 
-Per cell, on every rank: warm-up calls; `iters` calibrated once so a window lasts about
-`window_s` (agreed on by all ranks: the slowest rank's probe, the median of three calls;
-paired sides share one count, `impls.pairing.common_count`); then `repeats` windows,
-the cell's own collective alternating with torch's on the same buffers when `paired`
-(`bench.kit.timing.alternate`, balanced: AB, BA, …). A window's time is the slowest
-rank's, per call; the reported time is the median window. Timed calls run on zeroed
-buffers (sums stay finite however many calls); then one more call on the known-answer
-pattern is checked (`wrong` counts the elements that differ) and its traffic read from
-the counters.
-
-An all-reduce cell with `algorithm="auto"` first gives its communicator a tuner
-calibrated on this pool (`impls.collectives.AllReduceTuner.calibrate`, at every message
-size of the grid, once per world size and dtype in each rank process), then is timed
-like any other; its row names the algorithm the tuner chose. When paired, every
-algorithm the tuner chooses from also takes its turn in the same alternating windows on
-the same buffer (`alt_<algorithm>_s`), so auto is judged against the best of them
-measured beside it, not against other cells run in other phases of the host. Picking
-the best of six noisy sides needs more windows than a pairing with torch: the tuner's
-calibration and the auto cell run `auto_repeats` rounds of `auto_window_s` windows
-(configs without those keys: `repeats`, `window_s`), and the row keeps every round's
-time per side (`round_times_s`, JSON) so the report can pair them round by round.
+How a cell is timed and checked: `measure_collective`; how an `auto` cell is tuned and judged beside its alternatives: `calibrated_tuner`.
 """
 
 from __future__ import annotations
@@ -122,7 +102,18 @@ class TimedGridConfig:
 
 
 def measure_collective(cfg: TimedGridConfig, cell: Cell) -> dict[str, Any]:
-    """One rank of a cell (all ranks of the default group call it together)."""
+    """One rank of a cell (all ranks of the default group call it together).
+
+    Per cell, on every rank: warm-up calls; `iters` calibrated once so a window lasts about
+    `window_s` (agreed on by all ranks: the slowest rank's probe, the median of three calls;
+    paired sides share one count, `impls.pairing.common_count`); then `repeats` windows,
+    the cell's own collective alternating with torch's on the same buffers when `paired`
+    (`bench.kit.timing.alternate`, balanced: AB, BA, …). A window's time is the slowest
+    rank's, per call; the reported time is the median window. Timed calls run on zeroed
+    buffers (sums stay finite however many calls); then one more call on the known-answer
+    pattern is checked (`wrong` counts the elements that differ) and its traffic read from
+    the counters.
+    """
     call: CollectiveCall = cell.carry
     comm = Communicator()
     spec = COLLECTIVES[call.collective]
@@ -183,7 +174,20 @@ def calibration_sizes(message_bytes: list[int]) -> tuple[int, ...]:
 
 def calibrated_tuner(cfg: TimedGridConfig, comm: Communicator) -> AllReduceTuner:
     """This process's tuner for `comm`'s world size, calibrated on first use (collective:
-    every rank of the cell reaches it together)."""
+    every rank of the cell reaches it together).
+
+    An all-reduce cell with `algorithm="auto"` first gives its communicator a tuner
+    calibrated on this pool (`impls.collectives.AllReduceTuner.calibrate`, at every message
+    size of the grid, once per world size and dtype in each rank process), then is timed
+    like any other; its row names the algorithm the tuner chose. When paired, every
+    algorithm the tuner chooses from also takes its turn in the same alternating windows on
+    the same buffer (`alt_<algorithm>_s`), so auto is judged against the best of them
+    measured beside it, not against other cells run in other phases of the host. Picking
+    the best of six noisy sides needs more windows than a pairing with torch: the tuner's
+    calibration and the auto cell run `auto_repeats` rounds of `auto_window_s` windows
+    (configs without those keys: `repeats`, `window_s`), and the row keeps every round's
+    time per side (`round_times_s`, JSON) so the report can pair them round by round.
+    """
     sizes = calibration_sizes(cfg.message_bytes)
     window_s, repeats = cfg.auto_timing()
     key = (comm.world_size, cfg.dtype, sizes, window_s, repeats)

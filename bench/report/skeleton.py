@@ -10,13 +10,7 @@ An experiment declares its `Report`: a title, an intro, its targets and its own 
     ## <sections>     the experiment's own: tables, plots, findings
     ## Failed cells   each failed cell's key and error
 
-and `headline.json` with the same facts for the index and for CI. A section is a function
-`section(ctx) -> str | None`: the first line of its docstring is its heading and the rest
-its prose (edit the words without touching the logic); it returns the computed markdown
-below them, or None to leave the section out (no rows for it in this run). Through `ctx`
-it saves plots and adds index rows (`ctx.figure`), findings (`ctx.finding`) and headline
-fields (`ctx.headline`). Every number comes from the rows, or is theory labelled with its
-source.
+and `headline.json` with the same facts for the index and for CI; `Report` says what a section is.
 """
 
 from __future__ import annotations
@@ -52,7 +46,16 @@ Section = Callable[["Context"], "str | None"]
 
 @dataclass(frozen=True, kw_only=True)
 class Report:
-    """What one experiment's report is made of; `write_report` writes the rest."""
+    """What one experiment's report is made of; `write_report` writes the rest.
+
+    and `headline.json` with the same facts for the index and for CI. A section is a function
+    `section(ctx) -> str | None`: the first line of its docstring is its heading and the rest
+    its prose (edit the words without touching the logic); it returns the computed markdown
+    below them, or None to leave the section out (no rows for it in this run). Through `ctx`
+    it saves plots and adds index rows (`ctx.figure`), findings (`ctx.finding`) and headline
+    fields (`ctx.headline`). Every number comes from the rows, or is theory labelled with its
+    source.
+    """
 
     title: str
     intro: str

@@ -152,7 +152,7 @@ class Hardware:
     equivalent GEMMs (`gemm_efficiency`), an assumption."""
     sms: int = 0
     """Streaming multiprocessors per device; > 0 prices each GEMM by its shape (wave
-    quantisation and the roofline, module docstring); 0 uses the FLOPs table alone (a CPU
+    quantisation and the roofline, the class docstring); 0 uses the FLOPs table alone (a CPU
     host, whose table is measured)."""
     comm_compute_share: float = 0.0
     """Share of the device's compute a running data-parallel collective holds: NCCL's

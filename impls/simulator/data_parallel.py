@@ -45,7 +45,7 @@ def simulate_data_parallel(
     weight_layers: int = 50,
     workspace_bytes: float = WORKSPACE_BYTES,
 ) -> Prediction:
-    """One synchronous data-parallel step of `model` on `gpus` devices (module docstring).
+    """One synchronous data-parallel step of `model` on `gpus` devices (the terms below).
 
     - Compute: `flops_per_sample` × `batch_per_gpu` at peak × `hw.efficiency` of a
       representative GEMM: the average weight layer of the batch's forward, forward FLOPs ÷

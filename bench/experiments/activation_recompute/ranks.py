@@ -29,7 +29,7 @@ DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 def build_layer(
     cfg: ActivationRecomputeConfig, comm: Communicator, recompute: str, sp: bool, seq_len: int
 ):
-    """This rank's layer (see the module docstring), in the cell's dtype."""
+    """This rank's layer (see `run`), in the cell's dtype."""
     model = GPT(cfg.gpt_config(seq_len, recompute), seed=cfg.seed)
     if sp:
         layer = MegatronSPBlock.from_block(model.blocks[0], comm, regather=True)

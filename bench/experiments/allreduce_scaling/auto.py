@@ -1,35 +1,9 @@
-"""`auto` against the from-scratch algorithms it chooses from (issue #14).
-
-A paired auto cell times, in the same alternating windows on the same buffer, auto itself,
-torch's all-reduce and every algorithm the tuner chooses from (`alt_<algorithm>_s`). The
-*measured best* of that (N, M) is the fastest of those alternatives, measured beside auto:
-`prepare` adds to each auto row that algorithm (`best_algorithm`), auto's busbw over the
-best's (`auto_vs_best`, the issue's ≥ 0.9× target: with the same bytes moved, busbw
-ratios are inverse time ratios, and torch's side cancels), the same for the algorithm
-auto chose, read from its own alternating side (`choice_vs_best`: the choice's quality
-apart from the auto side's noise), whether it chose the best (`auto_chose_best`) and
-whether it chose the best or a side this host cannot tell from it (`auto_chose_tied`:
-with rounds, the 90% bootstrap interval of the choice's paired speed over the best's
-reaches 1), whether the choice's traffic counters at that (N, M) equal the best's
-(`choice_same_traffic`: as many rounds, messages and bytes per rank and in all, so that
-little but the two implementations' own overhead can separate them), and auto's busbw
-over its own choice's side (`auto_vs_choice`: the same code timed as two sides of one
-cell, an A/A control of what the host resolves; auto ÷ best = auto ÷ choice × choice ÷
-best exactly, so a shortfall splits into the timing of identical code and the cost of the
-choice); `best_basis` says "same cell". With every round's times (`round_times_s`) the
-comparison is paired round by round (basis "same cell, paired by round"): each
-alternative's speed relative to auto is the median over rounds of t_auto ÷ t_alternative
-in the same round, which cancels the host's drift between rounds that a ratio of two
-medians keeps; and `auto_vs_best_lo` / `_hi` bound auto ÷ best with a 90% bootstrap over
-the rounds (the best re-chosen in every resample, so picking the best of six noisy sides
-is inside the interval). An auto row without alternatives (not paired, or an older
-results.csv) is judged as before, against the other algorithms' own cells by their
-`busbw_vs_torch` ("separate cells"), which on a 2-core host run in other phases of it.
-The share of cells where auto chose the best (≥ 80%) is one number over the grid, not a
-per-cell bound, so it is a headline figure and a finding, not a `Target`. It is judged
-strictly, as the issue words it. The share of cells where the choice is the best or tied
-with it is reported beside it as context, not as the target: a noisier host ties more
-cells, so that share rises with noise.
+"""`auto` against the from-scratch algorithms it chooses from (issue #14): a paired auto
+cell times auto, torch and every algorithm the tuner chooses from in the same alternating
+windows on the same buffer, and `prepare` judges auto against the best of them measured
+beside it (the columns it adds and why each is there: `prepare`). The share of cells where
+auto chose the best (≥ 80%) is one number over the grid, so it is a headline figure and a
+finding (`auto_choices`), not a per-cell `Target`.
 """
 
 from __future__ import annotations
@@ -85,7 +59,39 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """Add `best_algorithm`, `auto_vs_best` (with `_lo` / `_hi`), `choice_vs_best`,
     `auto_vs_choice`, `auto_chose_best`, `auto_chose_tied`, `choice_same_traffic`,
     `best_split_agreement` (`paired_rounds.split_agreement`) and `best_basis` to auto rows (by
-    position: a merged frame may repeat index labels)."""
+    position: a merged frame may repeat index labels).
+
+    A paired auto cell times, in the same alternating windows on the same buffer, auto itself,
+    torch's all-reduce and every algorithm the tuner chooses from (`alt_<algorithm>_s`). The
+    *measured best* of that (N, M) is the fastest of those alternatives, measured beside auto:
+    `prepare` adds to each auto row that algorithm (`best_algorithm`), auto's busbw over the
+    best's (`auto_vs_best`, the issue's ≥ 0.9× target: with the same bytes moved, busbw
+    ratios are inverse time ratios, and torch's side cancels), the same for the algorithm
+    auto chose, read from its own alternating side (`choice_vs_best`: the choice's quality
+    apart from the auto side's noise), whether it chose the best (`auto_chose_best`) and
+    whether it chose the best or a side this host cannot tell from it (`auto_chose_tied`:
+    with rounds, the 90% bootstrap interval of the choice's paired speed over the best's
+    reaches 1), whether the choice's traffic counters at that (N, M) equal the best's
+    (`choice_same_traffic`: as many rounds, messages and bytes per rank and in all, so that
+    little but the two implementations' own overhead can separate them), and auto's busbw
+    over its own choice's side (`auto_vs_choice`: the same code timed as two sides of one
+    cell, an A/A control of what the host resolves; auto ÷ best = auto ÷ choice × choice ÷
+    best exactly, so a shortfall splits into the timing of identical code and the cost of the
+    choice); `best_basis` says "same cell". With every round's times (`round_times_s`) the
+    comparison is paired round by round (basis "same cell, paired by round"): each
+    alternative's speed relative to auto is the median over rounds of t_auto ÷ t_alternative
+    in the same round, which cancels the host's drift between rounds that a ratio of two
+    medians keeps; and `auto_vs_best_lo` / `_hi` bound auto ÷ best with a 90% bootstrap over
+    the rounds (the best re-chosen in every resample, so picking the best of six noisy sides
+    is inside the interval). An auto row without alternatives (not paired, or an older
+    results.csv) is judged as before, against the other algorithms' own cells by their
+    `busbw_vs_torch` ("separate cells"), which on a 2-core host run in other phases of it.
+    The share of cells where auto chose the best (≥ 80%) is one number over the grid, not a
+    per-cell bound, so it is a headline figure and a finding, not a `Target`. It is judged
+    strictly, as the issue words it. The share of cells where the choice is the best or tied
+    with it is reported beside it as context, not as the target: a noisier host ties more
+    cells, so that share rises with noise.
+    """
     n = len(df)
     numbers = ("auto_vs_best", "choice_vs_best", "auto_vs_choice", "auto_chose_best",
                "auto_chose_tied", "auto_vs_best_lo", "auto_vs_best_hi",

@@ -1,23 +1,10 @@
 """The profile's rows as a hardware preset: the `Hardware` that `hardware=path/to/file.yaml`
 reads (`impls.costmodel.hardware_file`), each number with where it was measured.
 
-- `peak_flops[dtype]`: the best GEMM rate of that dtype over the shapes timed;
-- `gemm_efficiency`: the first dtype's rate per shape ÷ its peak, by the GEMM's FLOPs
-  (shapes of equal FLOPs averaged), the table the simulator interpolates;
-- `memory_bandwidth`: the copy's bytes moved ÷ its time; `elementwise_efficiency` = 1
-  (that rate is already the achieved one);
-- `kernel_overhead_s`: the launch probe's time per kernel;
-- `intra` = `inter`: the ring all-reduce's (α, β) at the largest N (`fit_ring`); one
-  machine was profiled, so the link between nodes is that same link: replace `inter` with
-  your cluster's network (a preset's, or nccl-tests across nodes) for a multi-node plan;
-- `comm_overlap` / `p2p_blocking`: as this repo's ranks run on the device (a CPU's
-  collectives block its one computing thread; a GPU's run beside compute);
-- fp8 and FlashAttention are not profiled: `fp8_gemm_efficiency` and
-  `attention_efficiency` stay None (fp8 refused, attention priced as GEMMs), and the
-  per-action and meeting costs that `planner_validation` fits stay 0.
-
 This module imports `impls` (the preset is its `Hardware`, written through its file
 format); the report calls it for that one file and reads nothing else from `impls`.
+
+Where each field of the preset comes from: `build_preset`.
 """
 
 from __future__ import annotations
@@ -125,7 +112,23 @@ def _sources(rows: pd.DataFrame, first: str, ring_n: int, cuda: bool) -> dict[st
 
 def build_preset(rows: pd.DataFrame) -> Any:
     """The `Hardware` the ok `rows` of a profile describe; ValueError where they cannot
-    make one (a measurement missing, or a number that is not positive)."""
+    make one (a measurement missing, or a number that is not positive).
+
+    - `peak_flops[dtype]`: the best GEMM rate of that dtype over the shapes timed;
+    - `gemm_efficiency`: the first dtype's rate per shape ÷ its peak, by the GEMM's FLOPs
+      (shapes of equal FLOPs averaged), the table the simulator interpolates;
+    - `memory_bandwidth`: the copy's bytes moved ÷ its time; `elementwise_efficiency` = 1
+      (that rate is already the achieved one);
+    - `kernel_overhead_s`: the launch probe's time per kernel;
+    - `intra` = `inter`: the ring all-reduce's (α, β) at the largest N (`fit_ring`); one
+      machine was profiled, so the link between nodes is that same link: replace `inter` with
+      your cluster's network (a preset's, or nccl-tests across nodes) for a multi-node plan;
+    - `comm_overlap` / `p2p_blocking`: as this repo's ranks run on the device (a CPU's
+      collectives block its one computing thread; a GPU's run beside compute);
+    - fp8 and FlashAttention are not profiled: `fp8_gemm_efficiency` and
+      `attention_efficiency` stay None (fp8 refused, attention priced as GEMMs), and the
+      per-action and meeting costs that `planner_validation` fits stay 0.
+    """
     from impls.costmodel.hardware import Hardware, Link
 
     peaks, table, first = _gemm(rows)

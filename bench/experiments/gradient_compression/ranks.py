@@ -201,7 +201,7 @@ def _run_torch(cfg: GradientCompressionConfig, cell: Cell, task: Task) -> dict[s
 
 def quantizer_check(cfg: GradientCompressionConfig, cell: Cell, task: Task) -> dict[str, float]:
     """Draw `cfg.draws` quantizations of one real gradient: bias statistic and variance
-    against the paper's bound (see the module docstring)."""
+    against the paper's bound (see `run`)."""
     method, draws_n = cell.key["method"], cfg.draws
     x, y = task.batches(0)
     task.model.zero_grad(set_to_none=True)

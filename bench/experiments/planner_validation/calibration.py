@@ -2,73 +2,8 @@
 predicts (once per process, on one thread; the optimizer and thread scaling once per thread
 count a rank runs at).
 
-`calibrate`, on one thread:
-
-- GEMM: the fastest of `repeats` tall (8n × n)·(n × n) fp32 matmuls per n of `gemm_sizes`;
-  the fastest rate is the peak, each size's rate ÷ peak a point of the GEMM-efficiency
-  table (the simulator interpolates it log-linearly over a GEMM's FLOPs,
-  `Hardware.efficiency`). bf16 is timed at the largest n and shares fp32's table.
-- memory bandwidth: a `copy_mib` MiB tensor copied (read + write = 2 × its bytes moved).
-- per-op overhead: a chain of one-element autograd multiplications, forward and backward.
-- the reference fit (`fit_reference`): one forward + loss + backward + zero_grad (the
-  gradients kept allocated, `set_to_none=False`, as the ground-truth runs do) of a
-  reference GPT (none of the ground-truth shapes) on one process at micro-batch 1 and 16,
-  per dtype, timed in `repeats` rounds of `reference_window_s` per configuration
-  (`rounds.reference_rounds`); a factor dividing every microbenchmark rate and a
-  per-kernel overhead are solved so that the simulator's single-process compute equals
-  both (eager PyTorch on a CPU reaches neither the GEMM peak nor the copy bandwidth in a
-  model's small kernels).
-
-- the host probe's step (`bench.kit.host.host_probe`: the reference in fp32 at micro-batch
-  `PROBE_MICRO`), a fifth configuration of the same rounds; its median over every round is
-  where this run's host stood while it calibrated (one probe window alone is too noisy
-  to say). The sources' runner timed the same probe around each
-  ground-truth row, and a row is predicted on rates scaled by the ratio
-  (`ranks.host_slowdown`): a shared host drifts between fast and slow phases, and the
-  calibration and the ground truth are measured minutes to hours apart.
-- each runtime a source steps under (`RUNTIMES`: the pipeline executor, the ZeRO wrapper's
-  ledger), the reference at micro-batch 1 under it, each sample paired with a plain step
-  right after it, among the same rounds: its median excess ÷ 2 is the runtime's cost per
-  compute action (`action_overhead`, the simulator's `Hardware.action_overhead_s`).
-- the step-to-step spread: each fp32 b = 1 reference step of those rounds ÷ the median of
-  its window (`step_jitter`); the slowest of N ranks that vary as it does is priced at its
-  quantile 0.5^(1/N) (`straggler`, for wall-clock rows of N ≥ 2 ranks).
-- the link: on a fresh pool of two ranks (`pool_probes.probe_link`), the fastest exchange
-  of 4 bytes and of 1 MiB between them → α per round and β per byte, the link of every row
-  that `allreduce_scaling`'s ring fits do not price (replayed rows, rank counts that
-  experiment did not run).
-- the ranks' meeting at a collective after compute (`bench.kit.meeting`, on a fresh pool
-  of two ranks, where the host has two cores or more): a one-element ring all-reduce
-  after `meeting_segment_s` of matmuls, against the matmuls alone. What that call costs
-  beyond a link's price of it (`collective_meeting`) is paid at each meeting of a
-  wall-clock row's collectives on two ranks (`Hardware.collective_meeting_s`): the links
-  are fitted to calls made back to back, where no rank waits for a computing one.
-
-The microbenchmarks give the table its shape and keep their fastest repeat (the least
-disturbed); the reference fit sets its level, and it is fitted twice, once per statistic
-a ground-truth row reports (`STATISTICS`): the **median** of the reference's timed steps
-for a wall-clock row (the median of its timed steps) and for `parallelism_comparison`'s
-replay (each action the median over its ranks, micro-batches and profiled steps); the
-**fastest** for `pipeline_utilization`'s replay (each action the fastest of its stage's).
-On this host a step's median sits well above its fastest repeat (the report's calibration
-table shows both), and a fit to the other statistic misprices a row by that gap.
-
-`tp_call_work`, once per (tp, activation size) a replayed TP row needs: on a fresh pool of
-tp ranks, the thread CPU one TP all-reduce of that activation spends outside its rounds
-(`pool_probes.probe_tp_call`), the work such a replay charges each call.
-
-`rank_calibration`, at the rank's own thread count (medians, for the same reason):
-
-- the optimizer: the median `torch.optim.AdamW` step (what the ground-truth runs use) over
-  the reference GPT's fp32 parameters, ÷ its parameter elements = seconds per parameter
-  element; a rank's optimizer is that × the parameter elements it updates (its stages'
-  parameters, ÷ dp under ZeRO ≥ 1, where each rank steps its shard; in bf16 the update
-  runs on the fp32 master copy of the same elements), ÷ its core share when ranks
-  outnumber cores on the wall clock.
-- thread scaling: with more than one thread per rank, the reference step at micro-batch 16
-  timed at those threads and on one thread, in alternating rounds; the rank's compute
-  rate is the ratio of their medians (bounded to [1, threads], `thread_speedup`), not the
-  thread count: eager PyTorch on a CPU does not scale linearly over cores.
+What `calibrate` measures on one thread, `fit_for`'s two statistics, `tp_call_work` and
+`rank_calibration` (the optimizer and thread scaling) are described where they are.
 """
 
 from __future__ import annotations
@@ -148,7 +83,17 @@ def straggler(cal: dict[str, Any], ranks: int) -> float:
 
 
 def fit_for(cal: dict[str, Any], dtype: str, statistic: str) -> dict[str, Any]:
-    """The reference fit of `dtype` to the reference's `statistic` step (`STATISTICS`)."""
+    """The reference fit of `dtype` to the reference's `statistic` step (`STATISTICS`).
+
+    The microbenchmarks give the table its shape and keep their fastest repeat (the least
+    disturbed); the reference fit sets its level, and it is fitted twice, once per statistic
+    a ground-truth row reports (`STATISTICS`): the **median** of the reference's timed steps
+    for a wall-clock row (the median of its timed steps) and for `parallelism_comparison`'s
+    replay (each action the median over its ranks, micro-batches and profiled steps); the
+    **fastest** for `pipeline_utilization`'s replay (each action the fastest of its stage's).
+    On this host a step's median sits well above its fastest repeat (the report's calibration
+    table shows both), and a fit to the other statistic misprices a row by that gap.
+    """
     return cal[f"fit_{dtype}{_SUFFIX[statistic]}"]
 
 
@@ -183,7 +128,48 @@ def _fastest(fn: Callable[[], Any], repeats: int, inner: int = 1) -> float:
 
 def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
     """This host's GEMM table, peaks, bandwidth and per-kernel overhead at `threads`, and
-    the reference fit per dtype (see the module docstring)."""
+    the reference fit per dtype, on one thread:
+
+    - GEMM: the fastest of `repeats` tall (8n × n)·(n × n) fp32 matmuls per n of `gemm_sizes`;
+      the fastest rate is the peak, each size's rate ÷ peak a point of the GEMM-efficiency
+      table (the simulator interpolates it log-linearly over a GEMM's FLOPs,
+      `Hardware.efficiency`). bf16 is timed at the largest n and shares fp32's table.
+    - memory bandwidth: a `copy_mib` MiB tensor copied (read + write = 2 × its bytes moved).
+    - per-op overhead: a chain of one-element autograd multiplications, forward and backward.
+    - the reference fit (`fit_reference`): one forward + loss + backward + zero_grad (the
+      gradients kept allocated, `set_to_none=False`, as the ground-truth runs do) of a
+      reference GPT (none of the ground-truth shapes) on one process at micro-batch 1 and 16,
+      per dtype, timed in `repeats` rounds of `reference_window_s` per configuration
+      (`rounds.reference_rounds`); a factor dividing every microbenchmark rate and a
+      per-kernel overhead are solved so that the simulator's single-process compute equals
+      both (eager PyTorch on a CPU reaches neither the GEMM peak nor the copy bandwidth in a
+      model's small kernels).
+
+    - the host probe's step (`bench.kit.host.host_probe`: the reference in fp32 at micro-batch
+      `PROBE_MICRO`), a fifth configuration of the same rounds; its median over every round is
+      where this run's host stood while it calibrated (one probe window alone is too noisy
+      to say). The sources' runner timed the same probe around each
+      ground-truth row, and a row is predicted on rates scaled by the ratio
+      (`ranks.host_slowdown`): a shared host drifts between fast and slow phases, and the
+      calibration and the ground truth are measured minutes to hours apart.
+    - each runtime a source steps under (`RUNTIMES`: the pipeline executor, the ZeRO wrapper's
+      ledger), the reference at micro-batch 1 under it, each sample paired with a plain step
+      right after it, among the same rounds: its median excess ÷ 2 is the runtime's cost per
+      compute action (`action_overhead`, the simulator's `Hardware.action_overhead_s`).
+    - the step-to-step spread: each fp32 b = 1 reference step of those rounds ÷ the median of
+      its window (`step_jitter`); the slowest of N ranks that vary as it does is priced at its
+      quantile 0.5^(1/N) (`straggler`, for wall-clock rows of N ≥ 2 ranks).
+    - the link: on a fresh pool of two ranks (`pool_probes.probe_link`), the fastest exchange
+      of 4 bytes and of 1 MiB between them → α per round and β per byte, the link of every row
+      that `allreduce_scaling`'s ring fits do not price (replayed rows, rank counts that
+      experiment did not run).
+    - the ranks' meeting at a collective after compute (`bench.kit.meeting`, on a fresh pool
+      of two ranks, where the host has two cores or more): a one-element ring all-reduce
+      after `meeting_segment_s` of matmuls, against the matmuls alone. What that call costs
+      beyond a link's price of it (`collective_meeting`) is paid at each meeting of a
+      wall-clock row's collectives on two ranks (`Hardware.collective_meeting_s`): the links
+      are fitted to calls made back to back, where no rank waits for a computing one.
+    """
     window = cfg.reference_window_s
     key = (tuple(cfg.gemm_sizes), cfg.copy_mib, cfg.repeats, window, threads,
            cfg.meeting_segment_s, cfg.meeting_rounds)  # fmt: skip
@@ -241,7 +227,12 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
 
 def tp_call_work(cfg: Any, tp: int, numel: int) -> float:
     """Thread CPU seconds one TP all-reduce of `numel` float32 spends outside its rounds on
-    `tp` ranks, measured on a fresh pool of them (cached per process)."""
+    `tp` ranks, measured on a fresh pool of them (cached per process).
+
+    `tp_call_work`, once per (tp, activation size) a replayed TP row needs: on a fresh pool of
+    tp ranks, the thread CPU one TP all-reduce of that activation spends outside its rounds
+    (`pool_probes.probe_tp_call`), the work such a replay charges each call.
+    """
     key = (tp, numel)
     if key not in _TP_CALLS:
         probed = pool_probes.measure(tp, [numel], timeout_s=cfg.timeout_s)
@@ -272,7 +263,21 @@ def rank_calibration(cfg: Any, threads: int) -> dict[str, Any]:
     """At `threads` threads: AdamW's seconds per parameter element on the reference, and
     (threads > 1) the median reference step at micro-batch 16 per dtype, timed in
     `SPEEDUP_ROUNDS` rounds alternating with the same step on one thread, so both see the
-    same states of the host."""
+    same states of the host.
+
+    `rank_calibration`, at the rank's own thread count (medians, for the same reason):
+
+    - the optimizer: the median `torch.optim.AdamW` step (what the ground-truth runs use) over
+      the reference GPT's fp32 parameters, ÷ its parameter elements = seconds per parameter
+      element; a rank's optimizer is that × the parameter elements it updates (its stages'
+      parameters, ÷ dp under ZeRO ≥ 1, where each rank steps its shard; in bf16 the update
+      runs on the fp32 master copy of the same elements), ÷ its core share when ranks
+      outnumber cores on the wall clock.
+    - thread scaling: with more than one thread per rank, the reference step at micro-batch 16
+      timed at those threads and on one thread, in alternating rounds; the rank's compute
+      rate is the ratio of their medians (bounded to [1, threads], `thread_speedup`), not the
+      thread count: eager PyTorch on a CPU does not scale linearly over cores.
+    """
     key = (cfg.repeats, threads)
     if key in _RANK_CALIBRATIONS:
         return _RANK_CALIBRATIONS[key]

@@ -1,19 +1,5 @@
 """What `planner_validation` measures on pools of ranks of its own, so that no number
 measured in a ground-truth cell prices that cell.
-
-- `probe_link`: the link's α (per round) and β (per byte), defined as
-  `parallelism_comparison`'s probe defines it (`bench.kit.host.probe_pairs`: the fastest
-  exchange of 4 bytes and of 1 MiB between two ranks while any others wait; α the first,
-  β the difference over the extra bytes). A replayed row is priced on it, and a wall-clock
-  row whose rank count `allreduce_scaling` did not run.
-- `probe_tp_call`: the thread CPU one TP all-reduce of `numel` float32 spends outside its
-  rounds — the clone Megatron's f/g make, the ring's slicing and additions — on a group of
-  t ranks: the work a replay of TP charges each call beside α per round and β per byte.
-  The median of `calls` calls after one warm-up, then the median over the ranks.
-
-`measure` runs them on a fresh pool in a child interpreter (`python -m
-bench.experiments.planner_validation.pool_probes`): a rank of the experiment's own pool is
-a daemonic process, which may not start processes of its own.
 """
 
 from __future__ import annotations
@@ -96,7 +82,18 @@ def probe_link() -> tuple[float, float]:
 
 
 def probe(link: bool, numels: list[int]) -> dict[str, Any]:
-    """One rank's share: the link (where asked) and the TP call work at each of `numels`."""
+    """One rank's share: the link (where asked) and the TP call work at each of `numels`.
+
+    - `probe_link`: the link's α (per round) and β (per byte), defined as
+      `parallelism_comparison`'s probe defines it (`bench.kit.host.probe_pairs`: the fastest
+      exchange of 4 bytes and of 1 MiB between two ranks while any others wait; α the first,
+      β the difference over the extra bytes). A replayed row is priced on it, and a wall-clock
+      row whose rank count `allreduce_scaling` did not run.
+    - `probe_tp_call`: the thread CPU one TP all-reduce of `numel` float32 spends outside its
+      rounds — the clone Megatron's f/g make, the ring's slicing and additions — on a group of
+      t ranks: the work a replay of TP charges each call beside α per round and β per byte.
+      The median of `calls` calls after one warm-up, then the median over the ranks.
+    """
     torch.set_num_threads(1)
     out: dict[str, Any] = {"tp_call_cpu_s": {n: probe_tp_call(n) for n in numels}}
     if link:
@@ -116,7 +113,12 @@ def _merge(per_rank: list[dict[str, Any]], numels: list[int]) -> dict[str, Any]:
 def measure(world_size: int, numels: list[int], *, link: bool = False,
             timeout_s: float = 300.0) -> dict[str, Any]:  # fmt: skip
     """`probe` on a fresh pool of `world_size` gloo ranks, in a child interpreter:
-    {"world_size", "tp_call_cpu_s": {numel: s}, and with `link`, "link": (α, β)}."""
+    {"world_size", "tp_call_cpu_s": {numel: s}, and with `link`, "link": (α, β)}.
+
+    `measure` runs them on a fresh pool in a child interpreter (`python -m
+    bench.experiments.planner_validation.pool_probes`): a rank of the experiment's own pool is
+    a daemonic process, which may not start processes of its own.
+    """
     if world_size < 2:
         raise ValueError(f"world_size={world_size}: a pool probe needs at least 2 ranks")
     args = [sys.executable, "-m", "bench.experiments.planner_validation.pool_probes",

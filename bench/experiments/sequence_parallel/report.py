@@ -1,16 +1,6 @@
 """The `sequence_parallel` report: Megatron-SP, Ulysses and Ring Attention, communication per
-link and activation memory per rank measured beside the papers' formulas.
-
-The formulas, as the experiment's `predicted_*` columns carry them (with the exact
-(P − 1)/P factors of ring and all-to-all collectives; b batch, L = ceil(s/P), h width, e
-bytes per element), per layer, forward + backward, bytes one rank sends:
-
-- Megatron-SP (Korthikanti et al. 2022, arXiv 2205.05198, §4.2.2): 4 all-gathers / reduce-
-  scatters each way, 8·(P − 1)·b·L·h·e ≈ 8·b·s·h·e — constant in P;
-- Ulysses (Jacobs et al. 2023, arXiv 2309.14509, §3.2): 4 all-to-alls each way,
-  8·(P − 1)/P·b·L·h·e ≈ 8·b·s·h·e/P — so Ulysses ÷ Megatron-SP = 1/P exactly;
-- Ring Attention (Liu et al. 2023, arXiv 2310.01889, §3): P − 1 K/V blocks forward, P − 1
-  K/V and P dK/dV blocks backward, (3P − 2)·2·b·L·h·e ≈ 6·b·s·h·e.
+link and activation memory per rank measured beside the papers' formulas (the formulas
+as the experiment's `predicted_*` columns carry them: the comment above `communication`).
 
 Activation memory stands beside two predictions: Korthikanti et al.'s Table 2 formula and
 the experiment's model of what this implementation saves (the one the measured rows check,
@@ -106,6 +96,16 @@ def _comm_table(rows: pd.DataFrame) -> str:
     }), numparse=False)  # fmt: skip
 
 
+# The formulas, as the experiment's `predicted_*` columns carry them (with the exact
+# (P − 1)/P factors of ring and all-to-all collectives; b batch, L = ceil(s/P), h width, e
+# bytes per element), per layer, forward + backward, bytes one rank sends:
+#
+# - Megatron-SP (Korthikanti et al. 2022, arXiv 2205.05198, §4.2.2): 4 all-gathers / reduce-
+#   scatters each way, 8·(P − 1)·b·L·h·e ≈ 8·b·s·h·e — constant in P;
+# - Ulysses (Jacobs et al. 2023, arXiv 2309.14509, §3.2): 4 all-to-alls each way,
+#   8·(P − 1)/P·b·L·h·e ≈ 8·b·s·h·e/P — so Ulysses ÷ Megatron-SP = 1/P exactly;
+# - Ring Attention (Liu et al. 2023, arXiv 2310.01889, §3): P − 1 K/V blocks forward, P − 1
+#   K/V and P dK/dV blocks backward, (3P − 2)·2·b·L·h·e ≈ 6·b·s·h·e.
 def communication(ctx: Context) -> str | None:
     """Communication per link
 

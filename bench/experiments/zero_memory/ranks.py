@@ -81,7 +81,7 @@ def _ddp_trainer(cfg: ZeroMemoryConfig, plan: Plan, model, x, y) -> dict:
         stats = ddp.train_step(x, y, lm_loss)
         return {"loss": stats.loss, "bytes_sent": stats.traffic.bytes_sent}
 
-    # Gradients are dropped after each step: see the module docstring.
+    # Gradients are dropped after each step: see `run`.
     return {"step": step, "state_bytes": lambda: None, "params": lambda: parameters(model),
             "close": ddp.close}  # fmt: skip
 
