@@ -63,7 +63,7 @@ def apply_recipe(root: Path, section: str) -> None:
 def apply_experiment(root: Path) -> list[str]:
     """Write every file of the experiment recipe (each block opens with its path); the
     paths written."""
-    blocks = re.findall(r"```(?:python|yaml)\n(.*?)```", section_text("experiment"), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", section_text("experiment"), re.S)
     paths = []
     for block in blocks:
         first, _, body = block.partition("\n")
@@ -106,13 +106,17 @@ def copy(tmp_path_factory) -> Path:
         shutil.copy(REPO_ROOT / name, root / name)
     for section in VARIANTS:
         apply_recipe(root, section)
-    assert apply_experiment(root)[-1] == "experiments/experiment/ping_pong.yaml"
+    assert apply_experiment(root)[-1] == "bench/experiments/ping_pong/experiment.py"
     apply_preset(root)
     assert ["-m", "bench.presets"] in commands("hardware")
     done = run_in(root, "-m", "bench.presets")
     assert done.returncode == 0, done.stderr[-3000:]
-    # it writes the new preset's file and leaves every other one as it was
-    assert done.stderr.split() == ["experiments/hardware/h100_pcie.yaml"], done.stderr[-3000:]
+    # it writes the new experiment's and the new preset's files, and leaves every other
+    written = sorted(done.stderr.split())
+    assert written == [
+        "experiments/experiment/ping_pong.yaml",
+        "experiments/hardware/h100_pcie.yaml",
+    ], done.stderr[-3000:]
     return root
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 
 from bench import presets
@@ -27,6 +28,8 @@ from impls.costmodel.presets import HARDWARE
 def test_every_preset_has_its_file_and_every_file_its_preset():
     wanted = presets.expected_files()
     on_disk = {p for g in presets.GROUPS for p in presets.group_dir(g).glob("*.yaml")}
+    experiment_dir = presets.CONFIG_DIR / "experiment"
+    on_disk |= {p for p in experiment_dir.glob("*.yaml") if p.stem not in presets.HAND_WRITTEN}
     assert on_disk == set(wanted), "run `python -m bench.presets`"
     stale = [p.name for p, text in wanted.items() if p.read_text(encoding="utf-8") != text]
     assert not stale, f"{stale} differ from impls.costmodel: run `python -m bench.presets`"
@@ -45,6 +48,16 @@ def plan():
             return build(compose("config", argv, return_hydra_config=True), "auto_parallel").cfg
 
         yield make
+
+
+def test_every_experiment_has_its_file_and_a_hand_written_one_names_its_schema():
+    from bench.experiments import experiments
+
+    experiment_dir = presets.CONFIG_DIR / "experiment"
+    assert {p.stem for p in experiment_dir.glob("*.yaml")} == set(experiments())
+    for name in presets.HAND_WRITTEN:
+        defaults = yaml.safe_load((experiment_dir / f"{name}.yaml").read_text())["defaults"]
+        assert defaults[0] == f"/schema/{name}" and defaults[-1] == "_self_", name
 
 
 def test_each_file_reads_back_as_its_preset():
