@@ -281,16 +281,44 @@ def _run_local(experiment, cfg, todo, total, writer, grid, cluster: ClusterConfi
 
 class _InProcess(contextlib.AbstractContextManager):
     """The rank pool of an `in_process` experiment: the cell's function, called here as its
-    one rank; what it raises fails the cell as a rank's exception would."""
+    one rank; what it raises fails the cell as a rank's exception would, and a cell still
+    running after `timeout_s` is stopped (SIGALRM, on the main thread) and fails as a
+    timed-out rank does."""
 
     def __exit__(self, *exc_info) -> None:
         return None
 
     def run(self, fn, *args, timeout_s: float) -> list[dict]:
-        try:
-            return [fn(*args)]
-        except Exception:
-            raise RankFailure({0: traceback.format_exc()}) from None
+        with _alarm(timeout_s):
+            try:
+                return [fn(*args)]
+            except _CellTimeout:
+                raise RankFailure({0: f"timed out after {timeout_s:g} s"}) from None
+            except Exception:
+                raise RankFailure({0: traceback.format_exc()}) from None
+
+
+class _CellTimeout(BaseException):
+    """Raised into an in-process cell at its time limit (a BaseException, so the cell's
+    own `except Exception` cannot swallow it)."""
+
+
+@contextlib.contextmanager
+def _alarm(timeout_s: float):
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only: no limit here
+        return
+
+    def _expired(signum, frame):
+        raise _CellTimeout
+
+    previous = signal.signal(signal.SIGALRM, _expired)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _probe(experiment: Experiment) -> float | None:

@@ -4,7 +4,9 @@ takes its experiment's own config class and a `Cell`, the runner's defaults live
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import time
 import typing
 from dataclasses import dataclass
 
@@ -49,12 +51,17 @@ def test_the_analytic_experiments_and_only_they_run_in_process():
 @dataclass(kw_only=True)
 class _Config:
     fail: str = "b"
+    hang: str = ""
     timeout_s: float = 30.0
 
 
 def _compute(cfg: _Config, cell: Cell[_Config]) -> dict:
     if cell.key["cell"] == cfg.fail:
         raise ArithmeticError("no such plan")
+    if cell.key["cell"] == cfg.hang:
+        while True:  # a search that never ends, catching what it can
+            with contextlib.suppress(Exception):
+                time.sleep(0.01)
     return {"value": ord(cell.key["cell"])}
 
 
@@ -87,6 +94,25 @@ def test_an_in_process_grid_starts_no_rank_pool_and_a_raising_cell_fails_its_row
     assert rows.loc["c", "value"] == ord("c")
     assert set(rows["backend"]) == {"none"}
     assert pd.read_csv(tmp_path / "results.csv")["cell"].tolist() == ["a", "b", "c"]
+
+
+def test_an_in_process_cell_past_its_timeout_fails_and_the_grid_goes_on(tmp_path):
+    experiment = Experiment(
+        name="arith",
+        summary="arithmetic",
+        schema=_Config,
+        key_columns=("cell",),
+        cells=_cells,
+        to_row=lambda cfg, cell, per_rank: {**cell.key, **per_rank[0]},
+        report=Report(title="arith", intro=""),
+        in_process=True,
+    )
+    cfg = _Config(fail="", hang="a", timeout_s=0.5)
+    df = run_experiment(experiment, cfg, report_dir=tmp_path, cluster=ClusterConfig(),
+                        resume=False, wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
+    rows = df.set_index("cell")
+    assert list(rows["status"]) == ["failed", "ok", "ok"]
+    assert "timed out after 0.5 s" in rows.loc["a", "error"]
 
 
 def test_auto_means_gloo_for_spawned_ranks():
