@@ -69,14 +69,9 @@ def _cells(cfg: _Config) -> list[Cell[_Config]]:
     return [Cell(world_size=1, key={"cell": c}, fn=_compute) for c in "abc"]
 
 
-def test_an_in_process_grid_starts_no_rank_pool_and_a_raising_cell_fails_its_row(
-    tmp_path, monkeypatch
-):
-    def no_pool(*args, **kwargs):
-        raise AssertionError("an in_process experiment started a RankPool")
-
-    monkeypatch.setattr(bench.runner, "RankPool", no_pool)
-    experiment = Experiment(
+def _arithmetic() -> Experiment[_Config]:
+    """An in-process experiment of three cells: `cfg.fail` raises, `cfg.hang` never ends."""
+    return Experiment(
         name="arith",
         summary="arithmetic",
         schema=_Config,
@@ -86,6 +81,16 @@ def test_an_in_process_grid_starts_no_rank_pool_and_a_raising_cell_fails_its_row
         report=Report(title="arith", intro=""),
         in_process=True,
     )
+
+
+def test_an_in_process_grid_starts_no_rank_pool_and_a_raising_cell_fails_its_row(
+    tmp_path, monkeypatch
+):
+    def no_pool(*args, **kwargs):
+        raise AssertionError("an in_process experiment started a RankPool")
+
+    monkeypatch.setattr(bench.runner, "RankPool", no_pool)
+    experiment = _arithmetic()
     df = run_experiment(experiment, _Config(), report_dir=tmp_path, cluster=ClusterConfig(),
                         resume=False, wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
     rows = df.set_index("cell")
@@ -97,16 +102,7 @@ def test_an_in_process_grid_starts_no_rank_pool_and_a_raising_cell_fails_its_row
 
 
 def test_an_in_process_cell_past_its_timeout_fails_and_the_grid_goes_on(tmp_path):
-    experiment = Experiment(
-        name="arith",
-        summary="arithmetic",
-        schema=_Config,
-        key_columns=("cell",),
-        cells=_cells,
-        to_row=lambda cfg, cell, per_rank: {**cell.key, **per_rank[0]},
-        report=Report(title="arith", intro=""),
-        in_process=True,
-    )
+    experiment = _arithmetic()
     cfg = _Config(fail="", hang="a", timeout_s=0.5)
     df = run_experiment(experiment, cfg, report_dir=tmp_path, cluster=ClusterConfig(),
                         resume=False, wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
