@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.report import Context, format_percent, format_seconds, markdown_table
+from bench.report import Context, format_percent, format_seconds, markdown_table, prose
 
-__all__ = ["LABELS", "label", "quantizers", "settings_means", "torch_hooks"]
+__all__ = ["LABELS", "count", "label", "quantizers", "settings_means", "torch_hooks"]
 
 LABELS = {
     "dp": "DP (fp32 ring all-reduce)",
@@ -30,10 +30,21 @@ LABELS = {
 }
 QSGD_SOURCE = "Alistarh et al. 2017 (QSGD), Lemma 3.1: E‖Q(g) − g‖² ≤ min(n/s², √n/s)·‖g‖²"
 TERN_SOURCE = "Wen et al. 2017 (TernGrad) §3: E‖ĝ − g‖² = Σ(s·|g_i| − g_i²) ≤ s·‖g‖₁"
+SOURCES = {"qsgd": QSGD_SOURCE, "terngrad": TERN_SOURCE}
 KEYS = ["method", "setting"]
-MEANS = ("final_accuracy", "baseline_accuracy", "final_loss", "final_train_loss",
-         "bytes_per_step", "baseline_bytes_per_step", "compression_ratio", "step_time_s",
-         "comm_time_s", "simulated_s", "train_time_s")  # fmt: skip
+MEANS = (
+    "final_accuracy",
+    "baseline_accuracy",
+    "final_loss",
+    "final_train_loss",
+    "bytes_per_step",
+    "baseline_bytes_per_step",
+    "compression_ratio",
+    "step_time_s",
+    "comm_time_s",
+    "simulated_s",
+    "train_time_s",
+)
 
 
 def label(method: str, setting: Any) -> str:
@@ -69,23 +80,30 @@ def _quantizer_entries(ok: pd.DataFrame) -> list[dict[str, Any]]:
     if "quant_bias_stat" not in ok.columns:
         return []
     stat = pd.to_numeric(ok["quant_bias_stat"], errors="coerce")
-    rows = ok[ok["method"].isin(["qsgd", "terngrad"]) & stat.notna()]
+    rows = ok[ok["method"].isin(SOURCES) & stat.notna()]
     return [
-        {"method": row.method, "setting": row.setting, "seed": int(row.seed),
-         "bias_stat": float(row.quant_bias_stat), "variance": float(row.quant_variance),
-         "bound": float(row.quant_variance_bound),
-         "expected": float(row.quant_variance_expected),
-         "numel": row.quant_numel, "draws": row.quant_draws}
+        {
+            "method": row.method,
+            "setting": row.setting,
+            "seed": int(row.seed),
+            "bias_stat": float(row.quant_bias_stat),
+            "variance": float(row.quant_variance),
+            "bound": float(row.quant_variance_bound),
+            "expected": float(row.quant_variance_expected),
+            "numel": row.quant_numel,
+            "draws": row.quant_draws,
+        }
         for row in _ordered(with_setting_text(rows)).itertuples()
-    ]  # fmt: skip
+    ]
 
 
 def _ratio(variance: float, bound: float) -> float:
     return variance / bound if bound > 0 else math.nan
 
 
-def _count(value: Any) -> str:
-    return f"{int(value):,}" if pd.notna(value) else "—"
+def count(value: Any) -> str:
+    number = pd.to_numeric(value, errors="coerce")
+    return "—" if pd.isna(number) else f"{int(number):,}"
 
 
 def quantizers(ctx: Context) -> str | None:
@@ -104,12 +122,14 @@ def quantizers(ctx: Context) -> str | None:
     for e in entries:
         name = f"{LABELS[e['method']]} {e['setting']}".strip() + f" (seed {e['seed']})"
         ratio = _ratio(e["variance"], e["bound"])
-        source = QSGD_SOURCE if e["method"] == "qsgd" else TERN_SOURCE
-        ctx.figure(f"{name}: bias statistic S / variance ÷ bound", theory="S ≈ 1 / ≤ 1",
-                   source=source, measured=f"{e['bias_stat']:.2f} / {ratio:.3f}")  # fmt: skip
-        ctx.finding(f"{name} is unbiased (0.5 < S < 2) and within its paper's variance bound",
-                    0.5 < e["bias_stat"] < 2 and ratio <= 1,
-                    f"S = {e['bias_stat']:.3f}, variance ÷ bound = {ratio:.3f}")  # fmt: skip
+        measured = f"{e['bias_stat']:.2f} / {ratio:.3f}"
+        figure = f"{name}: bias statistic S / variance ÷ bound"
+        ctx.figure(figure, theory="S ≈ 1 / ≤ 1", source=SOURCES[e["method"]], measured=measured)
+        ctx.finding(
+            f"{name} is unbiased (0.5 < S < 2) and within its paper's variance bound",
+            0.5 < e["bias_stat"] < 2 and ratio <= 1,
+            f"S = {e['bias_stat']:.3f}, variance ÷ bound = {ratio:.3f}",
+        )
     table = pd.DataFrame({
         "method": [label(e["method"], e["setting"]) for e in entries],
         "seed": [e["seed"] for e in entries],
@@ -120,11 +140,9 @@ def quantizers(ctx: Context) -> str | None:
         "exact expectation": [f"{e['expected']:.4g}" if math.isfinite(e["expected"]) else "—"
                               for e in entries],
     })  # fmt: skip
-    first = entries[0]
-    return (
-        f"g has {_count(first['numel'])} elements, drawn {_count(first['draws'])} times. "
-        f"Bounds: {QSGD_SOURCE}; {TERN_SOURCE}.\n\n{markdown_table(table, numparse=False)}"
-    )
+    numel, draws = count(entries[0]["numel"]), count(entries[0]["draws"])
+    text = prose(__package__, "quantizer_draws", numel=numel, draws=draws, **SOURCES)
+    return f"{text}\n\n{markdown_table(table, numparse=False)}"
 
 
 def _hook_pairs(means: pd.DataFrame) -> list[tuple[pd.Series, pd.Series]]:
@@ -149,11 +167,18 @@ def torch_hooks(ctx: Context) -> str | None:
     rows, lines = [], []
     for ra, rb in pairs:
         diff = float(ra["final_accuracy"] - rb["final_accuracy"])
-        rows.append({"ours": ra["method"], "torch": rb["method"], "setting": ra["setting"],
-                     "accuracy": float(ra["final_accuracy"]),
-                     "torch_accuracy": float(rb["final_accuracy"]), "diff": diff,
-                     "step_time_s": float(ra["step_time_s"]),
-                     "torch_step_time_s": float(rb["step_time_s"])})  # fmt: skip
+        rows.append(
+            {
+                "ours": ra["method"],
+                "torch": rb["method"],
+                "setting": ra["setting"],
+                "accuracy": float(ra["final_accuracy"]),
+                "torch_accuracy": float(rb["final_accuracy"]),
+                "diff": diff,
+                "step_time_s": float(ra["step_time_s"]),
+                "torch_step_time_s": float(rb["step_time_s"]),
+            }
+        )
         lines.append({
             "distbench": label(ra["method"], ra["setting"]),
             "torch": label(rb["method"], rb["setting"]),
@@ -164,16 +189,17 @@ def torch_hooks(ctx: Context) -> str | None:
                                              f"{format_seconds(rb['step_time_s'])}",
         })  # fmt: skip
         if ra["method"] == "powersgd":
-            ctx.figure(f"PowerSGD {ra['setting']}: accuracy, distbench − torch powerSGD_hook "
-                       "(points)", theory="0 within noise",
-                       source="Vogels et al. 2019; torch powerSGD_hook",
-                       measured=f"{100 * diff:+.2f}")  # fmt: skip
+            ctx.figure(
+                f"PowerSGD {ra['setting']}: accuracy, distbench − torch powerSGD_hook (points)",
+                theory="0 within noise",
+                source="Vogels et al. 2019; torch powerSGD_hook",
+                measured=f"{100 * diff:+.2f}",
+            )
     ctx.headline["torch_hooks"] = rows
     if not rows:
         return None
     dp = ctx.ok[ctx.ok["method"] == "dp"]["final_accuracy"]
     noise = float(np.std(dp, ddof=1)) if len(dp) > 1 else math.nan
-    noise_text = (f"The seed-to-seed standard deviation of DP's accuracy in this run is "
-                  f"{100 * noise:.2f} points." if math.isfinite(noise) else
-                  "Only one seed ran, so the run has no seed-to-seed spread to compare with.")  # fmt: skip
-    return f"{noise_text}\n\n{markdown_table(pd.DataFrame(lines), numparse=False)}"
+    points = f"{100 * noise:.2f}" if math.isfinite(noise) else ""
+    text = prose(__package__, "seed_noise", points=points)
+    return f"{text}\n\n{markdown_table(pd.DataFrame(lines), numparse=False)}"
