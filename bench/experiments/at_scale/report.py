@@ -330,10 +330,9 @@ def scaling_series(ctx: Context) -> str | None:
         group = group.sort_values("dp")
         first, last = group.iloc[0], group.iloc[-1]
         mfu = str(key[-1]).startswith("MFU")
-        scale = 100.0 if mfu else 100.0 / float(first["published"])
-        published = (float(first["published"]) - float(last["published"])) * scale
-        predicted = (float(first["predicted"]) - float(last["predicted"])) * (
-            scale if mfu else 100.0 / float(first["predicted"])
+        published, predicted = (
+            (float(first[c]) - float(last[c])) * (100.0 if mfu else 100.0 / float(first[c]))
+            for c in ("published", "predicted")
         )
         gap = abs(predicted - published)
         gaps.append(gap)
