@@ -18,6 +18,7 @@ from bench.report import (
     format_percent,
     markdown_table,
     new_figure,
+    prose,
 )
 
 __all__ = ["REPORT"]
@@ -46,8 +47,7 @@ def _sorted(ok: pd.DataFrame) -> pd.DataFrame:
 
 def _keys(rows: pd.DataFrame) -> dict[str, pd.Series]:
     """A table's leading columns: mode, layout, s."""
-    return {"mode": rows["recompute"], "layout": rows.apply(_layout, axis=1),
-            "s": rows["seq_len"]}  # fmt: skip
+    return {"mode": rows["recompute"], "layout": rows.apply(_layout, axis=1), "s": rows["seq_len"]}
 
 
 def saved_bytes(ctx: Context) -> str | None:
@@ -69,18 +69,17 @@ def saved_bytes(ctx: Context) -> str | None:
         "measured": rows["saved_bytes_per_layer"].map(format_bytes),
         "paper": rows["paper_bytes_per_layer"].map(format_bytes),
         "measured ÷ paper − 1": (rows["saved_vs_paper"] - 1).map(_pct),
-        "model": rows["model_bytes_per_layer"].map(
-            lambda v: "—" if not math.isfinite(v) else format_bytes(v)),
+        "model": rows["model_bytes_per_layer"].map(lambda v: format_bytes(v) if math.isfinite(v) else "—"),
         "measured = model": (rows["saved_bytes_per_layer"] == rows["model_bytes_per_layer"]),
     }), numparse=False)  # fmt: skip
     worst = float(rows["paper_deviation"].max())
     exact = int((rows["saved_bytes_per_layer"] == rows["model_bytes_per_layer"]).sum())
     ctx.headline["saved_vs_paper_max_deviation"] = worst
     ctx.headline["saved_equal_model_rows"] = {"rows": len(rows), "exact": exact}
-    ctx.figure("saved activations per layer, largest |measured ÷ paper − 1| over the grid",
-               theory="0 (±1%)", source=PAPER, measured=_pct(worst))  # fmt: skip
-    ctx.finding("every row's saved bytes equal the implementation model exactly",
-                exact == len(rows), f"{exact} of {len(rows)}")  # fmt: skip
+    figure = "saved activations per layer, largest |measured ÷ paper − 1| over the grid"
+    ctx.figure(figure, theory="0 (±1%)", source=PAPER, measured=_pct(worst))
+    claim = "every row's saved bytes equal the implementation model exactly"
+    ctx.finding(claim, exact == len(rows), f"{exact} of {len(rows)}")
     return f"{_plot(ctx, rows)}\n\n{table}"
 
 
@@ -93,9 +92,11 @@ def _plot(ctx: Context, rows: pd.DataFrame) -> str:
             m = mine[mine["recompute"] == mode]
             if m.empty:
                 continue
-            line = ax.plot(m["seq_len"], m["paper_bytes_per_layer"], label=f"{mode} (paper)")
-            ax.scatter(m["seq_len"], m["saved_bytes_per_layer"], color=line[0].get_color(),
-                       label=f"{mode} (measured)")  # fmt: skip
+            (line,) = ax.plot(m["seq_len"], m["paper_bytes_per_layer"], label=f"{mode} (paper)")
+            color = line.get_color()
+            ax.scatter(
+                m["seq_len"], m["saved_bytes_per_layer"], color=color, label=f"{mode} (measured)"
+            )
         values = mine[["seq_len", "saved_bytes_per_layer", "paper_bytes_per_layer"]]
         if (values.to_numpy() > 0).all():  # a degenerate frame (zeros) stays linear
             ax.set_xscale("log", base=2)
@@ -132,10 +133,10 @@ def time_overhead(ctx: Context) -> str | None:
     for mode in ("selective", "full"):
         m = rows[rows["recompute"] == mode]
         if not m.empty:
-            ctx.figure(f"{mode} recomputation: median time overhead over the grid",
-                       theory=_pct(float(m["predicted_flops_overhead"].median())),
-                       source=PAPER + " (FLOPs)",
-                       measured=_pct(float(m["overhead_vs_none"].median())))  # fmt: skip
+            theory = _pct(float(m["predicted_flops_overhead"].median()))
+            measured = _pct(float(m["overhead_vs_none"].median()))
+            figure = f"{mode} recomputation: median time overhead over the grid"
+            ctx.figure(figure, theory=theory, source=PAPER + " (FLOPs)", measured=measured)
     return table
 
 
@@ -152,23 +153,18 @@ def longest_sequence(ctx: Context) -> str | None:
     rows = _sorted(ok[ok["max_seq_len_in_budget"].notna()])
     if rows.empty:
         return None
+    table = pd.DataFrame({
+        "mode": rows["recompute"],
+        "layout": rows.apply(_layout, axis=1),
+        "longest s": rows["max_seq_len_in_budget"].map(lambda v: f"{int(v):,}"),
+    })  # fmt: skip
     budget = format_bytes(rows["budget_bytes"].iloc[0])
-    return f"Budget: {budget} of saved activations per layer per rank.\n\n" + markdown_table(
-        pd.DataFrame({
-            "mode": rows["recompute"], "layout": rows.apply(_layout, axis=1),
-            "longest s": rows["max_seq_len_in_budget"].map(lambda v: f"{int(v):,}"),
-        }), numparse=False)  # fmt: skip
+    return prose(__package__, "budget", budget=budget, table=markdown_table(table, numparse=False))
 
 
 REPORT = Report(
     title="Activation recomputation: saved bytes per layer against Korthikanti et al. 2022",
-    intro=(
-        "No, selective and full activation recomputation on one transformer layer, under "
-        "Megatron tensor parallelism and sequence parallelism: the bytes saved for backward "
-        "measured beside the paper's equations and the implementation's exact model, the "
-        "step-time overhead beside the paper's FLOPs prediction, and the longest sequence "
-        "within a byte budget per mode, found by running."
-    ),
+    intro=prose(__package__, "intro"),
     sections=(saved_bytes, time_overhead, longest_sequence),
     targets=(
         Target(
@@ -181,11 +177,6 @@ REPORT = Report(
             where={"attention": "materialized"},
             fmt=lambda value: format_percent(value, 2),
         ),
-    ),  # fmt: skip
-    correctness=(
-        "Each rank's output, input gradient and every parameter gradient are compared with "
-        "the same layer without recomputation, at the same RNG state (dropout on: the "
-        "recomputation must redraw the same masks); `wrong` counts tensors that differ in "
-        "any bit."
     ),
+    correctness=prose(__package__, "correctness"),
 )

@@ -34,12 +34,14 @@ from bench.report import (
     log2_axis,
     markdown_table,
     new_figure,
+    prose,
 )
 
 __all__ = ["REPORT", "lecture_orders", "shown_order"]
 
 COLUMNS = {"rounds": "time (rounds)", "peak": "peak node bytes / M", "total": "total bytes / M"}
 LECTURE_COLUMNS = {"rounds": "time", "peak": "peak node bandwidth", "total": "total bandwidth"}
+COUNTED = {"rounds": "rounds", "peak": "peak_per_M", "total": "total_per_M"}
 TARGET_BYTES = 64 << 20  # the issue's target is stated at 64 MiB
 
 RING_VS_TORCH = Target(
@@ -76,10 +78,7 @@ def lecture_orders(df: pd.DataFrame) -> dict[str, dict[str, str]]:
         rows = df[df["algorithm"] == algorithm]
         orders = {}
         for column in COLUMNS:
-            name = f"lecture_order_{column}"
-            if name not in rows.columns:
-                continue
-            values = rows[name].dropna().astype(str)
+            values = rows.get(f"lecture_order_{column}", pd.Series()).dropna().astype(str)
             values = values[values != ""]
             if not values.empty:
                 orders[column] = values.iloc[0]
@@ -142,15 +141,14 @@ def growth_table(ctx: Context) -> str | None:
             lecture = _lecture_order(orders, algorithm, column)
             fit = fits.get(algorithm, {}).get(column)
             fitted, mark = _fitted(fit, lecture)
-            source = {"rounds": "rounds", "peak": "peak_per_M", "total": "total_per_M"}[column]
+            key = COUNTED[column]
             values = " / ".join(
-                f"{measured.at[n, source]:.3g}" if n in measured.index else "—" for n in sizes
+                f"{measured.at[n, key]:.3g}" if n in measured.index else "—" for n in sizes
             )
             detail.append({"algorithm": algorithm, "quantity": title, header: values,
                            "fitted (measured)": fitted, "lecture": lecture, "match": mark})  # fmt: skip
-            row[title] = f"{fit.order if fit else 'n/a'} · " + (
-                lecture if mark == "—" else f"lecture {lecture} {mark}"
-            )
+            shown = lecture if mark == "—" else f"lecture {lecture} {mark}"
+            row[title] = f"{fit.order if fit else 'n/a'} · {shown}"
             if mark in ("✓", "✗"):
                 matches.setdefault(algorithm, {})[column] = mark == "✓"
         summary.append(row)
@@ -159,23 +157,24 @@ def growth_table(ctx: Context) -> str | None:
     return f"{markdown_table(pd.DataFrame(summary))}\n\n{markdown_table(pd.DataFrame(detail))}"
 
 
-def _growth_findings(ctx: Context, matches: dict[str, dict[str, bool]],
-                     orders: dict[str, dict[str, str]]) -> None:  # fmt: skip
+def _growth_findings(ctx: Context, matches: dict, orders: dict[str, dict[str, str]]) -> None:
     """One index row per algorithm of the lecture's table, and a finding where it fails."""
     for algorithm, lecture in orders.items():
-        columns = list(lecture)
-        if set(matches.get(algorithm, {})) != set(columns):
+        if set(matches.get(algorithm, {})) != set(lecture):
             continue
-        missed = [c for c in columns if not matches[algorithm][c]]
-        names = " / ".join(LECTURE_COLUMNS[c] for c in columns)
-        measured = " / ".join(
-            lecture[c] if matches[algorithm][c] else f"not {lecture[c]}" for c in columns
+        hit = matches[algorithm]
+        missed = [c for c in lecture if not hit[c]]
+        ctx.figure(
+            f"{algorithm}: growth of {' / '.join(LECTURE_COLUMNS[c] for c in lecture)}",
+            theory=" / ".join(lecture.values()),
+            source="lecture table",
+            measured=" / ".join(o if hit[c] else f"not {o}" for c, o in lecture.items()),
+            gap="match" if not missed else "mismatch: " + ", ".join(missed),
         )
-        ctx.figure(f"{algorithm}: growth of {names}", theory=" / ".join(lecture.values()),
-                   source="lecture table", measured=measured,
-                   gap="match" if not missed else "mismatch: " + ", ".join(missed))  # fmt: skip
-        ctx.finding(f"{algorithm}'s counted growth matches the lecture's table", not missed,
-                    ", ".join(f"{LECTURE_COLUMNS[c]} is not {lecture[c]}" for c in missed))  # fmt: skip
+        not_lecture = ", ".join(f"{LECTURE_COLUMNS[c]} is not {lecture[c]}" for c in missed)
+        ctx.finding(
+            f"{algorithm}'s counted growth matches the lecture's table", not missed, not_lecture
+        )
 
 
 def alpha_beta(ctx: Context) -> str | None:
@@ -188,7 +187,7 @@ def alpha_beta(ctx: Context) -> str | None:
     try:
         overall = fit_alpha_beta(ok)
     except (ValueError, KeyError) as error:
-        return f"No fit: {error}."
+        return prose(__package__, "no_fit", error=error)
     by_name = fit_alpha_beta_per_algorithm(ok)
     per_algorithm = {a: by_name[a] for a in _algorithms(ok, shown_order(ok)) if a in by_name}
     table = pd.DataFrame([
@@ -197,14 +196,6 @@ def alpha_beta(ctx: Context) -> str | None:
          "median rel. error": f"{fit.median_rel_error:.1%}", "rows": fit.n_rows}
         for fit in [overall, *per_algorithm.values()]
     ])  # fmt: skip
-    caution = ""
-    if not overall.r2 >= 0.9:
-        caution = (
-            f"The machine-wide fit is poor (R² = {overall.r2:.2f}): ranks share CPU cores "
-            "here, so a round's cost depends on how many ranks compete for a core and per-byte "
-            "cost includes the reduction arithmetic. The per-algorithm fits let each algorithm "
-            "carry its own overheads; read the extrapolation below as a rough guide only.\n\n"
-        )
     largest = int(ok["message_bytes"].max())
     fits = fit_traffic_growth(traffic_per_world_size(ok))
     ordered = {a: fits[a] for a in _algorithms(ok, shown_order(ok)) if a in fits}
@@ -218,15 +209,22 @@ def alpha_beta(ctx: Context) -> str | None:
     model = model.drop(columns=["world_size", "message_bytes", "algbw_gbps", "basis"]).rename(
         columns={"peak_bytes": "peak-rank bytes", "total_bytes": "total bytes"}
     )
-    ctx.headline.update(alpha_s=overall.alpha_s, beta_gbps=overall.beta_gbps,
-                        alpha_beta_r2=overall.r2)  # fmt: skip
-    ctx.figure("α–β fit, all algorithms", source="fitted to this run, Hockney α–β model",
-               measured=f"α = {format_seconds(overall.alpha_s)}/round, "
-               f"1/β = {overall.beta_gbps:.3g} GB/s, R² = {overall.r2:.2f}")  # fmt: skip
-    return (
-        f"{markdown_table(table)}\n\n{caution}**Model extrapolation, not a measurement:** "
-        f"growth fits above evaluated at N = 1024 and M = {format_bytes(largest)}, times "
-        f"from the α–β fits.\n\n{markdown_table(model)}"
+    alpha, r2 = format_seconds(overall.alpha_s), f"{overall.r2:.2f}"
+    ctx.headline.update(
+        alpha_s=overall.alpha_s, beta_gbps=overall.beta_gbps, alpha_beta_r2=overall.r2
+    )
+    ctx.figure(
+        "α–β fit, all algorithms",
+        source="fitted to this run, Hockney α–β model",
+        measured=f"α = {alpha}/round, 1/β = {overall.beta_gbps:.3g} GB/s, R² = {r2}",
+    )
+    return prose(
+        __package__,
+        "alpha_beta",
+        fits=markdown_table(table),
+        poor_r2="" if overall.r2 >= 0.9 else r2,
+        largest=format_bytes(largest),
+        model=markdown_table(model),
     )
 
 
@@ -274,11 +272,9 @@ def speed_against_torch(ctx: Context) -> str | None:
 def _lines(ax: Any, data: pd.DataFrame, x: str, y: str, palette: dict, legend: bool) -> None:
     """One line per algorithm; marker and dash differ too, so equal counts stay visible."""
     order = [a for a in palette if a in set(data["algorithm"])]
-    sns.lineplot(
-        data=data, x=x, y=y, hue="algorithm", style="algorithm", hue_order=order,
-        style_order=order, palette=palette, markers=True, markersize=8, alpha=0.85, ax=ax,
-        legend=legend,
-    )  # fmt: skip
+    kinds = {"hue": "algorithm", "style": "algorithm", "hue_order": order, "style_order": order}
+    look = {"palette": palette, "markers": True, "markersize": 8, "alpha": 0.85}
+    sns.lineplot(data=data, x=x, y=y, ax=ax, legend=legend, **kinds, **look)
     if legend:
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), title="algorithm")
 
@@ -337,21 +333,9 @@ def _plot_time_vs_size(ctx: Context, ok: pd.DataFrame, palette: dict) -> str:
 
 REPORT = Report(
     title="All-reduce scaling: the lecture's aggregation table, measured",
-    intro=(
-        "The lecture ranks parameter server, sequential, ring and parallel all-reduce by "
-        "time (rounds), peak per-node bandwidth and total bandwidth in O(·). Here each "
-        "algorithm all-reduces a buffer of M bytes on N ranks, with "
-        "`torch.distributed.all_reduce` timed beside it on the same buffers. `time_s` is the "
-        "median over repeats of the slowest rank's time per call (nccl-tests convention); "
-        "algbw = M / time and busbw = algbw × 2(N−1)/N. The traffic counters are exact and do "
-        "not depend on the machine; times do. `auto` runs, per cell, the algorithm a tuner "
-        "calibrated on this host predicts fastest (issue #14)."
-    ),
+    intro=prose(__package__, "intro"),
     sections=(auto.auto_choices, growth_table, alpha_beta, speed_against_torch, plots),
     targets=(RING_VS_TORCH, auto.AUTO_VS_BEST),
     prepare=auto.prepare,
-    correctness=(
-        "`wrong` counts the elements of the all-reduced buffer that differ from the known "
-        "answer: the inputs are small integers, so every sum is exact."
-    ),
+    correctness=prose(__package__, "correctness"),
 )

@@ -16,6 +16,7 @@ from bench.report import (
     format_percent,
     markdown_table,
     new_figure,
+    prose,
 )
 
 __all__ = ["PUBLISHED_TARGET", "REPORT", "SUMMIT_TARGET"]
@@ -24,36 +25,56 @@ ISSUE = "issue #14"
 HONEST = "issue #33"
 PUBLISHED_TARGET = Target(
     figure="published runs: |simulator ÷ published throughput − 1| (no fitting to them)",
-    column="abs_error", op="<=", bound=0.25, where={"kind": "published"},
+    column="abs_error",
+    op="<=",
+    bound=0.25,
+    where={"kind": "published"},
     source=f"{HONEST}: every row ≤ 25% (and the median ≤ 10%, judged below)",
     fmt=format_percent,
-)  # fmt: skip
+)
 MEDIAN_BOUND = 0.10  # issue #33: median |error| ≤ 10% over ≥ 40 rows from ≥ 8 sources
 LOSO_BOUND = 0.12  # issue #33: leave-one-source-out median ≤ 12%
 OPTIMISTIC_BAND = (0.35, 0.65)  # issue #33: optimistic rows between 35% and 65% of all
 SERIES_BOUND = 5.0  # issue #33: the predicted MFU decline with DP within 5 points
-SERIES_KEYS = ("origin", "model", "hardware", "seq_len", "microbatch_size", "tp", "pp",
-               "metric")  # fmt: skip
+LAYOUT = ("dp", "cp", "tp", "pp")
+SERIES_KEYS = ("origin", "model", "hardware", "seq_len", "microbatch_size", "tp", "pp", "metric")
 SUMMIT_TARGET = Target(
     figure="SUMMIT TSM data-parallel scaling efficiency: |simulator − lecture| (points)",
-    column="efficiency_gap_points", op="<=", bound=10.0,
+    column="efficiency_gap_points",
+    op="<=",
+    bound=10.0,
     where={"kind": "lecture", "name": ["summit_768", "summit_1536"]},
     source=f"{ISSUE}: within 10 points of the measured scaling efficiency",
     fmt=lambda v: f"{v:.1f} points",
-)  # fmt: skip
+)
 GPT3_TARGET = Target(
     figure="GPT-3 175B GPU-hours under the lecture's assumptions (V100 at 28 TFLOP/s): "
     "|simulator ÷ lecture − 1|",
-    column="abs_error", op="<=", bound=0.20,
+    column="abs_error",
+    op="<=",
+    bound=0.20,
     where={"kind": "lecture", "name": "gpt3_gpu_hours_lambda"},
-    source=f"{ISSUE}: within 20% of 3.1M under the stated assumptions", fmt=format_percent,
-)  # fmt: skip
+    source=f"{ISSUE}: within 20% of 3.1M under the stated assumptions",
+    fmt=format_percent,
+)
+
+
+def _true(values: pd.Series) -> pd.Series:
+    return values.astype(str).isin(["True", "true", "1"])
+
+
+def _signed(value: float) -> str:
+    return f"{100 * value:+.1f}%"
 
 
 def _fmt(value: float) -> str:
     if value is None or not math.isfinite(float(value)):
         return "—"
     return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def _times(ratio: float) -> str:
+    return _fmt(ratio) + "×" if math.isfinite(ratio) else "—"
 
 
 def _rows(ctx: Context, kind: str) -> pd.DataFrame:
@@ -82,61 +103,56 @@ def lecture(ctx: Context) -> str | None:
     rows = _rows(ctx, "lecture")
     if rows.empty:
         return None
+    arithmetic = rows.get("lecture_arithmetic", pd.Series(math.nan, index=rows.index))
     table = pd.DataFrame({
-        "figure": rows["name"], "what": rows["metric"],
+        "figure": rows["name"],
+        "what": rows["metric"],
         "lecture": rows["published"].map(_fmt),
-        "lecture's own arithmetic": rows.get("lecture_arithmetic", pd.Series(
-            math.nan, index=rows.index)).map(_fmt),
+        "lecture's own arithmetic": arithmetic.map(_fmt),
         "simulator (model output)": rows["predicted"].map(_fmt),
-        "simulator ÷ lecture": rows["ratio"].map(lambda v: _fmt(v) + "×" if math.isfinite(v)
-                                                 else "—"),
+        "simulator ÷ lecture": rows["ratio"].map(_times),
     })  # fmt: skip
     for _, row in rows.iterrows():
-        ctx.figure(
-            f"{row['name']}: {row['metric']}",
-            theory=_fmt(row["published"]),
-            source=str(row["source"]),
-            model=_fmt(row["predicted"]),
-            gap=_fmt(row["ratio"]) + "×" if math.isfinite(row["ratio"]) else "—",
-        )
+        figure, source = f"{row['name']}: {row['metric']}", str(row["source"])
+        theory, model = _fmt(row["published"]), _fmt(row["predicted"])
+        ctx.figure(figure, theory=theory, source=source, model=model, gap=_times(row["ratio"]))
     out = [markdown_table(table, numparse=False)]
     summit = rows[rows["name"].astype(str).str.startswith("summit")]
     if not summit.empty and "predicted_scaling_efficiency" in summit.columns:
-        eff = pd.DataFrame({"GPUs": summit["gpus"].map(format_count),
-                            "lecture": summit["published_scaling_efficiency"].map(format_percent),
-                            "simulator": summit["predicted_scaling_efficiency"].map(
-                                format_percent),
-                            "gap (points)": summit["efficiency_gap_points"].map(
-                                lambda v: f"{v:.1f}")})  # fmt: skip
-        out += ["", "Scaling efficiency T₆·6 ÷ (T_N·N):", "", markdown_table(eff, numparse=False)]
+        eff = pd.DataFrame({
+            "GPUs": summit["gpus"].map(format_count),
+            "lecture": summit["published_scaling_efficiency"].map(format_percent),
+            "simulator": summit["predicted_scaling_efficiency"].map(format_percent),
+            "gap (points)": summit["efficiency_gap_points"].map(lambda v: f"{v:.1f}"),
+        })  # fmt: skip
+        out.append(prose(__package__, "efficiency", table=markdown_table(eff, numparse=False)))
     _lecture_findings(ctx, rows)
-    chin = rows[rows["name"] == "chinchilla"]
-    for _, row in chin.iterrows():
-        out.append(f"\nChinchilla: N = {row['optimal_params'] / 1e9:.1f}B, D = "
-                   f"{row['optimal_tokens'] / 1e12:.2f}T tokens; priced with "
-                   f"{row['model']} ({row['model_params'] / 1e9:.1f}B parameters).")  # fmt: skip
-    return "\n".join(out)
+    for _, row in rows[rows["name"] == "chinchilla"].iterrows():
+        n, d = f"{row['optimal_params'] / 1e9:.1f}", f"{row['optimal_tokens'] / 1e12:.2f}"
+        size = f"{row['model_params'] / 1e9:.1f}"
+        out.append(prose(__package__, "chinchilla", n=n, d=d, model=row["model"], size=size))
+    return "\n\n".join(out)
 
 
 def _lecture_findings(ctx: Context, rows: pd.DataFrame) -> None:
     """Whether the lecture's figures hold as the lecture labels them, from this run's rows."""
     for _, row in rows[rows["name"] == "gpt3_gpu_hours"].iterrows():
-        ctx.finding(f"GPT-3 175B takes 3.1M GPU-hours on A100 (lecture: \"measured on Nvidia "
-                    f"A100\"); simulator on {format_count(row['gpus'])} × {row['hardware']}",
-                    holds=bool(row["abs_error"] <= GPT3_TARGET.bound),
-                    detail=f"predicted {_fmt(row['predicted'])} GPU-hours, {_fmt(row['ratio'])}× "
-                    "the lecture's: its figure is C ÷ 28 TFLOP/s (a V100 without tensor "
-                    "cores), not an A100's")  # fmt: skip
+        gpus, predicted, ratio = (
+            format_count(row["gpus"]),
+            _fmt(row["predicted"]),
+            _fmt(row["ratio"]),
+        )
+        claim = prose(__package__, "gpt3_claim", gpus=gpus, hardware=row["hardware"])
+        detail = prose(__package__, "gpt3_detail", predicted=predicted, ratio=ratio)
+        ctx.finding(claim, holds=bool(row["abs_error"] <= GPT3_TARGET.bound), detail=detail)
     summit = rows[rows["name"].astype(str).str.startswith("summit_")]
     gaps = (pd.to_numeric(summit["ratio"], errors="coerce") - 1).abs().dropna()
     if not gaps.empty:
         worst = summit.loc[gaps.idxmax()]
-        ctx.finding("SUMMIT TSM training times: the simulator's compute + all-reduce model "
-                    "predicts the absolute times within 20%",
-                    holds=bool(abs(worst["ratio"] - 1) <= 0.2),
-                    detail=f"worst {worst['name']}: predicted {_fmt(worst['predicted'])} min, "
-                    f"{_fmt(worst['ratio'])}× the lecture's {_fmt(worst['published'])} min "
-                    "(data loading and precision are not modelled)")  # fmt: skip
+        numbers = {k: _fmt(worst[k]) for k in ("predicted", "ratio", "published")}
+        detail = prose(__package__, "summit_detail", name=worst["name"], **numbers)
+        holds = bool(abs(worst["ratio"] - 1) <= 0.2)
+        ctx.finding(prose(__package__, "summit_claim"), holds=holds, detail=detail)
 
 
 def published(ctx: Context) -> str | None:
@@ -164,50 +180,62 @@ def published(ctx: Context) -> str | None:
     rows = _rows(ctx, "published")
     if rows.empty:
         return None
-    error = rows["ratio"] - 1
+    error, fits = rows["ratio"] - 1, _true(rows["fits"])
+    layout = rows.apply(lambda r: "·".join(format_count(r.get(k, 1)) for k in LAYOUT), axis=1)
+    peak = rows["predicted_peak_memory_gb"].astype(float)
     table = pd.DataFrame({
-        "run": rows["name"], "GPUs": rows["gpus"].map(format_count),
-        "layout (dp·cp·tp·pp)": rows.apply(
-            lambda r: "·".join(format_count(r.get(k, 1)) for k in ("dp", "cp", "tp", "pp")),
-            axis=1),
-        "metric": rows["metric"], "published": rows["published"].map(_fmt),
+        "run": rows["name"],
+        "GPUs": rows["gpus"].map(format_count),
+        "layout (dp·cp·tp·pp)": layout,
+        "metric": rows["metric"],
+        "published": rows["published"].map(_fmt),
         "simulator": rows["predicted"].map(_fmt),
-        "error": error.map(lambda v: f"{100 * v:+.1f}%"),
+        "error": error.map(_signed),
         "90% interval (other sources)": rows.apply(_interval_text, axis=1),
-        "peak GB (fits)": rows.apply(lambda r: f"{float(r['predicted_peak_memory_gb']):.1f} ("
-                                     f"{'yes' if str(r['fits']) in ('True', 'true', '1') else 'no'})",
-                                     axis=1),
-        "assumed": rows["assumed"], "source": rows["source"],
+        "peak GB (fits)": [f"{gb:.1f} ({'yes' if fit else 'no'})" for gb, fit in zip(peak, fits, strict=True)],
+        "assumed": rows["assumed"],
+        "source": rows["source"],
     })  # fmt: skip
-    median = float(rows["abs_error"].median())
-    optimistic = float((error > 0).mean())
-    ctx.figure(f"published runs: median |simulator ÷ published − 1| over {len(rows)} rows",
-               theory=f"≤ {format_percent(MEDIAN_BOUND)}", source=HONEST,
-               model=format_percent(median))  # fmt: skip
-    ctx.figure(f"published runs: share of optimistic rows (simulator above published) "
-               f"over {len(rows)} rows", theory=f"{format_percent(OPTIMISTIC_BAND[0])}–"
-               f"{format_percent(OPTIMISTIC_BAND[1])}", source=HONEST,
-               model=format_percent(optimistic))  # fmt: skip
+    n, median, optimistic = len(rows), float(rows["abs_error"].median()), float((error > 0).mean())
+    over, under = int((error > 0).sum()), int((error <= 0).sum())
+    low, high = (format_percent(bound) for bound in OPTIMISTIC_BAND)
+    ctx.figure(
+        f"published runs: median |simulator ÷ published − 1| over {n} rows",
+        theory=f"≤ {format_percent(MEDIAN_BOUND)}",
+        source=HONEST,
+        model=format_percent(median),
+    )
+    ctx.figure(
+        f"published runs: share of optimistic rows (simulator above published) over {n} rows",
+        theory=f"{low}–{high}",
+        source=HONEST,
+        model=format_percent(optimistic),
+    )
     ctx.headline["published_median_error"] = median
-    ctx.headline["published_rows"] = len(rows)
+    ctx.headline["published_rows"] = n
     ctx.headline["published_optimistic_share"] = optimistic
     per_source, covered = _per_source(ctx, rows)
-    fits = rows["fits"].astype(str).isin(["True", "true", "1"])
     ctx.headline["published_fit_share"] = float(fits.mean())
-    ctx.finding("every published run fits in memory in the plan it trained with",
-                holds=bool(fits.all()), detail=f"{int(fits.sum())} of {len(rows)} fit"
-                + ("" if fits.all() else "; not: " + ", ".join(rows.loc[~fits, "name"])))  # fmt: skip
-    ctx.finding(f"median |error| ≤ {format_percent(MEDIAN_BOUND)} over the published rows",
-                holds=median <= MEDIAN_BOUND, detail=f"{format_percent(median)} over "
-                f"{len(rows)} rows from {rows['origin'].nunique()} source families")  # fmt: skip
-    ctx.finding("optimistic rows between 35% and 65% of all (errors not of one sign)",
-                holds=OPTIMISTIC_BAND[0] <= optimistic <= OPTIMISTIC_BAND[1],
-                detail=f"{int((error > 0).sum())} of {len(rows)} optimistic")  # fmt: skip
-    return "\n".join([markdown_table(table, numparse=False), "",
-                      f"Median |error| {format_percent(median)} over {len(rows)} rows; "
-                      f"{int((error > 0).sum())} optimistic, {int((error <= 0).sum())} "
-                      f"pessimistic; {covered} of {len(rows)} inside the interval the other "
-                      "sources give them.", "", per_source, "", _plot(ctx, rows)])  # fmt: skip
+    unfit = "" if fits.all() else "; not: " + ", ".join(rows.loc[~fits, "name"])
+    ctx.finding(
+        "every published run fits in memory in the plan it trained with",
+        holds=bool(fits.all()),
+        detail=f"{int(fits.sum())} of {n} fit{unfit}",
+    )
+    ctx.finding(
+        f"median |error| ≤ {format_percent(MEDIAN_BOUND)} over the published rows",
+        holds=median <= MEDIAN_BOUND,
+        detail=f"{format_percent(median)} over {n} rows from {rows['origin'].nunique()} source families",
+    )
+    ctx.finding(
+        "optimistic rows between 35% and 65% of all (errors not of one sign)",
+        holds=OPTIMISTIC_BAND[0] <= optimistic <= OPTIMISTIC_BAND[1],
+        detail=f"{over} of {n} optimistic",
+    )
+    counts = {"rows": n, "over": over, "under": under, "covered": covered}
+    summary = prose(__package__, "published", median=format_percent(median), **counts)
+    table = markdown_table(table, numparse=False)
+    return "\n\n".join([table, summary, per_source, _plot(ctx, rows)])
 
 
 def _interval_text(row: pd.Series) -> str:
@@ -224,35 +252,42 @@ def _per_source(ctx: Context, rows: pd.DataFrame) -> tuple[str, int]:
     No term of the simulator is fitted to a published run, so a row's error is the same
     whether or not its source is held out: the leave-one-source-out median |error| equals
     the plain median, and what holding a source out tests is the interval."""
-    covers = rows["interval_covers"].astype(str).isin(["True", "true", "1"])
+    covers = _true(rows["interval_covers"])
     error = pd.to_numeric(rows["ratio"], errors="coerce") - 1
-    grouped = rows.assign(covered=covers, optimistic=error > 0, error=error).groupby(
-        "origin", sort=False)  # fmt: skip
+    frame = rows.assign(covered=covers, optimistic=error > 0, error=error)
+    grouped = frame.groupby("origin", sort=False)
     table = pd.DataFrame({
         "rows": grouped.size(),
         "median |error|": grouped["abs_error"].median().map(format_percent),
-        "median error (signed)": grouped["error"].median().map(lambda v: f"{100 * v:+.1f}%"),
+        "median error (signed)": grouped["error"].median().map(_signed),
         "optimistic": grouped["optimistic"].sum().astype(int),
         "covered by the other sources' 90% interval": grouped["covered"].sum().astype(int),
     }).reset_index().rename(columns={"origin": "source family"})  # fmt: skip
     loso = float(rows["abs_error"].median())
     ctx.headline["published_loso_median_error"] = loso
     ctx.headline["published_loso_coverage"] = float(covers.mean())
-    ctx.figure("published runs: leave-one-source-out median |error| (no term fitted to any "
-               "source, so it equals the median)", theory=f"≤ {format_percent(LOSO_BOUND)}",
-               source=HONEST, model=format_percent(loso))  # fmt: skip
-    ctx.finding("each source's rows fall inside the 90% interval the other sources give them",
-                holds=float(covers.mean()) >= 0.8, detail=f"{int(covers.sum())} of "
-                f"{len(rows)} covered ({format_percent(float(covers.mean()))}; a 90% interval "
-                "should cover about 90%)")  # fmt: skip
-    intro = (
-        f"Per source family ({rows['origin'].nunique()} families of "
-        f"{rows['source'].nunique()} cited sources; NeMo's releases count as one). "
-        "Leave-one-source-out median "
-        f"|error| {format_percent(loso)}: the plain median, since no term of the simulator "
-        "is fitted to any source; holding a source out tests the interval instead."
+    ctx.figure(
+        "published runs: leave-one-source-out median |error| (no term fitted to any source, "
+        "so it equals the median)",
+        theory=f"≤ {format_percent(LOSO_BOUND)}",
+        source=HONEST,
+        model=format_percent(loso),
     )
-    return intro + "\n\n" + markdown_table(table, numparse=False), int(covers.sum())
+    share, covered = float(covers.mean()), int(covers.sum())
+    detail = prose(
+        __package__, "covered_detail", covered=covered, rows=len(rows), share=format_percent(share)
+    )
+    claim = "each source's rows fall inside the 90% interval the other sources give them"
+    ctx.finding(claim, holds=share >= 0.8, detail=detail)
+    text = prose(
+        __package__,
+        "per_source",
+        families=rows["origin"].nunique(),
+        sources=rows["source"].nunique(),
+        loso=format_percent(loso),
+        table=markdown_table(table, numparse=False),
+    )
+    return text, covered
 
 
 def _plot(ctx: Context, rows: pd.DataFrame) -> str:
@@ -295,10 +330,9 @@ def scaling_series(ctx: Context) -> str | None:
         group = group.sort_values("dp")
         first, last = group.iloc[0], group.iloc[-1]
         mfu = str(key[-1]).startswith("MFU")
-        scale = 100.0 if mfu else 100.0 / float(first["published"])
-        published = (float(first["published"]) - float(last["published"])) * scale
-        predicted = (float(first["predicted"]) - float(last["predicted"])) * (
-            scale if mfu else 100.0 / float(first["predicted"])
+        published, predicted = (
+            (float(first[c]) - float(last[c])) * (100.0 if mfu else 100.0 / float(first[c]))
+            for c in ("published", "predicted")
         )
         gap = abs(predicted - published)
         gaps.append(gap)
@@ -315,24 +349,24 @@ def scaling_series(ctx: Context) -> str | None:
         return None
     worst = max(gaps)
     ctx.headline["scaling_series_worst_gap"] = worst
-    ctx.figure("scaling series: |predicted − published| decline of MFU as DP grows (points)",
-               theory=f"≤ {SERIES_BOUND:.0f} points", source=HONEST,
-               model=f"worst {worst:.1f} over {len(gaps)} series")  # fmt: skip
-    ctx.finding(f"the predicted decline with DP matches the published one within "
-                f"{SERIES_BOUND:.0f} points in every series", holds=worst <= SERIES_BOUND,
-                detail=f"worst gap {worst:.1f} over {len(gaps)} series")  # fmt: skip
+    ctx.figure(
+        "scaling series: |predicted − published| decline of MFU as DP grows (points)",
+        theory=f"≤ {SERIES_BOUND:.0f} points",
+        source=HONEST,
+        model=f"worst {worst:.1f} over {len(gaps)} series",
+    )
+    ctx.finding(
+        f"the predicted decline with DP matches the published one within "
+        f"{SERIES_BOUND:.0f} points in every series",
+        holds=worst <= SERIES_BOUND,
+        detail=f"worst gap {worst:.1f} over {len(gaps)} series",
+    )
     return markdown_table(pd.DataFrame(out), numparse=False)
 
 
 REPORT = Report(
     title="At scale: the simulator against the lecture's figures and published runs",
-    intro=(
-        "The lecture's scale figures and published large training runs, each priced by "
-        "`impls.simulator` from the run's model, GPUs, layout and batch. **Every prediction "
-        "is a model output**; the published numbers are the papers' measurements, and the "
-        "simulator's inputs (peak FLOP/s, memory and link bandwidths, GEMM efficiency) are "
-        "datasheet and microbenchmark numbers cited in `impls/costmodel/presets.py`."
-    ),
+    intro=prose(__package__, "intro"),
     sections=(lecture, published, scaling_series),
     targets=(PUBLISHED_TARGET, SUMMIT_TARGET, GPT3_TARGET),
 )

@@ -21,9 +21,8 @@ def plan_label(row: Any) -> str:
     cp = int(row.get("cp", 1) or 1)
     sp = f" cp{cp}{sp}" if cp > 1 else sp
     v = f" V{int(row['virtual_stages'])}" if row["virtual_stages"] > 1 else ""
-    return (f"dp{int(row['dp'])} tp{int(row['tp'])} pp{int(row['pp'])}{sp} "
-            f"Z{int(row['zero_stage'])} b{int(row['microbatch_size'])} {row['schedule']}{v} "
-            f"rc={row['recompute']}")  # fmt: skip
+    dp, tp, pp, zero, b = (int(row[k]) for k in ("dp", "tp", "pp", "zero_stage", "microbatch_size"))
+    return f"dp{dp} tp{tp} pp{pp}{sp} Z{zero} b{b} {row['schedule']}{v} rc={row['recompute']}"
 
 
 def breakdown_figure(rows: pd.DataFrame) -> Any:
@@ -56,9 +55,9 @@ def mfu_figure(best: pd.DataFrame) -> Any:
     ax.set_xlabel("GPUs")
     ax.set_ylim(0, 100)
     for _, row in best.iterrows():
-        ax.annotate(f"{row['predicted_tflops_per_gpu']:.0f} TFLOP/s", (row["gpus"],
-                    100 * row["predicted_mfu"]), textcoords="offset points", xytext=(0, 8),
-                    ha="center", fontsize=8)  # fmt: skip
+        text = f"{row['predicted_tflops_per_gpu']:.0f} TFLOP/s"
+        at = (row["gpus"], 100 * row["predicted_mfu"])
+        ax.annotate(text, at, textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
     ax.set_title("Best plan per GPU count (simulator output, not measured)")
     return fig
 

@@ -19,6 +19,7 @@ from bench.report import (
     format_percent,
     format_seconds,
     markdown_table,
+    prose,
 )
 
 __all__ = ["REPORT"]
@@ -60,11 +61,16 @@ def best_plans(ctx: Context) -> str | None:
         "peak GB": best["predicted_peak_memory_gb"].map(lambda v: f"{v:.1f}"),
     })  # fmt: skip
     for _, row in best[best["rank"] == 1].iterrows():
-        ctx.figure(f"best plan, {row['model']} on {int(row['gpus'])} × {row['hardware']}",
-                   theory="—", source=SOURCE,
-                   model=f"{plan_label(row)}: MFU {format_percent(row['predicted_mfu'])} "
-                         f"(90% interval {_mfu_interval(row)}), "
-                         f"{row['predicted_tflops_per_gpu']:.0f} TFLOP/s per GPU")  # fmt: skip
+        model = prose(
+            __package__,
+            "best_plan",
+            plan=plan_label(row),
+            mfu=format_percent(row["predicted_mfu"]),
+            interval=_mfu_interval(row),
+            tflops=f"{row['predicted_tflops_per_gpu']:.0f}",
+        )
+        figure = f"best plan, {row['model']} on {int(row['gpus'])} × {row['hardware']}"
+        ctx.figure(figure, theory="—", source=SOURCE, model=model)
     ctx.headline["best"] = best[best["rank"] == 1].to_dict("records")
     return markdown_table(table, numparse=False)
 
@@ -94,11 +100,12 @@ def rejected(ctx: Context) -> str | None:
     if rows.empty:
         return None
     table = pd.DataFrame({
-        "GPUs": rows["gpus"], "plan": rows.apply(plan_label, axis=1),
-        "fits": rows["fits"], "peak GB": rows["predicted_peak_memory_gb"].map(
-            lambda v: f"{v:.1f}"),
-        "step": rows["predicted_step_time_s"].map(format_seconds), "why it loses":
-        rows["reason"],
+        "GPUs": rows["gpus"],
+        "plan": rows.apply(plan_label, axis=1),
+        "fits": rows["fits"],
+        "peak GB": rows["predicted_peak_memory_gb"].map(lambda v: f"{v:.1f}"),
+        "step": rows["predicted_step_time_s"].map(format_seconds),
+        "why it loses": rows["reason"],
     })  # fmt: skip
     return markdown_table(table, numparse=False)
 
@@ -114,8 +121,8 @@ def breakdown(ctx: Context) -> str | None:
         return None
     columns = [c for c, _ in BREAKDOWN]
     rows = rows.dropna(subset=columns)
-    return ctx.plot(breakdown_figure(rows), "step_time_breakdown",
-                    "stacked predicted step time per plan")  # fmt: skip
+    alt = "stacked predicted step time per plan"
+    return ctx.plot(breakdown_figure(rows), "step_time_breakdown", alt)
 
 
 def mfu_vs_gpus(ctx: Context) -> str | None:
@@ -144,11 +151,12 @@ def memory(ctx: Context) -> str | None:
     text = []
     for gpus, sub in ok.groupby("gpus"):
         if _found(sub, "best").empty:
-            text.append(f"- {gpus} GPUs: no plan fits in {device:g} GB; the smallest peak "
-                        f"found is {float(sub['smallest_memory_gb'].min()):.1f} GB.")  # fmt: skip
+            gb = f"{float(sub['smallest_memory_gb'].min()):.1f}"
+            line = prose(__package__, "no_plan_fits", gpus=gpus, device=f"{device:g}", smallest=gb)
+            text.append(line)
     if not rows.empty:
-        text.append(ctx.plot(memory_figure(rows, device), "memory_vs_plan",
-                             "predicted peak memory per plan"))  # fmt: skip
+        alt = "predicted peak memory per plan"
+        text.append(ctx.plot(memory_figure(rows, device), "memory_vs_plan", alt))
     return "\n".join(text) or None
 
 
@@ -183,12 +191,18 @@ def against_published(ctx: Context) -> str | None:
         })  # fmt: skip
         if first is not None and str(run["published_metric"]) == "MFU":
             ratio = best_mfu / float(run["published_value"])
-            ctx.finding(f"the best plan's MFU on {format_count(run['gpus'])} GPUs is within 10% "
-                        f"of {run['run']}'s published MFU, or a modelled term explains it",
-                        holds=ratio <= 1.10 or gain > 0, detail=f"best {format_percent(best_mfu)}"
-                        f" vs published {format_percent(run['published_value'])} ({ratio:.2f}×);"
-                        f" the terms that shrink most, as a share of the run's step per token: "
-                        f"{term}")  # fmt: skip
+            claim = prose(
+                __package__, "published_claim", gpus=format_count(run["gpus"]), run=run["run"]
+            )
+            detail = prose(
+                __package__,
+                "published_detail",
+                best=format_percent(best_mfu),
+                published=format_percent(run["published_value"]),
+                ratio=f"{ratio:.2f}",
+                terms=term,
+            )
+            ctx.finding(claim, holds=ratio <= 1.10 or gain > 0, detail=detail)
     return markdown_table(pd.DataFrame(rows), numparse=False)
 
 
@@ -202,8 +216,8 @@ def _better_term(run: pd.Series, best: pd.Series) -> tuple[str, float]:
         return float(row[column]) / tokens
 
     step = per_token(run, "predicted_step_time_s")
-    drops = sorted(((per_token(run, c) - per_token(best, c)) / step, label)
-                   for c, label in BREAKDOWN)[::-1]  # fmt: skip
+    drops = [((per_token(run, c) - per_token(best, c)) / step, label) for c, label in BREAKDOWN]
+    drops = sorted(drops)[::-1]
     text = ", ".join(f"{label} {drop:+.1%}" for drop, label in drops[:2])
     return text, drops[0][0]
 
@@ -225,14 +239,6 @@ def search_time(ctx: Context) -> str | None:
 
 REPORT = Report(
     title="Auto-parallel: the best plan for a model on a GPU cluster (predicted)",
-    intro=(
-        "The planner (`impls.planner`) searches data, tensor, pipeline and sequence "
-        "parallelism, the ZeRO stage, the micro-batch size, the pipeline schedule and its "
-        "virtual stages, and activation recomputation, with equal and Alpa-sliced pipeline "
-        "stages (Zheng et al., OSDI 2022, §5), and prices every plan with the simulator "
-        "(`impls.simulator`). **Nothing in this report is measured except the search "
-        "time**: every step time, throughput, MFU and memory is the simulator's output, "
-        "whose inputs are the hardware preset's cited datasheet and microbenchmark numbers."
-    ),
+    intro=prose(__package__, "intro"),
     sections=(best_plans, rejected, against_published, breakdown, mfu_vs_gpus, memory, search_time),
 )

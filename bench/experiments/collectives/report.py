@@ -23,54 +23,14 @@ from bench.report import (
     log2_axis,
     markdown_table,
     new_figure,
+    prose,
 )
 
-__all__ = ["BUS_FACTORS", "COLLECTIVE_ORDER", "REPORT"]
+__all__ = ["COLLECTIVE_ORDER", "REPORT"]
 
 COLLECTIVE_ORDER = (*PRIMITIVES, "all_reduce")
-# collective -> (factor, why), after nccl-tests doc/PERFORMANCE.md; n ranks, S bytes.
-BUS_FACTORS: dict[str, tuple[str, str]] = {
-    "broadcast": (
-        "1",
-        "S is the buffer the root holds; every rank must receive all S bytes once, and a "
-        "pipelined chain moves S across each link, so algbw already is the link rate.",
-    ),
-    "reduce": (
-        "1",
-        "S is each rank's buffer; the root must take in S bytes of combined data, and a "
-        "pipelined chain carries S per link, as broadcast in reverse.",
-    ),
-    "scatter": (
-        "(n−1)/n",
-        "S is the root's whole buffer; the root keeps its own 1/n and must push the other "
-        "(n−1)/n of S through its link.",
-    ),
-    "gather": (
-        "(n−1)/n",
-        "S is the gathered result; the root already holds 1/n and must pull in (n−1)/n of S.",
-    ),
-    "all_gather": (
-        "(n−1)/n",
-        "S is the gathered output; each rank starts with S/n and must receive the other "
-        "n−1 pieces, (n−1)/n of S.",
-    ),
-    "reduce_scatter": (
-        "(n−1)/n",
-        "S is each rank's input; a rank ends with S/n reduced and must receive the other "
-        "n−1 ranks' contributions to it, (n−1)/n of S in all.",
-    ),
-    "all_to_all": (
-        "(n−1)/n",
-        "S is each rank's buffer; a rank keeps the 1/n addressed to itself and exchanges "
-        "the remaining (n−1)/n of S.",
-    ),
-    "all_reduce": (
-        "2(n−1)/n",
-        "a reduce-scatter ((n−1)/n of S into each rank) followed by an all-gather (another "
-        "(n−1)/n out): 2(n−1)/n of S per rank, the lower bound ring all-reduce meets.",
-    ),
-}
 IMPLS = ("distbench", "torch")
+SAME_RUN = "torch.distributed, same run"
 
 
 def _collectives(df: pd.DataFrame) -> list[str]:
@@ -123,10 +83,7 @@ def bus_factors(ctx: Context) -> str | None:
 
     busbw = algbw × factor, so that a collective running at a link's full speed reads as
     that link's bandwidth whatever n is (nccl-tests' convention, doc/PERFORMANCE.md)."""
-    order = _collectives(ctx.df)
-    lines = [f"- `{c}`: **{BUS_FACTORS[c][0]}**: {BUS_FACTORS[c][1]}" for c in order
-             if c in BUS_FACTORS]  # fmt: skip
-    return "\n".join(lines) or None
+    return prose(__package__, "bus_factors", collectives=_collectives(ctx.df)) or None
 
 
 def results(ctx: Context) -> str | None:
@@ -146,26 +103,20 @@ def results(ctx: Context) -> str | None:
         largest = rows[rows["message_bytes"] == rows["message_bytes"].max()]
         median = float(largest["ratio"].median())
         worst = largest.loc[largest["ratio"].idxmin()]
-        size = format_bytes(worst["message_bytes"])
-        summary.append(f"{collective} {format_ratio(median)} (worst {format_ratio(worst['ratio'])}"
-                       f" at N={int(worst['world_size'])})")  # fmt: skip
-        ctx.figure(
-            f"{collective} busbw distbench ÷ torch, S = {size}: median over N (worst N)",
-            source="torch.distributed, same run",
-            measured=f"{format_ratio(median)} (worst {format_ratio(worst['ratio'])}, "
-            f"N={int(worst['world_size'])})",
-        )
+        size, n = format_bytes(worst["message_bytes"]), int(worst["world_size"])
+        ratio, worst_ratio = format_ratio(median), format_ratio(worst["ratio"])
+        summary.append((collective, ratio, worst_ratio, n))
+        figure = f"{collective} busbw distbench ÷ torch, S = {size}: median over N (worst N)"
+        ctx.figure(figure, source=SAME_RUN, measured=f"{ratio} (worst {worst_ratio}, N={n})")
     if not rated.empty:
         low = rated.loc[rated["ratio"].idxmin()]
-        ctx.headline["min_ratio"] = float(low["ratio"])
-        ctx.headline["min_ratio_cell"] = {k: low[k] for k in ("collective", "world_size",
-                                                               "message_bytes")}  # fmt: skip
-        ctx.figure(f"lowest busbw ratio, any cell ({low['collective']}, N={int(low['world_size'])}"
-                   f", {format_bytes(low['message_bytes'])})",
-                   source="torch.distributed, same run", measured=format_ratio(low["ratio"]))  # fmt: skip
-    tables = "\n\n".join(f"### `{c}`\n\n{_collective_table(wide, c)}"
-                           for c in _collectives(ctx.ok))  # fmt: skip
-    return f"Largest size, median over N: {'; '.join(summary) or 'none'}.\n\n{tables}"
+        cell = {k: low[k] for k in ("collective", "world_size", "message_bytes")}
+        ctx.headline.update(min_ratio=float(low["ratio"]), min_ratio_cell=cell)
+        where = f"{cell['collective']}, N={int(cell['world_size'])}"
+        figure = f"lowest busbw ratio, any cell ({where}, {format_bytes(cell['message_bytes'])})"
+        ctx.figure(figure, source=SAME_RUN, measured=format_ratio(low["ratio"]))
+    tables = [f"### `{c}`\n\n{_collective_table(wide, c)}" for c in _collectives(ctx.ok)]
+    return "\n\n".join([prose(__package__, "largest", ratios=summary), *tables])
 
 
 def plot(ctx: Context) -> str | None:
@@ -173,24 +124,22 @@ def plot(ctx: Context) -> str | None:
     ok = ctx.ok.dropna(subset=["busbw_gbps"])
     if ok.empty:
         return None
-    order = [c for c in _collectives(ok)]
+    order = _collectives(ok)
     columns = min(4, len(order))
     grid_rows = math.ceil(len(order) / columns)
     data = ok.assign(N=ok["world_size"].map(lambda n: f"N={int(n)}"))
     hue_order = [f"N={n}" for n in sorted(ok["world_size"].unique())]
     sizes = sorted(ok["message_bytes"].unique())
     ticks = sizes[:: max(1, len(sizes) // 4)]
+    look = {"x": "message_bytes", "y": "busbw_gbps", "hue": "N", "hue_order": hue_order}
+    look |= {"style": "impl", "style_order": list(IMPLS), "markers": True}
     fig, axes = new_figure(4.2 * columns + 1.5, 3.6 * grid_rows, grid_rows, columns, sharex=True)
     for i, ax in enumerate(axes):
         if i >= len(order):
             ax.set_visible(False)
             continue
         last = i == len(order) - 1
-        sns.lineplot(
-            data=data[data["collective"] == order[i]], x="message_bytes", y="busbw_gbps",
-            hue="N", hue_order=hue_order, style="impl", style_order=list(IMPLS),
-            markers=True, ax=ax, legend=last,
-        )  # fmt: skip
+        sns.lineplot(data=data[data["collective"] == order[i]], ax=ax, legend=last, **look)
         log2_axis(ax, ticks, as_bytes=True)
         ax.set(title=order[i], xlabel="size S", ylabel="busbw (GB/s)")
         if last:
@@ -201,14 +150,7 @@ def plot(ctx: Context) -> str | None:
 
 REPORT = Report(
     title="Collectives: distbench against torch.distributed, nccl-tests style",
-    intro=(
-        "Every collective is timed twice in one run: distbench's from-scratch version (built "
-        "on the counted point-to-point layer) and torch.distributed's own, at the same world "
-        "size and size S, where S is what nccl-tests calls the size for that collective."
-    ),
+    intro=prose(__package__, "intro"),
     sections=(bus_factors, results, plot),
-    correctness=(
-        "`wrong` counts the elements of each rank's result that differ from the known "
-        "answer (small-integer inputs: every sum is exact)."
-    ),
+    correctness=prose(__package__, "correctness"),
 )

@@ -18,17 +18,20 @@ from bench.report import (
     format_seconds,
     markdown_table,
     new_figure,
+    prose,
 )
 
 __all__ = ["PRESET_FILE", "REPORT"]
 
 PRESET_FILE = "hardware.yaml"
+# The columns read as numbers (a CSV round trip may leave them as text).
+GEMM = ("m", "n", "k", "flops", "flop_rate")
+NUMERIC = (*GEMM, "time_s", "bandwidth", "world_size", "message_bytes", "wrong")
 
 
 def _of(ctx: Context, measurement: str) -> pd.DataFrame:
     rows = ctx.ok[ctx.ok["measurement"] == measurement].copy()
-    for column in ("m", "n", "k", "flops", "flop_rate", "time_s", "bandwidth", "world_size",
-                   "message_bytes", "wrong"):  # fmt: skip
+    for column in NUMERIC:
         if column in rows:
             rows[column] = pd.to_numeric(rows[column], errors="coerce")
     return rows
@@ -57,22 +60,23 @@ def preset(ctx: Context) -> str | None:
     ctx.headline["preset_file"] = _shown_path(path) if hw is not None else None
     if hw is None:
         ctx.finding("the rows make a hardware preset", False, why)
-        return f"**No preset written:** {why}."
-    lines = [f"Written: `{_shown_path(path)}` — `{hw.name}`.", ""]
-    table = [("peak " + dtype, f"{flops / 1e9:.4g} GFLOP/s") for dtype, flops in
-             hw.peak_flops.items()]  # fmt: skip
-    table += [("memory bandwidth", f"{hw.memory_bandwidth / 1e9:.4g} GB/s"),
-              ("kernel overhead", format_seconds(hw.kernel_overhead_s)),
-              ("link α (per round)", format_seconds(hw.intra.alpha_s)),
-              ("link bandwidth (1/β)", f"{hw.intra.bandwidth / 1e9:.4g} GB/s"),
-              ("devices per node", str(hw.devices_per_node)),
-              ("memory per device", format_bytes(hw.memory_bytes))]  # fmt: skip
+        return prose(__package__, "no_preset", why=why)
+    table = [
+        ("peak " + dtype, f"{flops / 1e9:.4g} GFLOP/s") for dtype, flops in hw.peak_flops.items()
+    ]
+    table += [
+        ("memory bandwidth",     f"{hw.memory_bandwidth / 1e9:.4g} GB/s"),
+        ("kernel overhead",      format_seconds(hw.kernel_overhead_s)),
+        ("link α (per round)",   format_seconds(hw.intra.alpha_s)),
+        ("link bandwidth (1/β)", f"{hw.intra.bandwidth / 1e9:.4g} GB/s"),
+        ("devices per node",     str(hw.devices_per_node)),
+        ("memory per device",    format_bytes(hw.memory_bytes)),
+    ]  # fmt: skip
     for figure, value in table:
         ctx.figure(f"device_profile: {figure}", measured=value)
-    lines.append(markdown_table(pd.DataFrame(table, columns=["number", "value"]),
-                                numparse=False))  # fmt: skip
-    lines += ["", "```yaml", path.read_text(encoding="utf-8").rstrip(), "```"]
-    return "\n".join(lines)
+    shown = markdown_table(pd.DataFrame(table, columns=["number", "value"]), numparse=False)
+    text = prose(__package__, "written", path=_shown_path(path), name=hw.name, table=shown)
+    return f"{text}\n\n```yaml\n{path.read_text(encoding='utf-8').rstrip()}\n```"
 
 
 def gemm(ctx: Context) -> str | None:
@@ -86,8 +90,8 @@ def gemm(ctx: Context) -> str | None:
         return None
     rows["efficiency"] = rows["flop_rate"] / rows.groupby("dtype")["flop_rate"].transform("max")
     shown = pd.DataFrame({
-        "dtype": rows["dtype"], "m × n × k": [f"{r.m:.0f}×{r.n:.0f}×{r.k:.0f}"
-                                              for r in rows.itertuples()],
+        "dtype": rows["dtype"],
+        "m × n × k": [f"{r.m:.0f}×{r.n:.0f}×{r.k:.0f}" for r in rows.itertuples()],
         "GFLOP": (rows["flops"] / 1e9).map(lambda v: f"{v:.3g}"),
         "time": rows["time_s"].map(format_seconds),
         "GFLOP/s": (rows["flop_rate"] / 1e9).map(lambda v: f"{v:.4g}"),
@@ -114,8 +118,9 @@ def memory_and_launch(ctx: Context) -> str | None:
     copy, launch = _of(ctx, "copy"), _of(ctx, "launch")
     rows = [("copy " + format_bytes(r.message_bytes), format_seconds(r.time_s),
              f"{r.bandwidth / 1e9:.4g} GB/s") for r in copy.itertuples()]  # fmt: skip
-    rows += [("one-element add", format_seconds(r.time_s), "per kernel")
-             for r in launch.itertuples()]  # fmt: skip
+    rows += [
+        ("one-element add", format_seconds(r.time_s), "per kernel") for r in launch.itertuples()
+    ]
     if not rows:
         return None
     return markdown_table(pd.DataFrame(rows, columns=["probe", "time", "rate"]), numparse=False)
@@ -132,7 +137,7 @@ def ring(ctx: Context) -> str | None:
     try:
         fits = ring_fits(ctx.ok)
     except ValueError as error:
-        return f"No fit: {error}." if not rows.empty else None
+        return prose(__package__, "no_fit", error=error) if not rows.empty else None
     out, errors = [], []
     for row in rows.sort_values(["world_size", "message_bytes"]).itertuples():
         n = int(row.world_size)
@@ -141,30 +146,23 @@ def ring(ctx: Context) -> str | None:
         alpha, beta = fits[n]
         model = 2 * (n - 1) * alpha + 2 * (n - 1) / n * row.message_bytes * beta
         errors.append(abs(model / row.time_s - 1))
-        out.append({"N": n, "size": format_bytes(row.message_bytes),
-                    "measured": format_seconds(row.time_s), "α–β": format_seconds(model),
-                    "error": f"{model / row.time_s - 1:+.1%}", "wrong": int(row.wrong)})  # fmt: skip
-    summary = [f"N = {n}: α = {format_seconds(a)} per round, 1/β = {1 / b / 1e9:.4g} GB/s"
-               for n, (a, b) in fits.items()]  # fmt: skip
+        out.append({
+            "N": n,
+            "size": format_bytes(row.message_bytes),
+            "measured": format_seconds(row.time_s),
+            "α–β": format_seconds(model),
+            "error": f"{model / row.time_s - 1:+.1%}",
+            "wrong": int(row.wrong),
+        })  # fmt: skip
+    shown = [(n, format_seconds(a), f"{1 / b / 1e9:.4g}") for n, (a, b) in fits.items()]
     ctx.headline["ring_median_abs_error"] = float(np.median(errors)) if errors else None
-    return "\n".join(f"- {s}" for s in summary) + "\n\n" + markdown_table(
-        pd.DataFrame(out), numparse=False)  # fmt: skip
+    table = markdown_table(pd.DataFrame(out), numparse=False)
+    return prose(__package__, "ring_fits", fits=shown, table=table)
 
 
 REPORT = Report(
     title="Device profile: this device measured for the simulator",
-    intro=(
-        "GEMM efficiency by shape, the best GEMM rate per dtype, memory bandwidth, kernel "
-        "launch overhead and the ring all-reduce's α–β over the rank pool, measured on the "
-        "device this ran on (`device=auto`: a GPU where one is visible, else the CPU) and "
-        "written as a hardware preset file that `hardware=<path>` takes in `auto_parallel`, "
-        "`at_scale` and everywhere a preset name is taken. Run it on your own machine to "
-        "plan for it: `python -m bench experiment=device_profile report_dir=my_gpu`."
-    ),
+    intro=prose(__package__, "intro"),
     sections=(preset, gemm, memory_and_launch, ring),
-    correctness="`wrong` counts, after the timed windows, the result elements off their "
-    "reference: a GEMM's first rows against the same product in float64 (within a few "
-    "units of the dtype's last place × √k), the copy's target against its source, the "
-    "launch probe's counter against the calls made, and the ring all-reduce's result (one "
-    "call on a known pattern) against the exact sum.",
+    correctness=prose(__package__, "correctness"),
 )

@@ -57,20 +57,20 @@ def curves_figure(ok: pd.DataFrame, label: Callable[[str, str], str]) -> Any | N
     for i, ((method, setting), (loss, evals)) in enumerate(curves.items()):
         style = "--" if method.startswith("torch_") or method == "topk_noef" else "-"
         style = ("-", "-.", ":")[(i // 10) % 3] if style == "-" else style  # > 10 lines: new dash
-        smooth = _smooth(loss, window)
-        loss_ax.plot(np.arange(len(smooth)) + window, smooth, style, color=f"C{i % 10}",
-                     label=label(method, setting), linewidth=1.2)  # fmt: skip
-        acc_ax.plot(evals[0], 100 * evals[1], style, color=f"C{i % 10}", marker=".",
-                    linewidth=1.2)  # fmt: skip
+        smooth, line = _smooth(loss, window), {"color": f"C{i % 10}", "linewidth": 1.2}
+        steps = np.arange(len(smooth)) + window
+        loss_ax.plot(steps, smooth, style, label=label(method, setting), **line)
+        acc_ax.plot(evals[0], 100 * evals[1], style, marker=".", **line)
     positive = all(np.nanmin(loss) > 0 for loss, _ in curves.values())
-    loss_ax.set(yscale="log" if positive else "linear", xlabel="step",
-                ylabel=f"train loss (mean of ranks, {window}-step avg)", title="Training loss")  # fmt: skip
+    ylabel = f"train loss (mean of ranks, {window}-step avg)"
+    scale = "log" if positive else "linear"
+    loss_ax.set(yscale=scale, xlabel="step", ylabel=ylabel, title="Training loss")
     acc_ax.set(xlabel="step", ylabel="held-out accuracy (%)", title="Held-out accuracy")
     finals = pd.to_numeric(ok["final_accuracy"], errors="coerce")
     low = 100 * float(finals.min()) - 5 if finals.notna().any() else 0.0
     acc_ax.set_ylim(max(0.0, low), 100)
-    fig.legend(*loss_ax.get_legend_handles_labels(), loc="upper center",
-               bbox_to_anchor=(0.5, 0.0), ncol=4, fontsize="small")  # fmt: skip
+    handles = loss_ax.get_legend_handles_labels()
+    fig.legend(*handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, fontsize="small")
     return fig
 
 
@@ -90,15 +90,18 @@ def pareto_figure(pts: pd.DataFrame, frontier: pd.DataFrame, label: Callable) ->
     fig, (ax,) = new_figure(8.5, 5.5)
     for i, row in enumerate(pts.itertuples()):
         # 10 colours × 7 markers: no two of up to 70 settings look alike
-        ax.scatter(row.bytes_per_step, 100 * row.final_accuracy, s=55, color=f"C{i % 10}",
-                   marker="osD^v<>"[i % 7], zorder=5, label=label(row.method, row.setting))  # fmt: skip
-    ax.step(frontier["bytes_per_step"], 100 * frontier["final_accuracy"], where="post",
-            color="grey", alpha=0.6, label="Pareto frontier")  # fmt: skip
+        style = {"color": f"C{i % 10}", "marker": "osD^v<>"[i % 7], "zorder": 5}
+        label_ = label(row.method, row.setting)
+        ax.scatter(row.bytes_per_step, 100 * row.final_accuracy, s=55, label=label_, **style)
+    x, y = frontier["bytes_per_step"], 100 * frontier["final_accuracy"]
+    ax.step(x, y, where="post", color="grey", alpha=0.6, label="Pareto frontier")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(LogLocator(base=2))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
-    ax.set(xlabel="bytes on the wire per step (busiest rank, counted)",
-           ylabel="final held-out accuracy (%)",
-           title="Accuracy against bytes on the wire (up and left is better)")  # fmt: skip
+    ax.set(
+        xlabel="bytes on the wire per step (busiest rank, counted)",
+        ylabel="final held-out accuracy (%)",
+        title="Accuracy against bytes on the wire (up and left is better)",
+    )
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return fig

@@ -20,6 +20,7 @@ import pandas as pd
 from bench.experiments.gradient_compression.plots import curves_figure, pareto, pareto_figure
 from bench.experiments.gradient_compression.sections import (
     LABELS,
+    count,
     label,
     quantizers,
     settings_means,
@@ -34,6 +35,7 @@ from bench.report import (
     format_ratio,
     format_seconds,
     markdown_table,
+    prose,
 )
 
 __all__ = ["LABELS", "REPORT", "add_baseline", "prepare"]
@@ -90,11 +92,6 @@ def _pts(value: float) -> str:
     return "—" if not math.isfinite(value) else f"{round(100 * value, 2) + 0.0:+.2f}"  # no −0.00
 
 
-def _count(value: Any, unit: str = "") -> str:
-    number = pd.to_numeric(value, errors="coerce")
-    return "—" if pd.isna(number) else f"{int(number):,}{unit}"
-
-
 def what_was_measured(ctx: Context) -> str | None:
     """What was measured, on what
 
@@ -109,21 +106,19 @@ def what_was_measured(ctx: Context) -> str | None:
     sight of these counters, and overlap them with backward: their bytes and exchange
     time are not shown (never estimated), and the simulated link does not apply to
     them."""
-    ok = ctx.ok
-    first = ok.iloc[0]
+    first = ctx.ok.iloc[0]
     latency = float(pd.to_numeric(first.get("latency_ms"), errors="coerce"))
     bandwidth = float(pd.to_numeric(first.get("bandwidth_mbps"), errors="coerce"))
-    if latency == 0 and not math.isfinite(bandwidth):
-        network = "no simulated network (loopback only)"
-    else:
-        network = (f"a simulated link of {latency:g} ms per round and {bandwidth:g} Mbit/s "
-                   "(`impls.comm.SimulatedNetwork`) under distbench's exchanges")  # fmt: skip
-    seeds = ", ".join(str(int(s)) for s in sorted(ok["seed"].unique()))
-    return (
-        f"Task `{first['task']}` ({_count(first['params'])} parameters), data-parallel on "
-        f"{_count(first['world_size'])} ranks, {_count(first['steps'])} SGD steps (global "
-        f"batch {_count(first['batch_size'])}, peak lr {float(first['lr']):g}, cosine decay "
-        f"to 0; momentum 0.9, inside the compressor for DGC), seeds {seeds}; {network}."
+    return prose(
+        __package__,
+        "setup",
+        **{c: count(first[c]) for c in ("params", "world_size", "steps", "batch_size")},
+        task=first["task"],
+        lr=f"{float(first['lr']):g}",
+        seeds=", ".join(str(int(s)) for s in sorted(ctx.ok["seed"].unique())),
+        loopback=latency == 0 and not math.isfinite(bandwidth),
+        latency=f"{latency:g}",
+        bandwidth=f"{bandwidth:g}",
     )
 
 
@@ -149,7 +144,7 @@ def every_method(ctx: Context) -> str | None:
     })  # fmt: skip
     note = ""
     if set(means["task"]) == {"digits"}:
-        note = f"One of the 359 held-out images is {100 / 359:.2f} points.\n\n"
+        note = prose(__package__, "one_image", points=f"{100 / 359:.2f}") + "\n\n"
     return note + markdown_table(table, numparse=False)
 
 
@@ -183,9 +178,11 @@ def _done_when(ctx: Context, means: pd.DataFrame) -> dict[str, Any]:
     if noef is not None:
         points = float(100 * (noef["final_accuracy"] - noef["baseline_accuracy"]))
         out["topk_noef_1pct_points_vs_dp"] = points
-        ctx.figure("Top-K 1% without error feedback: accuracy vs DP (points, mean of seeds)",
-                   source="lecture: residuals carried to future updates",
-                   measured=f"{points:+.2f}")  # fmt: skip
+        ctx.figure(
+            "Top-K 1% without error feedback: accuracy vs DP (points, mean of seeds)",
+            source="lecture: residuals carried to future updates",
+            measured=f"{points:+.2f}",
+        )
     return out
 
 
@@ -198,34 +195,31 @@ def _error_feedback_finding(ctx: Context) -> None:
         return
     wide = wide.dropna()
     gaps = 100 * (wide["topk"] - wide["topk_noef"])
-    ctx.finding("Top-K 1% with error feedback ends more accurate than without it, every seed",
-                bool((gaps > 0).all()),
-                ", ".join(f"seed {int(s)}: {g:+.2f} points" for s, g in gaps.items()))  # fmt: skip
+    ctx.finding(
+        "Top-K 1% with error feedback ends more accurate than without it, every seed",
+        bool((gaps > 0).all()),
+        ", ".join(f"seed {int(s)}: {g:+.2f} points" for s, g in gaps.items()),
+    )
 
 
 def _verdict(ctx: Context, done: dict[str, Any]) -> str:
     top = done.get("topk_1pct")
     if not top:
         return ""
-    verdicts = [t.judge(ctx.ok, ctx.key_columns) for t in (ACCURACY_TARGET, BYTES_TARGET)]
-    accuracy, dp = format_percent(top["accuracy"], 2), format_percent(top["baseline_accuracy"], 2)
     ratio, nbytes = top["compression_ratio"], top["bytes_per_step"]
-    verdict = (
-        "every seed within 1 point with ≥ 50× fewer bytes."
-        if all(v.met for v in verdicts)
-        else "**outside** the issue's target (within 1 point, ≥ 50× fewer bytes) on at least "
-        "one seed: see Targets."
+    noef = done.get("topk_noef_1pct_points_vs_dp")
+    return "\n\n" + prose(
+        __package__,
+        "topk_verdict",
+        accuracy=format_percent(top["accuracy"], 2),
+        dp=format_percent(top["baseline_accuracy"], 2),
+        points=f"{top['points_vs_dp']:+.2f}",
+        ratio=format_ratio(ratio),
+        nbytes=format_bytes(nbytes),
+        dp_bytes=format_bytes(nbytes * ratio),
+        met=all(t.judge(ctx.ok, ctx.key_columns).met for t in (ACCURACY_TARGET, BYTES_TARGET)),
+        noef_points="" if noef is None else f"{noef:+.2f}",
     )
-    text = (
-        f"\n\n**Top-K at 1% with error feedback**: {accuracy} against DP's {dp} "
-        f"({top['points_vs_dp']:+.2f} points) with {format_ratio(ratio)} fewer bytes per step "
-        f"({format_bytes(nbytes)} against {format_bytes(nbytes * ratio)}), means over seeds "
-        f"— {verdict}"
-    )
-    if "topk_noef_1pct_points_vs_dp" in done:
-        text += (" Without error feedback the same density gives "
-                 f"{done['topk_noef_1pct_points_vs_dp']:+.2f} points.")  # fmt: skip
-    return text
 
 
 def accuracy_against_bytes(ctx: Context) -> str | None:
@@ -241,30 +235,20 @@ def accuracy_against_bytes(ctx: Context) -> str | None:
     _error_feedback_finding(ctx)
     points = means[(means["bytes_per_step"] > 0) & means["final_accuracy"].notna()]
     frontier = pareto(points) if len(points) else points
-    ctx.headline.update(
-        done_when=done,
-        pareto=[{"method": m, "setting": s}
-                for m, s in zip(frontier["method"], frontier["setting"], strict=True)],
-    )  # fmt: skip
+    pairs = list(zip(frontier["method"], frontier["setting"], strict=True))
+    ctx.headline.update(done_when=done, pareto=[{"method": m, "setting": s} for m, s in pairs])
     shown = ""
     if len(points):
         shown = ctx.plot(pareto_figure(points, frontier, label), "pareto", "pareto")
-        names = ", ".join(label(m, s) for m, s in
-                          zip(frontier["method"], frontier["setting"], strict=True))  # fmt: skip
-        ctx.figure("Pareto frontier (fewest bytes for the accuracy)", source="this run",
-                   measured=names)  # fmt: skip
+        names = ", ".join(label(m, s) for m, s in pairs)
+        figure = "Pareto frontier (fewest bytes for the accuracy)"
+        ctx.figure(figure, source="this run", measured=names)
     return shown + _verdict(ctx, done)
 
 
 REPORT = Report(
     title="Gradient compression: accuracy against bytes on the wire",
-    intro=(
-        "Data-parallel training on real data with every gradient-compression method of the "
-        "lecture: the bytes each method puts on the wire are counted by distbench's "
-        "communicator, its accuracy measured on the task's held-out set, both against "
-        "uncompressed DP of the same seed in the same run, with torch's own DDP comm hooks "
-        "(`powerSGD_hook`, `fp16_compress_hook`) trained beside on the same model and data."
-    ),
+    intro=prose(__package__, "intro"),
     sections=(
         what_was_measured,
         every_method,
@@ -272,7 +256,7 @@ REPORT = Report(
         accuracy_against_bytes,
         quantizers,
         torch_hooks,
-    ),  # fmt: skip
+    ),
     targets=(ACCURACY_TARGET, BYTES_TARGET),
     prepare=prepare,
     persist=BASELINE_COLUMNS,

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.report import Context, format_percent, format_seconds, markdown_table
+from bench.report import Context, format_percent, format_seconds, markdown_table, prose
 
-__all__ = ["LABELS", "label", "quantizers", "settings_means", "torch_hooks"]
+__all__ = ["LABELS", "count", "label", "quantizers", "settings_means", "torch_hooks"]
 
 LABELS = {
     "dp": "DP (fp32 ring all-reduce)",
@@ -30,10 +30,11 @@ LABELS = {
 }
 QSGD_SOURCE = "Alistarh et al. 2017 (QSGD), Lemma 3.1: E‖Q(g) − g‖² ≤ min(n/s², √n/s)·‖g‖²"
 TERN_SOURCE = "Wen et al. 2017 (TernGrad) §3: E‖ĝ − g‖² = Σ(s·|g_i| − g_i²) ≤ s·‖g‖₁"
+SOURCES = {"qsgd": QSGD_SOURCE, "terngrad": TERN_SOURCE}
 KEYS = ["method", "setting"]
-MEANS = ("final_accuracy", "baseline_accuracy", "final_loss", "final_train_loss",
-         "bytes_per_step", "baseline_bytes_per_step", "compression_ratio", "step_time_s",
-         "comm_time_s", "simulated_s", "train_time_s")  # fmt: skip
+ACCURACY = ("final_accuracy", "baseline_accuracy", "final_loss")
+COSTS = ("bytes_per_step", "compression_ratio", "step_time_s", "comm_time_s", "simulated_s")
+MEANS = (*ACCURACY, *COSTS)
 
 
 def label(method: str, setting: Any) -> str:
@@ -53,14 +54,12 @@ def with_setting_text(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def settings_means(ok: pd.DataFrame) -> pd.DataFrame:
-    """One row per (method, setting): the mean over seeds of every measured column."""
+    """One row per (method, setting): the mean over seeds of each column the report shows."""
     ok = with_setting_text(ok)
     present = [c for c in MEANS if c in ok]
     grouped = ok.groupby(KEYS, sort=False)
     out = grouped[present].mean()
     out["seeds"] = grouped["seed"].nunique()
-    out["accuracy_sd"] = grouped["final_accuracy"].std()
-    out["impl"] = grouped["impl"].first()
     out["task"] = grouped["task"].first()
     return _ordered(out.reset_index())
 
@@ -69,7 +68,7 @@ def _quantizer_entries(ok: pd.DataFrame) -> list[dict[str, Any]]:
     if "quant_bias_stat" not in ok.columns:
         return []
     stat = pd.to_numeric(ok["quant_bias_stat"], errors="coerce")
-    rows = ok[ok["method"].isin(["qsgd", "terngrad"]) & stat.notna()]
+    rows = ok[ok["method"].isin(SOURCES) & stat.notna()]
     return [
         {"method": row.method, "setting": row.setting, "seed": int(row.seed),
          "bias_stat": float(row.quant_bias_stat), "variance": float(row.quant_variance),
@@ -84,8 +83,9 @@ def _ratio(variance: float, bound: float) -> float:
     return variance / bound if bound > 0 else math.nan
 
 
-def _count(value: Any) -> str:
-    return f"{int(value):,}" if pd.notna(value) else "—"
+def count(value: Any) -> str:
+    number = pd.to_numeric(value, errors="coerce")
+    return "—" if pd.isna(number) else f"{int(number):,}"
 
 
 def quantizers(ctx: Context) -> str | None:
@@ -104,12 +104,14 @@ def quantizers(ctx: Context) -> str | None:
     for e in entries:
         name = f"{LABELS[e['method']]} {e['setting']}".strip() + f" (seed {e['seed']})"
         ratio = _ratio(e["variance"], e["bound"])
-        source = QSGD_SOURCE if e["method"] == "qsgd" else TERN_SOURCE
-        ctx.figure(f"{name}: bias statistic S / variance ÷ bound", theory="S ≈ 1 / ≤ 1",
-                   source=source, measured=f"{e['bias_stat']:.2f} / {ratio:.3f}")  # fmt: skip
-        ctx.finding(f"{name} is unbiased (0.5 < S < 2) and within its paper's variance bound",
-                    0.5 < e["bias_stat"] < 2 and ratio <= 1,
-                    f"S = {e['bias_stat']:.3f}, variance ÷ bound = {ratio:.3f}")  # fmt: skip
+        measured = f"{e['bias_stat']:.2f} / {ratio:.3f}"
+        figure = f"{name}: bias statistic S / variance ÷ bound"
+        ctx.figure(figure, theory="S ≈ 1 / ≤ 1", source=SOURCES[e["method"]], measured=measured)
+        ctx.finding(
+            f"{name} is unbiased (0.5 < S < 2) and within its paper's variance bound",
+            0.5 < e["bias_stat"] < 2 and ratio <= 1,
+            f"S = {e['bias_stat']:.3f}, variance ÷ bound = {ratio:.3f}",
+        )
     table = pd.DataFrame({
         "method": [label(e["method"], e["setting"]) for e in entries],
         "seed": [e["seed"] for e in entries],
@@ -120,11 +122,9 @@ def quantizers(ctx: Context) -> str | None:
         "exact expectation": [f"{e['expected']:.4g}" if math.isfinite(e["expected"]) else "—"
                               for e in entries],
     })  # fmt: skip
-    first = entries[0]
-    return (
-        f"g has {_count(first['numel'])} elements, drawn {_count(first['draws'])} times. "
-        f"Bounds: {QSGD_SOURCE}; {TERN_SOURCE}.\n\n{markdown_table(table, numparse=False)}"
-    )
+    numel, draws = count(entries[0]["numel"]), count(entries[0]["draws"])
+    text = prose(__package__, "quantizer_draws", numel=numel, draws=draws, **SOURCES)
+    return f"{text}\n\n{markdown_table(table, numparse=False)}"
 
 
 def _hook_pairs(means: pd.DataFrame) -> list[tuple[pd.Series, pd.Series]]:
@@ -164,16 +164,17 @@ def torch_hooks(ctx: Context) -> str | None:
                                              f"{format_seconds(rb['step_time_s'])}",
         })  # fmt: skip
         if ra["method"] == "powersgd":
-            ctx.figure(f"PowerSGD {ra['setting']}: accuracy, distbench − torch powerSGD_hook "
-                       "(points)", theory="0 within noise",
-                       source="Vogels et al. 2019; torch powerSGD_hook",
-                       measured=f"{100 * diff:+.2f}")  # fmt: skip
+            ctx.figure(
+                f"PowerSGD {ra['setting']}: accuracy, distbench − torch powerSGD_hook (points)",
+                theory="0 within noise",
+                source="Vogels et al. 2019; torch powerSGD_hook",
+                measured=f"{100 * diff:+.2f}",
+            )
     ctx.headline["torch_hooks"] = rows
     if not rows:
         return None
     dp = ctx.ok[ctx.ok["method"] == "dp"]["final_accuracy"]
     noise = float(np.std(dp, ddof=1)) if len(dp) > 1 else math.nan
-    noise_text = (f"The seed-to-seed standard deviation of DP's accuracy in this run is "
-                  f"{100 * noise:.2f} points." if math.isfinite(noise) else
-                  "Only one seed ran, so the run has no seed-to-seed spread to compare with.")  # fmt: skip
-    return f"{noise_text}\n\n{markdown_table(pd.DataFrame(lines), numparse=False)}"
+    points = f"{100 * noise:.2f}" if math.isfinite(noise) else ""
+    text = prose(__package__, "seed_noise", points=points)
+    return f"{text}\n\n{markdown_table(pd.DataFrame(lines), numparse=False)}"

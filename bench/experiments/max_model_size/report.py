@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from bench.experiments.max_model_size.plots import STAGE_NAMES, max_params_figure, per_device_figure
-from bench.report import Context, Report, format_percent, markdown_table, ok_rows
+from bench.report import Context, Report, format_percent, markdown_table, ok_rows, prose
 from bench.results import read_results
 
 __all__ = ["GPU_FILE", "LECTURE", "LECTURE_SOURCE", "MODEL_STATE_TARGET", "REPORT"]
@@ -36,8 +36,8 @@ LECTURE = {
     2: (36, "80 GB / 2.2 B = 36B (exactly 2 + 14/64 = 2.21875 B)"),
     3: (320, "80 GB / 0.25 B = 320B"),
 }
-LECTURE_CELL = {"gpu_memory_gb": 80.0, "dp": 64, "mp": 1, "weight_bytes_per_param": 2,
-                "grad_bytes_per_param": 2, "optim_bytes_per_param": 12}  # fmt: skip
+BYTES_CELL = {"weight_bytes_per_param": 2, "grad_bytes_per_param": 2, "optim_bytes_per_param": 12}
+LECTURE_CELL = {"gpu_memory_gb": 80.0, "dp": 64, "mp": 1, **BYTES_CELL}
 # The ZeRO paper's Figure 1: per-device model states of Ψ = 7.5B, K = 12, N = 64 (GB).
 FIGURE1 = {"params": 7.5e9, "dp": 64, "gb": {0: 120, 1: 31.4, 2: 16.6, 3: 1.9}}
 FIGURE1_SOURCE = "ZeRO paper (Rajbhandari et al. 2019), Figure 1"
@@ -61,11 +61,16 @@ def _finite(value: Any) -> bool:
         return False
 
 
+def _matching(rows: pd.DataFrame, cell: dict[str, Any]) -> pd.DataFrame:
+    """The rows with every column of `cell` at its value."""
+    mask = pd.Series(True, index=rows.index)
+    for column, value in cell.items():
+        mask &= rows[column] == value if column in rows.columns else False
+    return rows[mask]
+
+
 def _lecture_rows(ok: pd.DataFrame) -> pd.DataFrame:
-    mask = pd.Series(True, index=ok.index)
-    for column, value in LECTURE_CELL.items():
-        mask &= ok[column] == value if column in ok.columns else False
-    return ok[mask].drop_duplicates("stage").set_index("stage")
+    return _matching(ok, LECTURE_CELL).drop_duplicates("stage").set_index("stage")
 
 
 def _lecture_outcome(rows: pd.DataFrame, stage: int, lecture_b: int) -> dict[str, Any]:
@@ -74,8 +79,8 @@ def _lecture_outcome(rows: pd.DataFrame, stage: int, lecture_b: int) -> dict[str
         computed = int(rows.at[stage, "max_params"])
         billions = int(rows.at[stage, "max_params_billions"])
         match = billions == lecture_b
-    return {"lecture_billions": lecture_b, "computed_params": computed,
-            "computed_billions": billions, "match": match}  # fmt: skip
+    keys = ("lecture_billions", "computed_params", "computed_billions", "match")
+    return dict(zip(keys, (lecture_b, computed, billions, match), strict=True))
 
 
 def lecture(ctx: Context) -> str | None:
@@ -90,8 +95,7 @@ def lecture(ctx: Context) -> str | None:
     table, outcome = [], {}
     for stage, (lecture_b, arithmetic) in LECTURE.items():
         entry = outcome[stage] = _lecture_outcome(rows, stage, lecture_b)
-        computed, billions, match = (entry[k] for k in ("computed_params", "computed_billions",
-                                                         "match"))  # fmt: skip
+        _, computed, billions, match = entry.values()
         table.append({
             "stage": STAGE_NAMES[stage],
             "lecture (80 GB, N = 64)": f"{lecture_b}B",
@@ -100,22 +104,22 @@ def lecture(ctx: Context) -> str | None:
             "floored to billions": "—" if billions is None else f"{billions}B",
             "match": "—" if match is None else ("✓" if match else "✗"),
         })  # fmt: skip
-        ctx.figure(f"largest trainable model, 80 GB, N = 64, {STAGE_NAMES[stage]}",
-                   theory=f"{lecture_b}B", source=LECTURE_SOURCE,
-                   model="not computed" if billions is None else f"{billions}B",
-                   gap="—" if billions is None else f"{billions - lecture_b:+d}B")  # fmt: skip
+        ctx.figure(
+            f"largest trainable model, 80 GB, N = 64, {STAGE_NAMES[stage]}",
+            theory=f"{lecture_b}B",
+            source=LECTURE_SOURCE,
+            model="not computed" if billions is None else f"{billions}B",
+            gap="—" if billions is None else f"{billions - lecture_b:+d}B",
+        )
     matches = [entry["match"] for entry in outcome.values()]
     reproduced = None if None in matches else all(matches)
     ctx.headline["lecture"] = {str(stage): entry for stage, entry in outcome.items()}
     ctx.headline["lecture_reproduced"] = reproduced
     if reproduced is not None:
         missed = [STAGE_NAMES[s] for s, e in outcome.items() if not e["match"]]
-        ctx.finding("the cost model reproduces the lecture's 5B / 19B / 36B / 320B (80 GB, "
-                    "N = 64)", reproduced, ", ".join(missed))  # fmt: skip
-    missing = "" if len(rows) else (
-        "\n\n**This run's grid has no 80 GB, N = 64, mp = 1, 2/2/12-byte cell**, so the "
-        "lecture's figures were not recomputed; rerun with the defaults."
-    )  # fmt: skip
+        claim = "the cost model reproduces the lecture's 5B / 19B / 36B / 320B (80 GB, N = 64)"
+        ctx.finding(claim, reproduced, ", ".join(missed))
+    missing = "" if len(rows) else "\n\n" + prose(__package__, "no_lecture_cell")
     return markdown_table(pd.DataFrame(table)) + missing
 
 
@@ -126,16 +130,19 @@ def computed(ctx: Context) -> str | None:
     devices, so it multiplies the model that fits. Activations, buffers and fragmentation
     are not model states and are left out, as in the lecture. Each cell ran as a one-rank
     grid cell (the setup above)."""
-    ok = ctx.ok
-    first = ok.iloc[0]
-    memories = ", ".join(f"{m:g}" for m in sorted(ok["gpu_memory_gb"].unique()))
-    ns = sorted(int(n) for n in ok["dp"].unique())
-    return (
-        f"The cost model evaluated at device memory M ∈ {{{memories}}} GB, N = {ns[0]} … "
-        f"{ns[-1]} data-parallel ranks ({len(ns)} values), model-parallel degree mp = "
-        f"{int(first['mp'])}, and {first['weight_bytes_per_param']:g} / "
-        f"{first['grad_bytes_per_param']:g} / {first['optim_bytes_per_param']:g} bytes per "
-        "parameter of weights / gradients / optimizer state."
+    first = ctx.ok.iloc[0]
+    ns = sorted(int(n) for n in ctx.ok["dp"].unique())
+    return prose(
+        __package__,
+        "computed",
+        memories=", ".join(f"{m:g}" for m in sorted(ctx.ok["gpu_memory_gb"].unique())),
+        first_n=ns[0],
+        last_n=ns[-1],
+        n_count=len(ns),
+        mp=int(first["mp"]),
+        weight=f"{first['weight_bytes_per_param']:g}",
+        grad=f"{first['grad_bytes_per_param']:g}",
+        optim=f"{first['optim_bytes_per_param']:g}",
     )
 
 
@@ -170,42 +177,43 @@ def per_device(ctx: Context) -> str | None:
     at = FIGURE1["dp"] if FIGURE1["dp"] in set(one["dp"]) else int(one["dp"].max())
     rows = one[one["dp"] == at].drop_duplicates("stage").sort_values("stage")
     psi = float(rows["params"].iloc[0])
-    text = (f"Ψ = {_billions(psi)}. {_figure1(ctx, rows, psi, at)}\n\n{markdown_table(table)}\n\n"
-            f"Breakdown at N = {at}:\n\n{_breakdown(rows, memory)}")  # fmt: skip
+    text = prose(
+        __package__,
+        "per_device",
+        psi=_billions(psi),
+        at=at,
+        **_figure1(ctx, rows, psi, at),
+        table=markdown_table(table),
+        breakdown=_breakdown(rows, memory),
+    )
     fig = per_device_figure(ok, psi)
     return text + "\n\n" + ctx.plot(fig, "per_device_memory_vs_n", "per-device memory vs N")
 
 
-def _figure1(ctx: Context, rows: pd.DataFrame, psi: float, at: int) -> str:
+def _figure1(ctx: Context, rows: pd.DataFrame, psi: float, at: int) -> dict[str, str]:
     """This run's values at N = `at` for its Ψ; beside the paper's only where they are
     the paper's setting (Ψ = 7.5B, 2 + 2 + 12 bytes, N = 64)."""
-    paper = (psi == FIGURE1["params"] and at == FIGURE1["dp"]
-             and len(_lecture_bytes_rows(rows)) == len(rows))  # fmt: skip
+    same_bytes = len(_matching(rows, BYTES_CELL)) == len(rows)
+    paper = psi == FIGURE1["params"] and at == FIGURE1["dp"] and same_bytes
     values = {int(r["stage"]): float(r["per_device_gb"]) for _, r in rows.iterrows()}
-    shown = " / ".join(_gb(v) for v in values.values())
     for stage, value in values.items():
         theory = f"{FIGURE1['gb'][stage]:g} GB" if paper and stage in FIGURE1["gb"] else "—"
         gap = f"{value - FIGURE1['gb'][stage]:+.2f} GB" if theory != "—" else "—"
-        ctx.figure(f"model states per device of a {psi / 1e9:g}B model, N = {at}, "
-                   f"{STAGE_NAMES.get(stage, stage)}", theory=theory,
-                   source=FIGURE1_SOURCE if paper else "—", model=_gb(value), gap=gap)  # fmt: skip
-    ctx.headline["per_device_gb"] = {"params": psi, "dp": at,
-                                     "by_stage": {str(s): v for s, v in values.items()}}  # fmt: skip
-    stages = " / ".join(STAGE_NAMES.get(s, str(s)) for s in values)
-    text = f"At N = {at} the cost model gives {shown} ({stages})"
-    if paper:
-        paper_gb = ", ".join(f"{v:g}" for v in FIGURE1["gb"].values())
-        return f"{text}; the ZeRO paper's Figure 1, for this Ψ and N, gives {paper_gb} GB."
-    return (f"{text}. The ZeRO paper's Figure 1 is drawn for Ψ = 7.5B, 2 + 2 + 12 bytes and "
-            "N = 64, not this run's setting, so its values are not set beside these.")  # fmt: skip
-
-
-def _lecture_bytes_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    bytes_columns = ("weight_bytes_per_param", "grad_bytes_per_param", "optim_bytes_per_param")
-    mask = pd.Series(True, index=rows.index)
-    for column in bytes_columns:
-        mask &= rows[column] == LECTURE_CELL[column]
-    return rows[mask]
+        name = STAGE_NAMES.get(stage, stage)
+        ctx.figure(
+            f"model states per device of a {psi / 1e9:g}B model, N = {at}, {name}",
+            theory=theory,
+            source=FIGURE1_SOURCE if paper else "—",
+            model=_gb(value),
+            gap=gap,
+        )
+    by_stage = {str(s): v for s, v in values.items()}
+    ctx.headline["per_device_gb"] = {"params": psi, "dp": at, "by_stage": by_stage}
+    return {
+        "shown": " / ".join(_gb(v) for v in values.values()),
+        "stages": " / ".join(STAGE_NAMES.get(s, str(s)) for s in values),
+        "paper_gb": ", ".join(f"{v:g}" for v in FIGURE1["gb"].values()) if paper else "",
+    }
 
 
 def _breakdown(rows: pd.DataFrame, memory: float) -> str:
@@ -225,25 +233,18 @@ def _zero_memory_errors(path: Path) -> tuple[pd.DataFrame | None, str]:
     """zero_memory's distbench rows with both byte counts and their |error|, or why not."""
     shown = "../zero_memory/results.csv"  # relative to this report: no host paths in reports
     if not path.exists():
-        return None, (
-            f"No measured runs to compare with: `{shown}` does not exist (the `zero_memory` "
-            "experiment has not been run into this reports folder), so nothing here has "
-            "been checked against a measurement."
-        )
+        return None, prose(__package__, "no_zero_memory", path=shown)
     df = ok_rows(read_results(path))
     needed = {"impl", "stage", "world_size", "model_state_bytes", "predicted_model_state_bytes"}
     if not needed <= set(df.columns):
-        return (
-            None,
-            f"`{shown}` lacks column(s) {', '.join(sorted(needed - set(df.columns)))}; "
-            "no comparison.",
-        )
+        columns = ", ".join(sorted(needed - set(df.columns)))
+        return None, prose(__package__, "zero_memory_lacks", path=shown, columns=columns)
     rows = df[df["impl"] == "distbench"].dropna(
         subset=["stage", "model_state_bytes", "predicted_model_state_bytes"]
     )
     rows = rows[rows["predicted_model_state_bytes"] > 0]
     if rows.empty:
-        return None, f"`{shown}` has no finished distbench row with both values."
+        return None, prose(__package__, "zero_memory_empty", path=shown)
     error = (rows["model_state_bytes"] / rows["predicted_model_state_bytes"] - 1).abs()
     return rows.assign(error=error, stage=rows["stage"].astype(int)), shown
 
@@ -275,17 +276,23 @@ def measured_match(ctx: Context) -> str | None:
         "max_error": worst,
         "max_error_by_stage": {int(s): float(e) for s, e in by_stage.items()},
     }
-    ctx.figure("cost model vs measured model-state bytes (zero_memory), largest error",
-               theory=f"≤ {MODEL_STATE_TARGET:.0%}", source="issue #4",
-               measured=format_percent(worst, 2),
-               gap=f"{100 * (worst - MODEL_STATE_TARGET):+.2f} pts")  # fmt: skip
-    ctx.finding(f"the cost model predicts zero_memory's measured model states within "
-                f"{MODEL_STATE_TARGET:.0%}", worst <= MODEL_STATE_TARGET,
-                f"largest error {format_percent(worst, 2)}")  # fmt: skip
-    return (
-        f"From `{shown}`. Largest error over every stage and N: "
-        f"**{format_percent(worst, 2)}** (target ≤ {MODEL_STATE_TARGET:.0%}, issue #4).\n\n"
-        + markdown_table(table)
+    target, error = f"{MODEL_STATE_TARGET:.0%}", format_percent(worst, 2)
+    ctx.figure(
+        "cost model vs measured model-state bytes (zero_memory), largest error",
+        theory=f"≤ {target}",
+        source="issue #4",
+        measured=error,
+        gap=f"{100 * (worst - MODEL_STATE_TARGET):+.2f} pts",
+    )
+    claim = f"the cost model predicts zero_memory's measured model states within {target}"
+    ctx.finding(claim, worst <= MODEL_STATE_TARGET, f"largest error {error}")
+    return prose(
+        __package__,
+        "measured_match",
+        path=shown,
+        worst=error,
+        target=target,
+        table=markdown_table(table),
     )
 
 
@@ -298,23 +305,23 @@ def gpu(ctx: Context) -> str | None:
     path = ctx.report_dir / GPU_FILE
     ctx.headline["gpu"] = []
     if not path.exists():
-        return (
-            "No GPU was lent for this run: there is no measured largest model beside the "
-            f"predictions (a run on a GPU leaves `{GPU_FILE}` here with columns "
-            f"{', '.join(GPU_COLUMNS)})."
-        )
+        return prose(__package__, "no_gpu", file=GPU_FILE, columns=", ".join(GPU_COLUMNS))
     found = pd.read_csv(path)
     missing = [c for c in GPU_COLUMNS if c not in found.columns]
     if missing:
-        return f"`{GPU_FILE}` lacks column(s) {', '.join(missing)}; not shown."
+        return prose(__package__, "gpu_lacks", file=GPU_FILE, columns=", ".join(missing))
     records = [{"device": r.device, "measured": float(r.params_fit_measured),
                 "predicted": float(r.params_fit_predicted),
                 "ratio": r.params_fit_measured / r.params_fit_predicted}
                for r in found.itertuples()]  # fmt: skip
-    for record in records:
-        ctx.figure(f"largest model on one {record['device']} (no sharding)",
-                   source="cost model, model states only", measured=_billions(record["measured"]),
-                   model=_billions(record["predicted"]), gap=f"{record['ratio']:.3f}×")  # fmt: skip
+    for r in records:
+        ctx.figure(
+            f"largest model on one {r['device']} (no sharding)",
+            source="cost model, model states only",
+            measured=_billions(r["measured"]),
+            model=_billions(r["predicted"]),
+            gap=f"{r['ratio']:.3f}×",
+        )
     ctx.headline["gpu"] = records
     return markdown_table(pd.DataFrame({
         "device": [r["device"] for r in records],
@@ -326,15 +333,7 @@ def gpu(ctx: Context) -> str | None:
 
 REPORT = Report(
     title="Largest trainable model per ZeRO stage",
-    intro=(
-        "The largest model whose weights, gradients and optimizer state fit on one device, "
-        "per ZeRO stage, and the per-device memory of a given model, computed by the cost "
-        "model `impls.costmodel.memory` (theory, not measured), beside the lecture's figures "
-        "and the measured `zero_memory` runs the same model is held to."
-    ),
+    intro=prose(__package__, "intro"),
     sections=(lecture, computed, largest_vs_n, per_device, measured_match, gpu),
-    correctness=(
-        "Nothing here is measured: every row is the cost model evaluated. The evidence for "
-        "the model is its comparison with the measured zero_memory runs, below."
-    ),
+    correctness=prose(__package__, "correctness"),
 )
