@@ -201,7 +201,7 @@ def lecture_figure(ctx: Context) -> str:
         ctx.headline[f"{prefix}_util_wall"] = r["wall"]
     naive, gpipe = lecture[0]["replayed"], lecture[1]["replayed"]
     gain = format_ratio(gpipe / naive) if naive and gpipe is not None else "—"
-    return f"{_prose('lecture_gain', gain=gain)}\n\n{markdown_table(table)}"
+    return _prose("lecture_gain", gain=gain) + "\n\n" + markdown_table(table)
 
 
 def how_measured(ctx: Context) -> str | None:
