@@ -15,6 +15,7 @@ are shown beside, and whether overlap pays there is a finding.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pandas as pd
 
@@ -38,9 +39,12 @@ from bench.report import (
     format_seconds,
     markdown_table,
     ok_rows,
+    prose,
 )
 
 __all__ = ["IDEAL_SOURCE", "REPORT", "SPEEDUP_TARGET", "pairs", "prepare"]
+
+_prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
 
 SPEEDUP_TARGET = Target(
     figure="DDP serial ÷ overlapped step time, each bucket cap with several buckets on the "
@@ -92,26 +96,34 @@ def what_was_measured(ctx: Context) -> str | None:
     first = ok.iloc[0]
     shape = ", ".join(
         f"{c.removeprefix('model_')}={whole(number(first, c))}"
-        for c in ok.columns if c.startswith("model_") and pd.notna(first[c])
-    )  # fmt: skip
+        for c in ok.columns
+        if c.startswith("model_") and pd.notna(first[c])
+    )
     links = []
     for network in pd.unique(ok["network"]):
         if network == "loopback":
-            links.append("`loopback`: no simulated link, the ranks' real gloo transfers only")
+            links.append(_prose("loopback_link"))
             continue
         row = ok[ok["network"] == network].iloc[0]
         bandwidth = number(row, "bandwidth_mbps")
-        bw = "unlimited bandwidth" if not math.isfinite(bandwidth) else f"{bandwidth:g} Mbit/s"
-        links.append(f"`{network}`: every round of the bucket all-reduces also waits "
-                     f"{number(row, 'latency_ms'):g} ms + its bytes at {bw} "
-                     "(`impls.comm.SimulatedNetwork`)")  # fmt: skip
-    return (
-        f"distbench's `DDP` (gradient buckets, ring all-reduce) training the GPT ({shape}; "
-        f"{format(whole(number(first, 'params')), ',')} parameters, "
-        f"{format_bytes(number(first, 'grad_bytes'))} of fp32 gradients) with SGD on "
-        f"{whole(number(first, 'world_size'))} ranks, {whole(number(first, 'batch_size'))} "
-        f"seeded sequences per rank; each cell times {whole(number(first, 'steps'))} steps "
-        "after its warm-up. Networks: " + "; ".join(links) + "."
+        links.append(
+            _prose(
+                "simulated_link",
+                network=network,
+                latency=f"{number(row, 'latency_ms'):g}",
+                bandwidth=f"{bandwidth:g} Mbit/s" if math.isfinite(bandwidth) else None,
+            )
+        )
+    count = {k: whole(number(first, k)) for k in ("world_size", "batch_size", "steps")}
+    return _prose(
+        "measured",
+        shape=shape,
+        params=format(whole(number(first, "params")), ","),
+        grad=format_bytes(number(first, "grad_bytes")),
+        ranks=count["world_size"],
+        batch=count["batch_size"],
+        steps=count["steps"],
+        links=links,
     )
 
 
@@ -137,25 +149,33 @@ def _figures_and_findings(ctx: Context, table: pd.DataFrame, best: dict[str, dic
         ideal, hideable = b["ideal_speedup"], b["hideable_fraction"]
         # The ideal is Li et al.'s model evaluated on the serial cell's measured times: a
         # model's output, in a column of its own.
-        ctx.figure(f"DDP serial ÷ overlapped step time, {network}, best cap ({cap})",
-                   source=IDEAL_SOURCE, measured=format_ratio(b["speedup"]),
-                   model=f"≤ {format_ratio(ideal)} (ideal on the serial cell's times)",
-                   gap=f"{b['speedup'] - ideal:+.2f}×" if math.isfinite(ideal) else "—")  # fmt: skip
-        ctx.figure(f"DDP all-reduce time hidden behind backward, {network}, {cap}",
-                   source=IDEAL_SOURCE, measured=format_percent(b["hidden_fraction"], 0),
-                   model=f"≤ {format_percent(hideable, 0)} (hideable on the serial cell's times)",
-                   gap=f"{100 * (b['hidden_fraction'] - hideable):+.0f} points"
-                   if math.isfinite(hideable) else "—")  # fmt: skip
+        ctx.figure(
+            _prose("speedup_figure", network=network, cap=cap),
+            source=IDEAL_SOURCE,
+            measured=format_ratio(b["speedup"]),
+            model=f"≤ {format_ratio(ideal)} (ideal on the serial cell's times)",
+            gap=f"{b['speedup'] - ideal:+.2f}×" if math.isfinite(ideal) else "—",
+        )
+        ctx.figure(
+            _prose("hidden_figure", network=network, cap=cap),
+            source=IDEAL_SOURCE,
+            measured=format_percent(b["hidden_fraction"], 0),
+            model=f"≤ {format_percent(hideable, 0)} (hideable on the serial cell's times)",
+            gap=f"{100 * (b['hidden_fraction'] - hideable):+.0f} points"
+            if math.isfinite(hideable)
+            else "—",
+        )
     loopback = table[(table["network"] == "loopback") & (table["buckets"] > 1)]
     if len(loopback):
         slower = loopback[~(loopback["speedup"] > 1)]
         ctx.finding(
-            "On loopback too, overlapped DDP is faster than serial at every bucket cap with "
-            "several buckets (the CPU the all-reduce needs is shared with backward there)",
+            _prose("loopback_finding"),
             slower.empty,
-            "; ".join(f"{format_bytes(r.bucket_cap_bytes)}: {format_ratio(r.speedup)} "
-                      f"({r.speedup_basis})" for r in slower.itertuples()),
-        )  # fmt: skip
+            "; ".join(
+                f"{format_bytes(r.bucket_cap_bytes)}: {format_ratio(r.speedup)} ({r.speedup_basis})"
+                for r in slower.itertuples()
+            ),
+        )
 
 
 def what_overlap_buys(ctx: Context) -> str | None:
@@ -180,33 +200,23 @@ def what_overlap_buys(ctx: Context) -> str | None:
     ctx.headline["best_per_network"] = best
     if ok.empty:
         return None
-    shown = [ctx.plot(step_time_figure(ok, table), "step_time_vs_bucket",
-                      "step time against bucket size"),
-             ctx.plot(hidden_figure(ok), "hidden_fraction", "hidden fraction and exposed sync")]  # fmt: skip
+    shown = [
+        ctx.plot(
+            step_time_figure(ok, table), "step_time_vs_bucket", "step time against bucket size"
+        ),
+        ctx.plot(hidden_figure(ok), "hidden_fraction", "hidden fraction and exposed sync"),
+    ]
     if not len(table):
-        return "\n\n".join([*shown, "No network and cap ran both settings: no pair to compare."])
+        return "\n\n".join([*shown, _prose("no_pairs")])
     _figures_and_findings(ctx, table, best)
     return "\n\n".join([*shown, _pairs_table(table), speedup_lines(ctx, table, best)])
 
 
 REPORT = Report(
     title="Overlapping DDP's gradient all-reduces with backward",
-    intro=(
-        "distbench's DDP all-reduces its gradient buckets either during backward, on a "
-        "communication thread, or after it. Each cell trains the same GPT with one setting, "
-        "and (paired) times a twin replica with the other in alternating steps, on loopback "
-        "and on a simulated link, across bucket caps: what overlap takes off the step, "
-        "beside the most it could (derived from the serial cell's own times)."
-    ),
+    intro=_prose("intro"),
     sections=(what_was_measured, what_overlap_buys, every_cell, replicas_agree),
     targets=(SPEEDUP_TARGET,),
     prepare=prepare,
-    correctness=(
-        "After its timed steps each cell fingerprints every rank's parameters (SHA-256 of "
-        "the fp32 bytes): `wrong` counts the ranks whose parameters differ from rank 0's or "
-        "are not finite (the replicas must be identical), plus one when rank 0's replica is "
-        "off the same GPT trained in one process on the whole batch for as many steps "
-        "(`update_error` = ‖θ − θ_ref‖ / ‖θ_ref − θ₀‖ above 1e-3; fp32 rounding alone "
-        "leaves ~1e-6)."
-    ),
+    correctness=_prose("correctness"),
 )

@@ -5,6 +5,7 @@ and the simulated link differ)."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pandas as pd
 
@@ -16,67 +17,64 @@ from bench.report import (
     format_ratio,
     format_seconds,
     markdown_table,
+    prose,
 )
 
 __all__ = ["every_cell", "replicas_agree", "speedup_lines"]
 
+_prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
+
 
 def _best_line(network: str, b: dict) -> str:
-    buckets = f"{b['buckets']} bucket" + ("s" if b["buckets"] != 1 else "")
-    return (
-        f"- **{network}**: fastest with overlap at a {format_bytes(b['bucket_cap_bytes'])} "
-        f"cap ({buckets}): {format_seconds(b['overlap_step_s'])} against "
-        f"{format_seconds(b['serial_step_s'])} serial at the same cap: speed-up "
-        f"**{format_ratio(b['speedup'])}** ({b['speedup_basis']}; ideal "
-        f"{format_ratio(b['ideal_speedup'])}); {format_percent(b['hidden_fraction'], 0)} of its "
-        "all-reduce time hidden behind backward. Against the serial step at its own best "
-        f"cap ({format_bytes(b['best_serial_bucket_cap_bytes'])}, across cells): "
-        f"{format_ratio(b['best_vs_best_speedup'])}."
+    return _prose(
+        "best_line",
+        network=network,
+        cap=format_bytes(b["bucket_cap_bytes"]),
+        buckets=b["buckets"],
+        overlap=format_seconds(b["overlap_step_s"]),
+        serial=format_seconds(b["serial_step_s"]),
+        speedup=format_ratio(b["speedup"]),
+        basis=b["speedup_basis"],
+        ideal=format_ratio(b["ideal_speedup"]),
+        hidden=format_percent(b["hidden_fraction"], 0),
+        best_cap=format_bytes(b["best_serial_bucket_cap_bytes"]),
+        best_vs_best=format_ratio(b["best_vs_best_speedup"]),
     )
 
 
 def _above_ideal(table: pd.DataFrame) -> str:
     above = table[table["speedup"] > table["ideal_speedup"]]
-    if above.empty:
-        return ""
-    listed = "; ".join(
+    listed = [
         f"{r.network} at {format_bytes(r.bucket_cap_bytes)}: {format_ratio(r.speedup)} "
         f"against {format_ratio(r.ideal_speedup)}, all-reduce "
         f"{format_seconds(r.overlap_allreduce_s)} on / {format_seconds(r.serial_allreduce_s)} off"
         for r in above.itertuples()
-    )
-    return (
-        "Above the derived ideal — " + listed + ". The bound holds the serial cell's "
-        "all-reduce time fixed; where the overlapped cell's all-reduces ran faster, or the "
-        "gap is within this host's step-to-step spread, the measurement can pass it."
-    )
+    ]
+    return _prose("above_ideal", listed=listed) if listed else ""
 
 
 def _contention_note(ctx: Context, best: dict[str, dict]) -> str:
     """Why loopback and the simulated link differ, with this run's numbers only."""
     ok = ctx.ok
     world = whole(float(pd.to_numeric(ok["world_size"], errors="coerce").max()))
-    host = (f"this host has {int(ctx.cores)} cores for {world} ranks"
-            if math.isfinite(ctx.cores) else f"{world} ranks share this host's cores")  # fmt: skip
-    text = (
-        f"**Why loopback and the simulated link differ.** On loopback the all-reduce is CPU "
-        f"work — gloo's copies and the ring's additions — and {host}: the communication "
-        "thread competes with backward for the same cores, so what overlap hides it partly "
-        "pays back as slower compute. The simulated link's extra time is waiting (a sleep "
-        "on the communication thread), which uses no CPU, so overlap can hide it."
-    )
+    cores = int(ctx.cores) if math.isfinite(ctx.cores) else None
+    parts = [_prose("contention", cores=cores, world=world)]
     flags = flag(ok["overlap"])
     for network, b in best.items():
         at_cap = (ok["network"] == network) & (ok["bucket_cap_bytes"] == b["bucket_cap_bytes"])
         on, off = ok[at_cap & flags], ok[at_cap & ~flags]
         if len(on) and len(off):
-            text += (
-                f" `{network}` at {format_bytes(b['bucket_cap_bytes'])}: speed-up "
-                f"{format_ratio(b['speedup'])}, backward "
-                f"{format_seconds(on['backward_s'].iloc[0])} with overlap on against "
-                f"{format_seconds(off['backward_s'].iloc[0])} off."
+            parts.append(
+                _prose(
+                    "contention_at",
+                    network=network,
+                    cap=format_bytes(b["bucket_cap_bytes"]),
+                    speedup=format_ratio(b["speedup"]),
+                    on=format_seconds(on["backward_s"].iloc[0]),
+                    off=format_seconds(off["backward_s"].iloc[0]),
+                )
             )
-    return text
+    return " ".join(parts)
 
 
 def speedup_lines(ctx: Context, table: pd.DataFrame, best: dict[str, dict]) -> str:
@@ -122,14 +120,11 @@ def replicas_agree(ctx: Context) -> str | None:
         return None
     twins = ok.get("twin_same_parameters", pd.Series(dtype=object))
     twins = twins[twins.map(lambda v: str(v) in ("True", "False"))]
-    equal_twins = int((twins.astype(str) == "True").sum())
-    ctx.finding("Serial and overlapped DDP end with bitwise the same parameters",
-                same == len(table) and equal_twins == len(twins),
-                f"{same} of {len(table)} pairs, {equal_twins} of {len(twins)} twins")  # fmt: skip
-    twin_text = (f" Within the paired cells, the twin replica (the other setting) ended "
-                 f"bitwise equal to the cell's own in {equal_twins} of {len(twins)}."
-                 if len(twins) else "")  # fmt: skip
-    return (
-        f"The serial and overlapped cells of the same network and cap ended with bitwise the "
-        f"same parameters in {same} of {len(table)} pairs.{twin_text}"
+    equal = int((twins.astype(str) == "True").sum())
+    ctx.finding(
+        _prose("bitwise_finding"),
+        same == len(table) and equal == len(twins),
+        f"{same} of {len(table)} pairs, {equal} of {len(twins)} twins",
     )
+    counts = {"same": same, "pairs": len(table), "equal_twins": equal, "twins": len(twins)}
+    return _prose("replicas", **counts)

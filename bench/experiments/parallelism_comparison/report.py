@@ -9,6 +9,8 @@ setup, targets, correctness totals and failed cells. Reads results only: never `
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 
@@ -39,9 +41,12 @@ from bench.report import (
     format_ratio,
     format_seconds,
     markdown_table,
+    prose,
 )
 
 __all__ = ["REPORT"]
+
+_prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
 
 
 def measured_on(ctx: Context) -> str | None:
@@ -70,18 +75,17 @@ def measured_on(ctx: Context) -> str | None:
     - **step time**: wall clock (slowest rank, median of the timed steps) and the
       replayed makespan."""
     first = ctx.ok.iloc[0]
-    model = ", ".join(f"{k}={count(first[k])}" for k in
-                      ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size") if k in first)  # fmt: skip
-    layouts = ", ".join(
-        f"{r.layout} (N={count(r.world_size)})" for r in ordered(ctx.ok).itertuples()
-    )
-    return (
-        f"One GPT ({model}; Ψ = {count(first['params'], grouped=True)} parameters) "
-        "trained with AdamW "
-        f"(fp32) on one global batch of {count(first['batch_size'])} sequences, split into "
-        f"{count(first['microbatches'])} micro-batches per replica, schedule "
-        f"`{first['schedule']}`, on the layouts {layouts}. Every layout is "
-        "`impls.hybrid.HybridTrainer` on a `Mesh` (a degree of 1 leaves an axis out)."
+    keys = ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size")
+    return _prose(
+        "measured_on",
+        model=", ".join(f"{k}={count(first[k])}" for k in keys if k in first),
+        psi=count(first["params"], grouped=True),
+        batch=count(first["batch_size"]),
+        microbatches=count(first["microbatches"]),
+        schedule=first["schedule"],
+        layouts=", ".join(
+            f"{r.layout} (N={count(r.world_size)})" for r in ordered(ctx.ok).itertuples()
+        ),
     )
 
 
@@ -198,17 +202,16 @@ def _tp_latency_text(rows: pd.DataFrame) -> str:
         return ""
     t = tp.iloc[-1]
     comm = number(t["replayed_comm_latency_s"]) + number(t["replayed_comm_bandwidth_s"])
-    return (
-        f"\n\nTP on {count(t['world_size'])} ranks spends {format_seconds(comm)} of its "
-        f"{format_seconds(t['replayed_step_time_s'])} replayed step communicating, in "
-        f"{count(t['comm_rounds_per_step'])} rounds per step, and "
-        f"{format_percent(ratio(t['replayed_comm_latency_s'], comm))} of that is latency: "
-        f"here a round costs {format_seconds(t['link_alpha_s'])} before a byte moves and an "
-        f"all-reduce {format_seconds(t['tp_call_cpu_s'])} of its own work, against a few µs "
-        "between GPUs on NVLink, while its bytes cost little. The rounds, not the volume, "
-        "put TP's utilization where it is on this host; the lecture's \"balanced\" assumes "
-        "a fast intra-node link (PTD-P keeps TP inside a server: Narayanan et al. 2021, "
-        "§3.2, Takeaway #1)."
+    latency = format_percent(ratio(t["replayed_comm_latency_s"], comm))
+    return "\n\n" + _prose(
+        "tp_latency",
+        ranks=count(t["world_size"]),
+        comm=format_seconds(comm),
+        step=format_seconds(t["replayed_step_time_s"]),
+        rounds=count(t["comm_rounds_per_step"]),
+        latency=latency,
+        alpha=format_seconds(t["link_alpha_s"]),
+        own_work=format_seconds(t["tp_call_cpu_s"]),
     )
 
 
@@ -276,30 +279,9 @@ TARGETS = (
 
 REPORT = Report(
     title="Parallelism comparison: DP, TP, PP and their 2D/3D compositions, measured",
-    intro=(
-        'The lecture (seeds/004, "Comparing Different Parallelization Strategies") '
-        "describes each strategy in adjectives: data parallelism has high utilization, "
-        "high memory cost and low communication; tensor parallelism balances utilization "
-        "with lower memory but higher communication; pipeline parallelism has low "
-        'utilization and memory with medium communication; 2D and 3D parallelism ("Hybrid '
-        'Parallelism") combine them (Megatron-LM PTD-P, Narayanan et al. 2021). This '
-        "report puts the measured number beside each adjective, per world size, checks the "
-        "orderings the adjectives claim, and draws memory per rank, communication per step "
-        "and the replayed step's time split.\n\n"
-        "Utilization is Σ_r compute_r / (N · step time): the share of the step's rank-time "
-        "spent computing rather than in communication rounds or waiting (pipeline bubbles "
-        "included). *Replayed* prices compute at CPU time measured with the host to one "
-        "rank at a time and communication at this host's measured α + β·bytes, as if "
-        "every rank had its own device; *wall clock* is this host's, where ranks share "
-        "cores. Theory is labelled with its source."
-    ),
+    intro=_prose("intro"),
     sections=(measured_on, lecture_table, memory, communication, utilization, errors),
     targets=TARGETS,
     prepare=prepare,
-    correctness=(
-        "A layout is `wrong` when, after its training steps, its parameters' update error "
-        "against single-device AdamW on the whole batch exceeds 1e-3 (‖p − p_ref‖ / "
-        "‖p_ref − p_start‖, worst rank), its last gradients' error exceeds 1e-3 "
-        "(‖g − g_ref‖ / ‖g_ref‖), or a loss differs by more than 1e-5 (relative)."
-    ),
+    correctness=_prose("correctness"),
 )

@@ -6,16 +6,26 @@ orderings for this model. Every helper tolerates missing, zero and NaN figures."
 from __future__ import annotations
 
 import math
+from functools import partial
 from itertools import pairwise
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from bench.report import Context, format_bytes, format_percent, format_ratio, format_seconds
+from bench.report import (
+    Context,
+    format_bytes,
+    format_percent,
+    format_ratio,
+    format_seconds,
+    prose,
+)
 
 __all__ = ["BUBBLE_SOURCE", "LECTURE", "count", "figures_and_headline", "lecture_rows", "number",
            "orderings", "pure", "ratio", "why_text"]  # fmt: skip
+
+_prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
 
 LECTURE_SOURCE = 'lecture 004, "Comparing Different Parallelization Strategies"'
 LECTURE = {  # strategy -> the lecture's words for utilization, memory, communication
@@ -110,17 +120,17 @@ def orderings(ctx: Context, n: int) -> list[str]:
     for column, order, what in ORDERINGS:
         present = [(s, row) for s in order if (row := pure(ctx.ok, n, s)) is not None]
         if len(present) < 2:
-            lines.append(f"- {what}: fewer than two of {'/'.join(order)} ran at N = {n}.")
+            lines.append(_prose("too_few", what=what, order="/".join(order), n=n))
             continue
         values = [(s, number(row[column])) for s, row in present]
         claim = " > ".join(s for s, _ in values)
         holds = all(a > b for (_, a), (_, b) in pairwise(values))
         measured = sorted(values, key=lambda sv: -sv[1] if math.isfinite(sv[1]) else math.inf)
         listing = " > ".join(f"{s} {_shown(column, v)}" for s, v in measured)
-        ctx.finding(f"{what} at N = {n}: {claim}, as the lecture's words say", holds,
-                    f"measured {listing}")  # fmt: skip
-        verdict = "holds" if holds else "**does not hold**"
-        lines.append(f"- {what}: measured {listing}; the lecture's {claim} {verdict}.")
+        ctx.finding(
+            _prose("ordering_finding", what=what, n=n, claim=claim), holds, f"measured {listing}"
+        )
+        lines.append(_prose("ordering", what=what, listing=listing, claim=claim, holds=holds))
     return lines
 
 
@@ -189,25 +199,12 @@ def why_text(ok: pd.DataFrame) -> str:
     psi, layers, h = number(r["params"]), number(r["n_layers"]), number(r["d_model"])
     tokens = number(r["batch_size"]) * number(r["seq_len"])  # B·s of the global batch
     tp_vs_dp, pp_vs_dp = ratio(4 * layers * tokens * h, psi), ratio(tokens * h, psi)
-    return (
-        "**Which orderings are properties of the math.** The lecture's adjectives come from "
-        "its comparison slide (2D and 3D have none there). *Model states*: TP and PP keep one "
-        "copy of the model cut k ways, DP a whole copy on every rank — that ordering holds "
-        "for any model. *Saved activations* scale with the sequences a rank carries through "
-        "its layers: a DP rank one micro-batch of B/(d·M) sequences; a TP rank one of B/M "
-        "sequences through every block, only the heads and the MLP's inner width split t ways "
-        "(LayerNorm inputs and the residual stream stay whole; Korthikanti et al. 2022, "
-        "arXiv 2205.05198, §4.1); a PP rank up to min(p, M) micro-batches of B/M sequences "
-        "through L/p blocks under 1F1B (all M under GPipe). With one global batch for all "
-        "layouts, TP and PP can therefore hold more activations per rank than DP; their "
-        "saving is the model states. *Communication*: per step a DP rank sends a ring "
-        "all-reduce of the gradients, 2(d−1)/d·Ψ elements; a TP rank 2(t−1)/t·4·L·B·s·h "
-        "(four all-reduces of the activations per block, Megatron-LM §3); an interior PP rank "
-        "2·B·s·h (one activation forward, one gradient backward; GPipe). So TP ÷ DP ≈ "
-        f"4·L·B·s·h / Ψ = {tp_vs_dp:.2f} for this model (L = {count(layers)}, B·s = "
-        f"{count(tokens)}, h = {count(h)}, Ψ = {count(psi, grouped=True)}) and PP ÷ DP ≈ "
-        f'B·s·h / ((d−1)/d·Ψ) = {pp_vs_dp:.2f}·d/(d−1): the lecture\'s "TP higher" '
-        'holds when B·s > Ψ/(4·L·h) ≈ 3h, its "PP medium, DP low" only when a whole '
-        "batch's activations outweigh the gradients, B·s·h > (d−1)/d·Ψ. *Utilization* is "
-        "measured, not derived: see below for what TP's communication costs on this host."
+    return _prose(
+        "why",
+        tp_vs_dp=f"{tp_vs_dp:.2f}",
+        layers=count(layers),
+        tokens=count(tokens),
+        width=count(h),
+        psi=count(psi, grouped=True),
+        pp_vs_dp=f"{pp_vs_dp:.2f}",
     )

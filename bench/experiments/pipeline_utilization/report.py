@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -38,10 +39,13 @@ from bench.report import (
     format_seconds,
     markdown_table,
     ok_rows,
+    prose,
 )
 from bench.results import MEASURED
 
 __all__ = ["LECTURE", "REPORT", "TORCH_RATIO_TARGET", "prepare"]
+
+_prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
 
 LECTURE_SOURCE = (
     "lecture, Pipeline Parallelism Workflow (Micro-batch improves the device utilization)"
@@ -197,7 +201,7 @@ def lecture_figure(ctx: Context) -> str:
         ctx.headline[f"{prefix}_util_wall"] = r["wall"]
     naive, gpipe = lecture[0]["replayed"], lecture[1]["replayed"]
     gain = format_ratio(gpipe / naive) if naive and gpipe is not None else "—"
-    return f"Measured, replayed: **{gain}**.\n\n{markdown_table(table)}"
+    return _prose("lecture_gain", gain=gain) + "\n\n" + markdown_table(table)
 
 
 def how_measured(ctx: Context) -> str | None:
@@ -225,14 +229,12 @@ def how_measured(ctx: Context) -> str | None:
     keys = ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "batch_size")
     model = ", ".join(f"{k}={int(first[k])}" for k in keys
                       if k in rows.columns and pd.notna(first[k]))  # fmt: skip
-    stages = ", ".join(str(p) for p in sorted(rows["stages"].unique()))
-    return (
-        f"A GPT ({model}) cut into P contiguous stages (P·V for interleaved), P ∈ {{{stages}}}, "
-        "one rank per stage, every rank building the same weights and batch from one seed. "
-        f"Each cell runs {ctx.settings.get('warmup', 'its')} untimed warm-up step(s), then "
-        f"{int(first['repeats']) if pd.notna(first.get('repeats')) else 'its'} timed steps "
-        "(gradients cleared at the start of each, no optimizer step, so every step is the same "
-        "computation)."
+    return _prose(
+        "setup",
+        model=model,
+        stages="{" + ", ".join(str(p) for p in sorted(rows["stages"].unique())) + "}",
+        warmup=ctx.settings.get("warmup", "its"),
+        repeats=int(first["repeats"]) if pd.notna(first.get("repeats")) else "its",
     )
 
 
@@ -285,7 +287,7 @@ def against_torch(ctx: Context) -> str | None:
     target. `benchmarks/test_pipeline.py` measures the ratio the same paired way."""
     ratios = _ratios(ctx.ok)
     if ratios.empty:
-        return "No cell has both a distbench schedule and its torch twin measured."
+        return _prose("no_torch_pair")
     headline = _torch_headline(ratios)
     ctx.headline["step_time_vs_torch"] = headline
     _interleaved_figure(ctx, ratios)
@@ -302,7 +304,13 @@ def against_torch(ctx: Context) -> str | None:
         "|Δ loss|": ratios["loss_gap"].map(lambda v: "—" if pd.isna(v) else f"{v:.1e}"),
     })  # fmt: skip
     summary = "; ".join(
-        f"{s} at P={h['stages']}: **{format_ratio(h['ratio'])}** (median over M, {h['basis']})"
+        _prose(
+            "torch_ratio",
+            schedule=s,
+            stages=h["stages"],
+            ratio=format_ratio(h["ratio"]),
+            basis=h["basis"],
+        )
         for s, h in headline.items()
     )
     return f"{summary}.\n\n{markdown_table(shown, numparse=False)}"
@@ -320,9 +328,8 @@ def same_loss(ctx: Context) -> str | None:
     spread = float((losses - losses.median()).abs().max())
     ctx.headline["loss_spread"] = spread
     same = spread <= 1e-5 * abs(float(losses.median()))
-    ctx.finding("every row, distbench's and torch's, computes the same full-batch loss", same,
-                f"largest deviation from the median {spread:.1e}")  # fmt: skip
-    return f"Largest deviation from the median over {len(losses)} rows: {spread:.1e}."
+    ctx.finding(_prose("loss_finding"), same, f"largest deviation from the median {spread:.1e}")
+    return _prose("loss_spread", rows=len(losses), spread=f"{spread:.1e}")
 
 
 def traces(ctx: Context) -> str | None:
@@ -344,17 +351,7 @@ def traces(ctx: Context) -> str | None:
 
 REPORT = Report(
     title="Pipeline utilization: the lecture's 25% → 57%, measured",
-    intro=(
-        "Utilization is Σ busy / (P × makespan), measured two ways and always labelled: "
-        "*replayed* (each action's thread CPU time, and the measured cost of one transfer, "
-        "placed on the plan's dependency graph as if every rank had a device of its own) and "
-        "*wall clock* (this host's clock; distorted whenever ranks outnumber cores). Every "
-        "schedule (naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V) runs over "
-        "micro-batch counts M beside its bound from theory (GPipe, Huang et al. 2019; 1F1B "
-        "and interleaved 1F1B, Narayanan et al. 2021; the zero-bubble ones, Qi et al. 2024), "
-        "and GPipe, 1F1B and "
-        "interleaved 1F1B beside torch.distributed.pipelining's own."
-    ),
+    intro=_prose("intro"),
     sections=(
         lecture_figure,
         how_measured,
@@ -391,10 +388,5 @@ REPORT = Report(
         ),
     ),  # fmt: skip
     prepare=prepare,
-    correctness=(
-        "`wrong` counts, per cell, the ranks whose gradients after a step differ from one "
-        "process's on the whole batch (relative error > 1e-4, `grad_error`), plus 1 if the "
-        "loss differs (relative > 1e-5, `reference_loss`): fp32 rounding from summing "
-        "micro-batches in another order stays near 1e-6."
-    ),
+    correctness=_prose("correctness"),
 )

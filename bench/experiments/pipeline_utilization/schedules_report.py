@@ -8,18 +8,28 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from typing import Any
 
 import pandas as pd
 
 from bench.experiments.pipeline_utilization import plots
 from bench.experiments.pipeline_utilization.names import declared, slicing_of
-from bench.report import Context, format_bytes, format_percent, format_seconds, markdown_table
+from bench.report import (
+    Context,
+    format_bytes,
+    format_percent,
+    format_seconds,
+    markdown_table,
+    prose,
+)
 
 __all__ = ["distbench_rows", "gantt", "memory", "points", "schedule_order",
            "stage_costs", "utilization", "zero_bubble"]  # fmt: skip
 
 NEAR_BOUND = 0.05  # points of utilization a replay may sit from its bound and "reach" it
+
+_prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
 
 
 def points(measured: Any, reference: Any) -> str:
@@ -66,12 +76,7 @@ def utilization(ctx: Context) -> str | None:
     bounds = "; ".join(f"`{s}` {sources[s]}" for s in order if s in sources)
     parts = [f"Bounds: {bounds}."]
     if any(float(v) == 1 for v in declared(rows, "split_backward").values()):
-        parts.append(
-            "The zero-bubble schedules split each backward as the paper does: I is one "
-            "backward that leaves every linear layer's weight GEMM (x, grad_y) for W, so "
-            "I + W costs about one B (per stage below). Their bounds assume T_F = T_I = T_W; "
-            "the measured I is larger than W and F here, which is what moves them off it."
-        )
+        parts.append(_prose("split_backward"))
     for p, group in rows.groupby("stages"):
         cells = [f"{format_percent(r.util_replayed)} / {format_percent(r.util_wall)} / "
                  f"{format_percent(r.util_theory)}" for r in group.itertuples()]  # fmt: skip
@@ -105,9 +110,8 @@ def _against_bounds(ctx: Context, rows: pd.DataFrame, order: list[str]) -> None:
                    f"farthest {where}")  # fmt: skip
         # A cell with a bound but no measured value does not reach it either.
         near = (gap.abs() <= NEAR_BOUND).all() and len(gap) == one["util_theory"].notna().sum()
-        ctx.finding(f"{name} reaches its bubble bound {formula} (replayed, within "
-                    f"{100 * NEAR_BOUND:.0f} points, every cell)", bool(near),
-                    f"farthest cell {where}")  # fmt: skip
+        claim = _prose("bound_finding", name=name, formula=formula, near=f"{100 * NEAR_BOUND:.0f}")
+        ctx.finding(claim, bool(near), f"farthest cell {where}")
 
 
 def _rises_with_m(ctx: Context, rows: pd.DataFrame, order: list[str]) -> None:
@@ -121,8 +125,8 @@ def _rises_with_m(ctx: Context, rows: pd.DataFrame, order: list[str]) -> None:
             continue
         falls = [f"P={p}: " + ", ".join(map(format_percent, util))
                  for p, util in lines if not (util.diff().dropna() > 0).all()]  # fmt: skip
-        ctx.finding(f"{labels.get(schedule, schedule)}'s replayed utilization rises with "
-                    "every added micro-batch (lecture)", not falls, "; ".join(falls))  # fmt: skip
+        claim = _prose("rises_finding", name=labels.get(schedule, schedule))
+        ctx.finding(claim, not falls, "; ".join(falls))
 
 
 def memory(ctx: Context) -> str | None:
@@ -209,9 +213,11 @@ def zero_bubble(ctx: Context) -> str | None:
     sooner = both["replayed_vs_1f1b"] < 1.0
     late = [f"P={r.stages}, M={r.microbatches} ({r.replayed_vs_1f1b:.3f}×)"
             for r in both[~sooner].itertuples()]  # fmt: skip
-    ctx.finding("ZB-H1 finishes a step sooner than 1F1B at the same P and M ≥ P (replayed; "
-                "Qi et al. 2024)", bool(sooner.all()),
-                f"not sooner in {len(late)} of {len(both)} cells ({'; '.join(late)})")  # fmt: skip
+    ctx.finding(
+        _prose("h1_finding"),
+        bool(sooner.all()),
+        f"not sooner in {len(late)} of {len(both)} cells ({'; '.join(late)})",
+    )
     shown = both.rename(columns={
         "replayed_makespan_s": "ZB-H1 replayed", "replayed_vs_1f1b": "ZB-H1 ÷ 1F1B replayed",
         "vs_1f1b_basis": "1F1B side", "step_time_s_zb": "ZB-H1 wall clock",
@@ -246,11 +252,10 @@ def _beats_h1(ctx: Context, both: pd.DataFrame, other: pd.DataFrame, label: str)
     late = [f"P={r.stages}, M={r.microbatches} "
             f"({r.replayed_makespan_s / r.replayed_makespan_s_zb:.2f}×)"
             for r in pair[~sooner].itertuples()]  # fmt: skip
-    ctx.finding(f"{label} finishes a step sooner than ZB-H1 at the same P and M (replayed; its "
-                "bound at T_F = T_I = T_W)", bool(sooner.all()),
-                f"not sooner in {len(late)} of {len(pair)} cells ({'; '.join(late)}); the "
-                "measured F, I, W per stage are in the next section"
-                + (f"; {outside} cells outside its bound's M left out" if outside else ""))  # fmt: skip
+    detail = _prose(
+        "beats_h1_late", late=len(late), cells=len(pair), listing="; ".join(late), outside=outside
+    )
+    ctx.finding(_prose("beats_h1_finding", label=label), bool(sooner.all()), detail)
 
 
 def stage_costs(ctx: Context) -> str | None:

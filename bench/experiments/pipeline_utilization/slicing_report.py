@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from typing import Any
 
 import pandas as pd
 
 from bench.experiments.pipeline_utilization.names import slicing_of
-from bench.report import Context, format_ratio, format_seconds, markdown_table
+from bench.report import Context, format_ratio, format_seconds, markdown_table, prose
 
 __all__ = ["alpa_vs_equal", "eq2", "slicing_pairs"]
 
 PAIR = ["schedule", "stages", "microbatches", "virtual_stages"]
 COSTS = ["embedding_s", "block_s", "head_s"]
+
+_prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
 
 
 def eq2(costs: dict[str, float], layers: str, microbatches: int) -> float:
@@ -99,21 +102,27 @@ def _table(pairs: list[dict[str, Any]]) -> str:
 
 def _why_equal(pair: dict[str, Any]) -> str:
     e, b, h = (pair[k] for k in COSTS)
+    cell = f"{pair['schedule']} P={pair['stages']}"
     if not b > 0:
-        return f"{pair['schedule']} P={pair['stages']}: no block cost was measured"
-    blocks = [int(x) for x in pair["alpa_layers"].split("/")]
-    return (f"{pair['schedule']} P={pair['stages']}: the embedding costs {e / b:.2f} and the "
-            f"head {h / b:.2f} of a block, so taking a block off an end stage would leave "
-            f"another holding {max(blocks) + 1} blocks, slower than {max(blocks)} blocks plus "
-            f"the embedding or head")  # fmt: skip
+        return _prose("no_block_cost", cell=cell)
+    most = max(int(x) for x in pair["alpa_layers"].split("/"))
+    return _prose(
+        "why_equal",
+        cell=cell,
+        embedding=f"{e / b:.2f}",
+        head=f"{h / b:.2f}",
+        most=most,
+        more=most + 1,
+    )
 
 
 def _why_not_faster(pair: dict[str, Any]) -> str:
     """Where Alpa's cut is not measured faster: the slowest stage of each cut as the cells
     profiled it, and Eq. 2 on those stage costs instead of the one-micro-batch probe's."""
     equal, alpa = pair["stages_equal_s"], pair["stages_alpa_s"]
+    cell = f"{pair['schedule']} P={pair['stages']}"
     if not equal or not alpa:
-        return f"{pair['schedule']} P={pair['stages']}: the cells carry no stage costs"
+        return _prose("no_stage_costs", cell=cell)
 
     def slowest(times: list[float], layers: str) -> str:
         i = max(range(len(times)), key=times.__getitem__)
@@ -121,15 +130,16 @@ def _why_not_faster(pair: dict[str, Any]) -> str:
         blocks = str(layers).split("/")[i]
         return f"stage {i} ({blocks} blocks{''.join(ends)}) at {format_seconds(times[i])}"
 
-    return (f"{pair['schedule']} P={pair['stages']} M={pair['microbatches']}: in the cells' "
-            f"own profiles (compute per micro-batch, per stage) the slowest stage is "
-            f"{slowest(equal, pair['equal_layers'])} under the equal cut and "
-            f"{slowest(alpa, pair['alpa_layers'])} under Alpa's, where the probe's costs "
-            f"(embedding {pair['embedding_s'] / pair['block_s']:.2f} and head "
-            f"{pair['head_s'] / pair['block_s']:.2f} of a block, each layer alone) had "
-            f"predicted the cut to relieve the slowest stage; Eq. 2 on the profiled stage "
-            f"costs gives equal ÷ alpa {format_ratio(pair['profiled_ratio'])}, beside the "
-            f"{format_ratio(pair['replayed_ratio'])} replayed")  # fmt: skip
+    return _prose(
+        "why_not_faster",
+        cell=f"{cell} M={pair['microbatches']}",
+        equal=slowest(equal, pair["equal_layers"]),
+        alpa=slowest(alpa, pair["alpa_layers"]),
+        embedding=f"{pair['embedding_s'] / pair['block_s']:.2f}",
+        head=f"{pair['head_s'] / pair['block_s']:.2f}",
+        profiled=format_ratio(pair["profiled_ratio"]),
+        replayed=format_ratio(pair["replayed_ratio"]),
+    )
 
 
 def _findings(ctx: Context, pairs: list[dict[str, Any]]) -> str:
@@ -142,22 +152,16 @@ def _findings(ctx: Context, pairs: list[dict[str, Any]]) -> str:
                            f"{p['equal_layers']} → {p['alpa_layers']}, replayed equal ÷ alpa "
                            f"{format_ratio(p['replayed_ratio'])} (predicted "
                            f"{format_ratio(p['predicted_ratio'])})" for p in differ)  # fmt: skip
-        ctx.finding("the Alpa split is measured faster than equal slicing (replayed)", faster,
-                    detail)  # fmt: skip
-        verdict = "faster" if faster else "not faster in every pair"
-        lines.append(f"Where Alpa's cut differs from the equal one it is measured **{verdict}** "
-                     f"(replayed): {detail}.")  # fmt: skip
+        ctx.finding(_prose("alpa_finding"), faster, detail)
+        lines.append(_prose("alpa_differs", faster=faster, detail=detail))
         slower = [p for p in differ if not p["replayed_ratio"] > 1]
         if slower:
-            lines.append("Why not: " + "; ".join(map(_why_not_faster, slower)) + ".")
+            lines.append(_prose("why_not", reasons="; ".join(map(_why_not_faster, slower))))
     if same:
         why = "; ".join(_why_equal(p) for p in same)
-        ctx.finding("Alpa's slicing keeps the equal split where it is already Eq. 2's optimum "
-                    "(the speed comparison is then moot)", True, why)  # fmt: skip
+        ctx.finding(_prose("equal_finding"), True, why)
         noise = ", ".join(format_ratio(p["replayed_ratio"]) for p in same)
-        lines.append(f"Alpa's slicing chose the equal split itself in {len(same)} pair(s), so "
-                     f"'measured faster' is moot there: {why}. Both rows run one cut, and their "
-                     f"replayed ratio ({noise}) is the measurement's own spread.")  # fmt: skip
+        lines.append(_prose("alpa_same", pairs=len(same), why=why, noise=noise))
     return "\n\n".join(lines)
 
 

@@ -6,6 +6,7 @@ correlation of step times, the calibration behind every prediction (its section 
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -21,10 +22,13 @@ from bench.report import (
     format_percent,
     format_seconds,
     markdown_table,
+    prose,
 )
 from bench.results import read_results
 
 __all__ = ["MEMORY_BOUND", "REPORT", "SPEARMAN_BOUND", "STEP_BOUND", "prepare", "spearman"]
+
+_prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
 
 STEP_BOUND = 0.15  # issue 14: median step-time error ≤ 15%
 MEMORY_BOUND = 0.05  # issue 14: peak-memory error ≤ 5%
@@ -152,11 +156,16 @@ def accuracy(ctx: Context) -> str | None:
     if errors.empty:
         return table
     worst = ok.loc[errors.idxmax()]
-    return (table + f"\n\nWorst step-time row: {worst['source']} `{worst['config']}` "
-            f"({worst.get('split', '—')} half, ground truth {worst['ground_truth']}): "
-            f"measured {format_seconds(worst['measured_step_time_s'])}, predicted "
-            f"{format_seconds(worst['predicted_step_time_s'])}." + _host_speed(ctx, ok)
-            + _stragglers(ctx, ok))  # fmt: skip
+    worst = _prose(
+        "worst_row",
+        source=worst["source"],
+        config=worst["config"],
+        half=worst.get("split", "—"),
+        truth=worst["ground_truth"],
+        measured=format_seconds(worst["measured_step_time_s"]),
+        predicted=format_seconds(worst["predicted_step_time_s"]),
+    )
+    return f"{table}\n\n{worst}{_host_speed(ctx, ok)}{_stragglers(ctx, ok)}"
 
 
 def _index(ctx: Context, summaries: dict[str, dict[str, float]]) -> None:
@@ -208,20 +217,22 @@ def _host_speed(ctx: Context, ok: pd.DataFrame) -> str:
         "median_abs_step_error_unscaled": float(plain.median()),
     }  # fmt: skip
     if not probed.any():
-        return (f"\n\nNo source carries host probes: every row is predicted at the "
-                f"calibration's host speed (median |step error| "
-                f"{format_percent(plain.median())}).")  # fmt: skip
+        return "\n\n" + _prose("no_probes", error=format_percent(plain.median()))
     by_source = "; ".join(
         f"{source} {format_percent(plain[ok['source'] == source].median())}"
         for source in ok["source"].unique()
-    )  # fmt: skip
-    return (f"\n\nHost speed: {int(probed.sum())} of {len(ok)} rows are priced at their "
-            f"source's host probes (this run's calibration probe "
-            f"{format_seconds(float(ok['cal_host_probe_s'].iloc[0]))}); the host ran "
-            f"{slowdown[probed].median():.3f}× as slow during the median row's source run "
-            f"({slowdown[probed].min():.3f}–{slowdown[probed].max():.3f}×) as where this "
-            f"run calibrated. Without that scaling, median |step error| "
-            f"{format_percent(plain.median())} ({by_source}).")  # fmt: skip
+    )
+    return "\n\n" + _prose(
+        "host_speed",
+        probed=int(probed.sum()),
+        rows=len(ok),
+        probe=format_seconds(float(ok["cal_host_probe_s"].iloc[0])),
+        median=f"{slowdown[probed].median():.3f}",
+        low=f"{slowdown[probed].min():.3f}",
+        high=f"{slowdown[probed].max():.3f}",
+        error=format_percent(plain.median()),
+        by_source=by_source,
+    )
 
 
 def _stragglers(ctx: Context, ok: pd.DataFrame) -> str:
@@ -238,11 +249,9 @@ def _stragglers(ctx: Context, ok: pd.DataFrame) -> str:
     if not priced.any():
         return ""
     factors = ", ".join(f"N = {n}: {f:.3f}×" for n, f in per_n.items())
-    return (f"\n\nStragglers (modelled): {int(priced.sum())} wall-clock rows of N ≥ 2 ranks "
-            f"are priced at the slowest of N ranks, the reference's step-to-step spread "
-            f"measured in this run at the quantile 0.5^(1/N) ({factors}; compute, overhead "
-            f"and optimizer × that factor, links kept). Without it, median |step error| "
-            f"{format_percent(alone.median())}.")  # fmt: skip
+    return "\n\n" + _prose(
+        "stragglers", rows=int(priced.sum()), factors=factors, error=format_percent(alone.median())
+    )
 
 
 def scatter(ctx: Context) -> str | None:
@@ -333,7 +342,7 @@ def alpa_slicing(ctx: Context) -> str | None:
     path = (Path(root) if root else repository_reports()) / "pipeline_utilization/results.csv"
     rows = read_results(path) if path.is_file() else None
     if rows is None or "slicing" not in rows.columns or not (rows["slicing"] == "alpa").any():
-        return f"No Alpa-sliced row in {path}."
+        return _prose("no_alpa", path=path)
     alpa = rows[(rows["status"] == "ok") & (rows["slicing"] == "alpa")]
     keys = ["schedule", "stages", "microbatches", "virtual_stages"]
     pairs = rows[rows["status"] == "ok"].merge(alpa[keys], on=keys)
@@ -352,20 +361,7 @@ def _per_row(figure: str, column: str, bound: float, **where: str) -> Target:
 
 REPORT = Report(
     title="Planner validation: the simulator, calibrated here, against runs here",
-    intro=(
-        "Every row is one configuration distbench trained on this host with its own "
-        "implementations — DP/TP/PP layouts and hybrids (`parallelism_comparison`), DP and "
-        "ZeRO-1/2/3 in fp32 and bf16 (`zero_memory`), pipeline schedules × stages × "
-        "micro-batches (`pipeline_utilization`; all but ZB-V, whose V placement of two "
-        "chunks per rank the simulator does not model) — read from those reports' "
-        "results.csv, and "
-        "the simulator's (`impls.simulator`) prediction of its step time and peak memory "
-        "per rank on this host, calibrated in this run (see Calibration). Step times come "
-        "from the simulator; memory is composed from this repo's exact saved-tensor count "
-        "(`impls.costmodel.activations.activation_bytes`'s terms per stage, sharded by tp, held "
-        "for the in-flight micro-batches of the schedule) and the ZeRO model states, as the "
-        "simulator's own memory model is for GPU training with 2-byte activations."
-    ),
+    intro=_prose("intro"),
     sections=(accuracy, scatter, calibration, every_row, alpa_slicing),
     targets=(
         _per_row(

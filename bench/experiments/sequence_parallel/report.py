@@ -12,6 +12,7 @@ totals and failed cells.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -25,9 +26,12 @@ from bench.report import (
     format_seconds,
     is_missing,
     markdown_table,
+    prose,
 )
 
 __all__ = ["REPORT"]
+
+_prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
 
 COMM_SOURCE = ("Korthikanti et al. 2022 §4.2.2; Jacobs et al. 2023 §3.2; Liu et al. 2023 §3 "
                "(`analytic.layer_traffic`)")  # fmt: skip
@@ -46,6 +50,10 @@ def _int(value: Any) -> int | None:
 
 def _text(value: Any) -> str:
     return "—" if is_missing(value) else f"{int(value):,}"
+
+
+def _set(values: pd.Series) -> str:
+    return "{" + ", ".join(str(int(v)) for v in sorted(values.unique())) + "}"
 
 
 def _sorted(ok: pd.DataFrame) -> pd.DataFrame:
@@ -70,17 +78,20 @@ def measured_what(ctx: Context) -> str | None:
     if ok.empty:
         return None
     first = ok.iloc[0]
-    sps = ", ".join(str(int(p)) for p in sorted(ok["sp"].unique()))
-    lens = ", ".join(str(int(s)) for s in sorted(ok["seq_len"].unique()))
-    return (
-        f"{', '.join(map(name, methods(ok)))} on P ∈ {{{sps}}} ranks, s ∈ {{{lens}}} (lengths "
-        "P does not divide are end-padded to ceil(s/P) positions per rank; all three methods "
-        f"accept them). One transformer block, b = {_text(first['batch_size'])}, h = "
-        f"{_text(first['d_model'])}, a = {_text(first['n_heads'])} heads, MLP width "
-        f"{_text(first['d_ff'])}, float32: Megatron-SP's block is tensor-parallel inside; "
-        "Ulysses and Ring Attention run replicated LayerNorms and MLP on each rank's positions "
-        "around their attention."
+    return _prose(
+        "measured",
+        methods=", ".join(map(name, methods(ok))),
+        sps=_set(ok["sp"]),
+        lens=_set(ok["seq_len"]),
+        batch=_text(first["batch_size"]),
+        width=_text(first["d_model"]),
+        heads=_text(first["n_heads"]),
+        ff=_text(first["d_ff"]),
     )
+
+
+def _off(cells: str) -> str:
+    return f"off: {cells}" if cells else ""
 
 
 def _comm_table(rows: pd.DataFrame) -> str:
@@ -122,24 +133,30 @@ def communication(ctx: Context) -> str | None:
     rows = _sorted(ctx.ok[ctx.ok["sp"] > 1])
     if rows.empty:
         ctx.headline["comm_rows_equal_formula"] = {"rows": 0}
-        return "No cell has P > 1."
+        return _prose("no_parallel_cell")
     counted = rows["comm_bytes_per_link_per_layer"]
     exact = (counted == rows["predicted_comm_bytes_per_link_per_layer"]) & (counted > 0)
     deviation = float((rows["comm_vs_predicted"] - 1).abs().max())
-    ctx.headline["comm_rows_equal_formula"] = {"rows": len(rows), "exact_rows": int(exact.sum()),
-                                               "max_deviation": deviation}  # fmt: skip
-    ctx.figure("rows (P > 1) whose counted bytes per link equal the formula", theory="all",
-               source=COMM_SOURCE, measured=f"{int(exact.sum())} of {len(rows)}",
-               gap=f"{int(exact.sum()) - len(rows):+d}")  # fmt: skip
+    matched = int(exact.sum())
+    ctx.headline["comm_rows_equal_formula"] = {
+        "rows": len(rows),
+        "exact_rows": matched,
+        "max_deviation": deviation,
+    }
+    ctx.figure(
+        "rows (P > 1) whose counted bytes per link equal the formula",
+        theory="all",
+        source=COMM_SOURCE,
+        measured=f"{matched} of {len(rows)}",
+        gap=f"{matched - len(rows):+d}",
+    )
     off = ", ".join(ctx.key(r) for _, r in rows[~exact].iterrows())
-    ctx.finding("counted bytes per link equal the papers' formulas in every cell with P > 1",
-                bool(exact.all()), f"off: {off}" if off else "")  # fmt: skip
+    ctx.finding(_prose("comm_finding"), bool(exact.all()), _off(off))
     plot = plot_by_degree(ctx, rows, "comm_per_link",
                           {"predicted_comm_bytes_per_link_per_layer": "formula"},
                           "comm_bytes_per_link_per_layer", "bytes per link per layer")  # fmt: skip
-    return (f"{plot}\n\n**{int(exact.sum())} of {len(rows)}** rows with P > 1 equal their "
-            f"formula to the byte (largest |counted / formula − 1| = {deviation:.3g}).\n\n"
-            f"{_comm_table(rows)}")  # fmt: skip
+    summary = _prose("comm_summary", exact=matched, rows=len(rows), deviation=f"{deviation:.3g}")
+    return f"{plot}\n\n{summary}\n\n{_comm_table(rows)}"
 
 
 def _ratios(ok: pd.DataFrame, method: str) -> pd.DataFrame:
@@ -183,23 +200,30 @@ def ulysses_ratio(ctx: Context) -> str | None:
     ulysses = _ratios(ctx.ok, "ulysses")
     if ulysses.empty:
         ctx.headline["ulysses_vs_megatron_per_link"] = None
-        return "The run has no pair of P > 1 cells to divide."
+        return _prose("no_ratio")
     largest = ulysses[ulysses["sp"] == ulysses["sp"].max()]
     sp = int(largest["sp"].iloc[0])
-    entry = {"sp": sp, "measured": float(largest["measured"].max()),
-             "measured_min": float(largest["measured"].min()), "formula": 1 / sp}  # fmt: skip
+    entry = {
+        "sp": sp,
+        "measured": float(largest["measured"].max()),
+        "measured_min": float(largest["measured"].min()),
+        "formula": 1 / sp,
+    }
+    measured, formula = f"{entry['measured']:.4f}", f"{entry['formula']:.4f}"
     ctx.headline["ulysses_vs_megatron_per_link"] = entry
-    ctx.figure(f"Ulysses ÷ Megatron-SP bytes per link per layer, P = {sp}",
-               theory=f"1/P = {entry['formula']:.4f}", source=RATIO_SOURCE,
-               measured=f"{entry['measured']:.4f}",
-               gap=f"{entry['measured'] - entry['formula']:+.4f}")  # fmt: skip
+    ctx.figure(
+        f"Ulysses ÷ Megatron-SP bytes per link per layer, P = {sp}",
+        theory=f"1/P = {formula}",
+        source=RATIO_SOURCE,
+        measured=measured,
+        gap=f"{entry['measured'] - entry['formula']:+.4f}",
+    )
     off = ulysses[~((ulysses["measured"] * ulysses["sp"] - 1).abs() < 1e-12)]
     cells = ", ".join(f"P={int(r.sp)}, s={int(r.seq_len)}" for r in off.itertuples())
-    ctx.finding("Ulysses ÷ Megatron-SP bytes per link is 1/P at every P > 1 and s",
-                off.empty, f"off: {cells}" if cells else "")  # fmt: skip
-    return (f"{plot_ratio(ctx, ulysses)}\n\nAt the largest P = {sp}: counted "
-            f"{entry['measured']:.4f} (formula {entry['formula']:.4f}).\n\n"
-            f"{_ratio_table(ulysses, _ratios(ctx.ok, 'ring_attention'))}")  # fmt: skip
+    ctx.finding(_prose("ratio_finding"), off.empty, _off(cells))
+    summary = _prose("ratio_summary", sp=sp, measured=measured, formula=formula)
+    table = _ratio_table(ulysses, _ratios(ctx.ok, "ring_attention"))
+    return f"{plot_ratio(ctx, ulysses)}\n\n{summary}\n\n{table}"
 
 
 def _memory_table(rows: pd.DataFrame, error: pd.Series) -> str:
@@ -238,27 +262,41 @@ def activation_memory(ctx: Context) -> str | None:
     by_method = error.abs().groupby(rows["method"]).max()
     paper = rows["activation_vs_predicted"]
     worst = float(by_method.max())
-    summary = {"max_error": worst, "by_method": by_method.to_dict(),
-               "vs_paper_min": float(paper.min()), "vs_paper_max": float(paper.max())}  # fmt: skip
-    ctx.headline["activation_model_error"] = summary
-    ctx.figure("activation bytes per rank vs the implementation model, worst row", theory="0%",
-               source=MODEL_MEMORY, measured=_pct(worst), gap=_pct(worst))  # fmt: skip
-    ctx.figure("activation bytes per rank, measured ÷ paper formula (range over rows)",
-               theory="1×", source=PAPER_MEMORY,
-               measured=f"{format_ratio(paper.min())} … {format_ratio(paper.max())}",
-               gap="fp32, fused attention: see report")  # fmt: skip
+    low, high = format_ratio(paper.min()), format_ratio(paper.max())
+    ctx.headline["activation_model_error"] = {
+        "max_error": worst,
+        "by_method": by_method.to_dict(),
+        "vs_paper_min": float(paper.min()),
+        "vs_paper_max": float(paper.max()),
+    }
+    ctx.figure(
+        "activation bytes per rank vs the implementation model, worst row",
+        theory="0%",
+        source=MODEL_MEMORY,
+        measured=_pct(worst),
+        gap=_pct(worst),
+    )
+    ctx.figure(
+        "activation bytes per rank, measured ÷ paper formula (range over rows)",
+        theory="1×",
+        source=PAPER_MEMORY,
+        measured=f"{low} … {high}",
+        gap="fp32, fused attention: see report",
+    )
     exact = (measured == rows["model_activation_bytes_per_rank"]) & (measured > 0)
-    ctx.finding("saved activations per rank equal the implementation model in every cell",
-                bool(exact.all()), f"worst row {_pct(worst)}")  # fmt: skip
+    ctx.finding(_prose("memory_finding"), bool(exact.all()), f"worst row {_pct(worst)}")
     plot = plot_by_degree(ctx, rows, "activation_per_rank",
                           {"model_activation_bytes_per_rank": "implementation model",
                            "predicted_activation_bytes_per_rank": "paper formula"},
                           "activation_bytes_per_rank", "activation bytes per rank per layer")  # fmt: skip
-    per_method = ", ".join(f"{name(m)} {_pct(e)}" for m, e in by_method.items())
-    return (f"The implementation model matches every measured row to within **{_pct(worst)}** "
-            f"(per method: {per_method}); measured ÷ paper formula ranges "
-            f"{format_ratio(paper.min())} … {format_ratio(paper.max())}.\n\n{plot}\n\n"
-            f"{_memory_table(rows, error)}")  # fmt: skip
+    summary = _prose(
+        "memory_summary",
+        worst=_pct(worst),
+        per_method=", ".join(f"{name(m)} {_pct(e)}" for m, e in by_method.items()),
+        low=low,
+        high=high,
+    )
+    return f"{summary}\n\n{plot}\n\n{_memory_table(rows, error)}"
 
 
 def _longest(rows: pd.DataFrame) -> dict[str, dict[int, dict[str, int | None]]]:
@@ -289,25 +327,37 @@ def longest_sequence(ctx: Context) -> str | None:
     first = ctx.ok.iloc[0]
     budget, layers = first["memory_budget_bytes"], _int(first["budget_layers"])
     longest = _longest(rows)
-    ctx.headline["longest_seq_len_in_budget"] = {"memory_budget_bytes": budget, "layers": layers,
-                                                 "longest": longest}  # fmt: skip
+    ctx.headline["longest_seq_len_in_budget"] = {
+        "memory_budget_bytes": budget,
+        "layers": layers,
+        "longest": longest,
+    }
     for method, by_sp in longest.items():
         sp = max(by_sp)
         model, paper = by_sp[sp]["model"], by_sp[sp]["paper"]
-        ctx.figure(f"{name(method)}: longest s within {format_bytes(budget)} per rank, "
-                   f"{layers} layers, P = {sp} (validated implementation model)",
-                   theory=f"{_text(paper)} (paper formula)", source=f"{PAPER_MEMORY} formula",
-                   model=_text(model),
-                   gap=format_ratio(model / paper) if model and paper else "—")  # fmt: skip
+        ctx.figure(
+            _prose(
+                "longest_figure",
+                method=name(method),
+                budget=format_bytes(budget),
+                layers=layers,
+                sp=sp,
+            ),
+            theory=f"{_text(paper)} (paper formula)",
+            source=f"{PAPER_MEMORY} formula",
+            model=_text(model),
+            gap=format_ratio(model / paper) if model and paper else "—",
+        )
     error = (ctx.headline.get("activation_model_error") or {}).get("max_error")
     table = pd.DataFrame({
         "method": rows["method"].map(name), "P": rows["sp"],
         "longest s (implementation model, validated)": rows["max_seq_len_in_budget"].map(_text),
         "longest s (paper formula)": rows["paper_max_seq_len_in_budget"].map(_text),
     })  # fmt: skip
-    return (f"Budget {format_bytes(budget)} of activations per rank, {_text(layers)} blocks; "
-            f"the implementation model matched the measured rows to within {_pct(error)}.\n\n"
-            f"{markdown_table(table, numparse=False)}")  # fmt: skip
+    summary = _prose(
+        "longest_summary", budget=format_bytes(budget), layers=_text(layers), error=_pct(error)
+    )
+    return f"{summary}\n\n{markdown_table(table, numparse=False)}"
 
 
 def step_time(ctx: Context) -> str | None:
@@ -325,11 +375,9 @@ def step_time(ctx: Context) -> str | None:
         "method": rows["method"].map(name), "P": rows["sp"], "s": rows["seq_len"],
         "step time (fwd + bwd, slowest rank, median)": rows["step_time_s"].map(format_seconds),
     })  # fmt: skip
-    cores = ctx.cores
-    stretched = (f"this host has {int(cores)} cores, so cells with P > {int(cores)} share "
-                 "them and their wall clock is stretched by the sharing, not the "
-                 "method" if math.isfinite(cores) else "ranks may share cores")  # fmt: skip
-    return f"Wall clock: {stretched}.\n\n{markdown_table(table, numparse=False)}"
+    cores = int(ctx.cores) if math.isfinite(ctx.cores) else None
+    wall_clock = _prose("wall_clock", cores=cores)
+    return f"{wall_clock}\n\n{markdown_table(table, numparse=False)}"
 
 
 def errors(ctx: Context) -> str | None:
@@ -343,30 +391,21 @@ def errors(ctx: Context) -> str | None:
     rows = _sorted(ctx.ok)
     wrong = pd.to_numeric(rows["wrong"], errors="coerce")
     total = int(wrong.sum()) if wrong.notna().all() else None
-    verdict = ("every cell matched" if total == 0
-               else f"**{_text(total)} tensor(s) wrong**")  # fmt: skip
     table = pd.DataFrame({
         "method": rows["method"].map(name), "P": rows["sp"], "s": rows["seq_len"],
         "padded positions": rows["padded_positions"].map(_text),
         "max normalised error": rows["max_error"].map(lambda v: f"{v:.2g}"),
         "wrong": wrong.map(_text),
     })  # fmt: skip
-    return (
-        f"Tolerance {rows['tolerance'].max():g}: {verdict}.\n\n"
-        f"{markdown_table(table, numparse=False)}"
+    verdict = _prose(
+        "errors", tolerance=f"{rows['tolerance'].max():g}", matched=total == 0, wrong=_text(total)
     )
+    return f"{verdict}\n\n{markdown_table(table, numparse=False)}"
 
 
 REPORT = Report(
     title="Sequence parallelism: communication per link and activation memory per rank",
-    intro=(
-        "Megatron-SP, DeepSpeed-Ulysses and Ring Attention on one transformer block per "
-        "(method, P, s), uneven s included: the bytes each rank puts on its link counted "
-        "beside the papers' formulas (Ulysses ÷ Megatron-SP = 1/P), the activations each "
-        "rank saves beside the paper formula and the implementation's own model, the "
-        "longest sequence each trains within a memory budget (a model output), and every "
-        "output and gradient against the single-device block."
-    ),
+    intro=_prose("intro"),
     sections=(
         measured_what,
         communication,
@@ -375,13 +414,6 @@ REPORT = Report(
         longest_sequence,
         step_time,
         errors,
-    ),  # fmt: skip
-    correctness=(
-        "Each rank's output and input gradient (its real positions) and every weight "
-        "gradient (replicated ones summed over ranks, tensor-parallel shards against their "
-        "block of the full gradient) are compared with the full single-device block on the "
-        "same input and output gradient; `wrong` counts a cell's tensors off by more than "
-        "the tolerance (float32 sums in another order move results by ~1e-6; a misplaced "
-        "head or block by O(1))."
     ),
+    correctness=_prose("correctness"),
 )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -36,9 +37,12 @@ from bench.report import (
     format_seconds,
     is_missing,
     markdown_table,
+    prose,
 )
 
 __all__ = ["REPORT", "SPEED_TARGET"]
+
+_prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
 
 MEGATRON = "Megatron-LM (Shoeybi et al. 2019, arXiv 1909.08053) §3"
 TARGET_T = 2  # the issue states its speed target at t = 2
@@ -105,10 +109,14 @@ def model_and_step(ctx: Context) -> str | None:
     if ctx.ok.empty:
         return None
     first = ctx.ok.iloc[0]
-    shape = ", ".join(f"{k}={_int(first[k])}" for k in ("d_model", "n_heads", "n_layers",
-                      "seq_len", "vocab_size") if k in ctx.ok.columns)  # fmt: skip
-    return (f"One GPT ({shape}, Ψ = {_int(first['params'])} parameters), batch "
-            f"{_int(first['batch_size'])}, methods {', '.join(map(_label, methods(ctx.ok)))}.")  # fmt: skip
+    keys = ("d_model", "n_heads", "n_layers", "seq_len", "vocab_size")
+    return _prose(
+        "model",
+        shape=", ".join(f"{k}={_int(first[k])}" for k in keys if k in ctx.ok.columns),
+        params=_int(first["params"]),
+        batch=_int(first["batch_size"]),
+        methods=", ".join(map(_label, methods(ctx.ok))),
+    )
 
 
 def _comm_summary(rows: pd.DataFrame) -> dict[str, Any]:
@@ -134,33 +142,32 @@ def _comm_figures(ctx: Context, summary: dict[str, Any]) -> None:
     for method, entry in summary.items():
         counts = (entry["allreduces_fwd"], entry["allreduces_bwd"])
         known = None not in counts
-        ctx.figure(f"all-reduces per block fwd + bwd, {_label(method)}, t = {entry['tp']}",
-                   theory=f"{fwd} + {bwd}", source=MEGATRON,
-                   measured=" + ".join(_int(c) for c in counts),
-                   gap=f"{counts[0] + counts[1] - fwd - bwd:+d}" if known else "—")  # fmt: skip
+        ctx.figure(
+            f"all-reduces per block fwd + bwd, {_label(method)}, t = {entry['tp']}",
+            theory=f"{fwd} + {bwd}",
+            source=MEGATRON,
+            measured=" + ".join(_int(c) for c in counts),
+            gap=f"{counts[0] + counts[1] - fwd - bwd:+d}" if known else "—",
+        )
     ours = summary.get("distbench")
     if ours:
         measured = ours["bytes_fwd"] + ours["bytes_bwd"]
         predicted = 2 * ours["predicted_bytes_fwd"]
-        ctx.figure(f"TP bytes per rank per block, t = {ours['tp']}",
-                   theory=format_bytes(predicted), source=f"{MEGATRON}, ring all-reduce",
-                   measured=format_bytes(measured),
-                   gap=_pct(measured / predicted - 1) if predicted else "—")  # fmt: skip
+        ctx.figure(
+            f"TP bytes per rank per block, t = {ours['tp']}",
+            theory=format_bytes(predicted),
+            source=f"{MEGATRON}, ring all-reduce",
+            measured=format_bytes(measured),
+            gap=_pct(measured / predicted - 1) if predicted else "—",
+        )
 
 
-def _dtensor_note(rows: pd.DataFrame) -> str:
+def _dtensor_extra(rows: pd.DataFrame) -> str:
+    """The all-reduces DTensor's backward issues per block beyond Megatron's count."""
     dtensor = rows[(rows["method"] == "torch_dtensor") & (rows["tp"] > 1)]
-    extra = sorted({int(v) for v in dtensor["allreduces_per_layer_bwd"].dropna()
-                    - MEGATRON_ALLREDUCES[1]})  # fmt: skip
-    if not extra or extra == [0]:
-        return ""
-    return (
-        f" DTensor's backward issued {', '.join(map(str, extra))} more all-reduce(s) per "
-        "block than Megatron's count: with q, k and v each a separate ColwiseParallel "
-        "layer, each reduces its own share of the input gradient, where distbench's "
-        "attention puts one `f` in front of all three (the gradient arrives summed, so one "
-        "all-reduce covers it)."
-    )
+    bwd = dtensor["allreduces_per_layer_bwd"].dropna() - MEGATRON_ALLREDUCES[1]
+    extra = sorted({int(v) for v in bwd})
+    return "" if extra in ([], [0]) else ", ".join(map(str, extra))
 
 
 def _comm_table(rows: pd.DataFrame) -> str:
@@ -202,21 +209,20 @@ def communication(ctx: Context) -> str | None:
     )
     counts_match = bool(len(ours)) and bool(counts.all())
     summary = _comm_summary(rows)
-    ctx.headline["comm_per_layer"] = {"distbench_bytes_match": bytes_match,
-                                      "distbench_allreduces_match": counts_match, **summary}  # fmt: skip
+    ctx.headline["comm_per_layer"] = {
+        "distbench_bytes_match": bytes_match,
+        "distbench_allreduces_match": counts_match,
+        **summary,
+    }
     _comm_figures(ctx, summary)
     if len(ours):
-        ctx.finding("distbench's all-reduces per block equal Megatron's count (2 + 2) at "
-                    "every t", counts_match, "see the communication table")  # fmt: skip
-        ctx.finding("distbench's bytes per block equal the ring all-reduce count at every t",
-                    bytes_match, "see the communication table")  # fmt: skip
-    verdict = (
-        "distbench's counted all-reduces and bytes equal the analytic count at every t"
-        if bytes_match and counts_match
-        else "**distbench's counted traffic differs from the analytic count** (see the table)"
-    )
+        table = "see the communication table"
+        ctx.finding(_prose("counts_finding"), counts_match, table)
+        ctx.finding(_prose("bytes_finding"), bytes_match, table)
+    match = bytes_match and counts_match
+    text = _prose("communication", match=match, extra=_dtensor_extra(rows))
     plot = plot_comm(ctx, ctx.ok) if (ctx.ok["tp"] > 1).any() else ""
-    return f"{verdict}.{_dtensor_note(rows)}\n\n{_comm_table(rows)}\n\n{plot}"
+    return f"{text}\n\n{_comm_table(rows)}\n\n{plot}"
 
 
 def memory(ctx: Context) -> str | None:
@@ -232,25 +238,22 @@ def memory(ctx: Context) -> str | None:
     ours = rows[rows["method"] == "distbench"]["param_bytes"]
     if ours.notna().sum() > 1:
         shrinks = bool(ours.is_monotonic_decreasing and ours.iloc[-1] < ours.iloc[0])
-        ctx.finding("distbench's parameter bytes per rank fall as t grows", shrinks,
-                    " → ".join(format_bytes(v) for v in ours))  # fmt: skip
+        trail = " → ".join(format_bytes(v) for v in ours)
+        ctx.finding(_prose("params_finding"), shrinks, trail)
     table = _table(rows, {"parameters": ("param_bytes", format_bytes),
                           "saved activations (peak)": ("activation_bytes", format_bytes),
                           "peak": ("peak_bytes", format_bytes)})  # fmt: skip
     return f"{table}\n\n{plot_memory(ctx, ctx.ok)}"
 
 
-def _speed_verdict(ok: pd.DataFrame) -> tuple[str, dict[str, float]]:
-    """The sentence on the target's t, and every finite distbench ratio by t."""
+def _ratios(ok: pd.DataFrame) -> dict[str, float]:
+    """Every finite distbench step-time ratio against DTensor, by t."""
     ours = ok[ok["method"] == "distbench"]
-    ratios = {f"t={int(r.tp)}": float(r.step_time_vs_dtensor) for r in ours.itertuples()
-              if math.isfinite(r.step_time_vs_dtensor)}  # fmt: skip
-    at_target = ratios.get(f"t={TARGET_T}")
-    if at_target is None:
-        return f"There is no paired distbench cell at t = {TARGET_T}.", ratios
-    inside = "within" if SPEED_TARGET.meets(at_target) else "**outside**"
-    return (f"At t = {TARGET_T} distbench's step takes {format_ratio(at_target)} DTensor's "
-            f"({inside} the ≤ {SPEED_TARGET.bound}× target).", ratios)  # fmt: skip
+    return {
+        f"t={int(r.tp)}": float(r.step_time_vs_dtensor)
+        for r in ours.itertuples()
+        if math.isfinite(r.step_time_vs_dtensor)
+    }
 
 
 def _other_degrees(ctx: Context) -> None:
@@ -262,10 +265,12 @@ def _other_degrees(ctx: Context) -> None:
     verdict = replace(SPEED_TARGET, where=where).judge(ctx.ok, ctx.key_columns)
     if verdict.measured:
         ts = ", ".join(map(str, others))
-        ctx.figure(f"TP blocks step ÷ DTensor at t ∈ {{{ts}}} (paired): median, worst cell",
-                   theory=f"{SPEED_TARGET.bound_text} (stated at t = {TARGET_T} only)",
-                   source=SPEED_TARGET.source,
-                   measured=f"{verdict.median_text}; worst {verdict.worst_text}")  # fmt: skip
+        ctx.figure(
+            f"TP blocks step ÷ DTensor at t ∈ {{{ts}}} (paired): median, worst cell",
+            theory=f"{SPEED_TARGET.bound_text} (stated at t = {TARGET_T} only)",
+            source=SPEED_TARGET.source,
+            measured=f"{verdict.median_text}; worst {verdict.worst_text}",
+        )
 
 
 def step_time(ctx: Context) -> str | None:
@@ -280,13 +285,20 @@ def step_time(ctx: Context) -> str | None:
     if ctx.ok.empty:
         return None
     rows = ctx.ok.sort_values(["tp", "method"])
-    verdict, ratios = _speed_verdict(rows)
+    ratios = _ratios(rows)
     ctx.headline["step_time_vs_dtensor"] = ratios
     _other_degrees(ctx)
     crowded = sorted({int(t) for t in rows["tp"] if ctx.crowded(t)})
-    if crowded:
-        verdict += (f" At t ∈ {{{', '.join(map(str, crowded))}}} there are more ranks than "
-                    f"cores on this host ({int(ctx.cores)}): ranks take turns on a core.")  # fmt: skip
+    at_target = ratios.get(f"t={TARGET_T}")
+    verdict = _prose(
+        "speed",
+        t=TARGET_T,
+        ratio=None if at_target is None else format_ratio(at_target),
+        inside=at_target is not None and SPEED_TARGET.meets(at_target),
+        bound=SPEED_TARGET.bound,
+        crowded="{" + ", ".join(map(str, crowded)) + "}" if crowded else "",
+        cores=int(ctx.cores) if crowded else None,
+    )
     table = _table(rows, {"step time": ("step_time_s", format_seconds),
                           "other method, same run": ("twin_step_time_s", format_seconds),
                           "ratio": ("step_time_vs_twin", format_ratio)})  # fmt: skip
@@ -309,21 +321,9 @@ def update_error(ctx: Context) -> str | None:
 
 REPORT = Report(
     title="Tensor parallelism: Megatron layers vs DTensor, per TP degree",
-    intro=(
-        "Megatron tensor parallelism of one GPT (distbench's column/row layers, heads-split "
-        "attention, vocab-parallel embedding and loss) beside torch DTensor's "
-        "`parallelize_module` with Megatron's layout, at each TP degree t: one block's "
-        "counted communication against Megatron's 2 + 2 all-reduces, per-rank memory, the "
-        "blocks' step time measured side by side, and the update after a few SGD steps "
-        "against one process."
-    ),
+    intro=_prose("intro"),
     sections=(model_and_step, communication, memory, step_time, update_error),
     targets=(SPEED_TARGET,),
     prepare=step_time_vs_dtensor,
-    correctness=(
-        "Each cell trained its SGD steps on the whole batch and compared the gathered "
-        "parameters with one process trained the same way: update error = ‖θ − θ_ref‖ / "
-        "‖θ_ref − θ₀‖ over the whole model; `wrong` when it exceeds 1e-4 (fp32 summed in "
-        "another order)."
-    ),
+    correctness=_prose("correctness"),
 )

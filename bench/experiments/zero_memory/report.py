@@ -13,6 +13,7 @@ cells. Measured numbers come from the rows; predictions from the rows' cost-mode
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pandas as pd
 
@@ -26,9 +27,19 @@ from bench.experiments.zero_memory.plots import (
 )
 from bench.experiments.zero_memory.plots import methods_in as _methods
 from bench.experiments.zero_memory.speed import SPEED_TARGETS, numeric, prepare_ratios, step_time
-from bench.report import Context, Report, Target, format_bytes, format_percent, markdown_table
+from bench.report import (
+    Context,
+    Report,
+    Target,
+    format_bytes,
+    format_percent,
+    markdown_table,
+    prose,
+)
 
 __all__ = ["COMM_THEORY", "REPORT", "TARGETS"]
+
+_prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
 
 COMM_THEORY = {0: 2, 1: 2, 2: 2, 3: 3}  # Ψ per rank per step as N → ∞, ring collectives
 COMM_SOURCE = "ZeRO paper (Rajbhandari et al. 2019), §7, ring collectives"
@@ -82,7 +93,7 @@ def model(ctx: Context) -> str | None:
     params = sorted(int(p) for p in numeric(ctx.ok, "params").dropna().unique())
     psi = ", ".join(f"{p:,}" for p in params) or "unknown"
     methods = ", ".join(METHODS.get(m, m) for m in _methods(ctx.ok))
-    return f"Methods: {methods}. One model of Ψ = {psi} parameters."
+    return _prose("model", methods=methods, psi=psi)
 
 
 def memory(ctx: Context) -> str | None:
@@ -116,18 +127,15 @@ def memory(ctx: Context) -> str | None:
     worst = float(by_method.max()) if len(by_method) else None
     ctx.headline["model_state_error_max"] = worst
     ctx.headline["model_state_error_by_method"] = {m: float(e) for m, e in by_method.items()}
-    inside = worst is not None and worst <= MODEL_STATE_BOUND
-    verdict = ("no distbench row has both values" if worst is None else
-               f"**{_pct(worst)}** ({'within' if inside else 'outside'} the "
-               f"{MODEL_STATE_BOUND:.0%} target)")  # fmt: skip
-    per_method = ", ".join(f"{METHODS.get(m, m)} {_pct(e)}" for m, e in by_method.items())
-    _torch_finding(ctx, rows)
-    return (
-        shown
-        + f"Largest |error| over distbench's stages and N: {verdict}"
-        + (f"; per method: {per_method}" if per_method else "")
-        + f".\n\n{markdown_table(table)}"
+    verdict = _prose(
+        "memory_verdict",
+        worst=None if worst is None else _pct(worst),
+        inside=worst is not None and worst <= MODEL_STATE_BOUND,
+        bound=f"{MODEL_STATE_BOUND:.0%}",
+        per_method=", ".join(f"{METHODS.get(m, m)} {_pct(e)}" for m, e in by_method.items()),
     )
+    _torch_finding(ctx, rows)
+    return f"{shown}{verdict}\n\n{markdown_table(table)}"
 
 
 def _torch_finding(ctx: Context, rows: pd.DataFrame) -> None:
@@ -138,8 +146,7 @@ def _torch_finding(ctx: Context, rows: pd.DataFrame) -> None:
         return
     off = errors[errors["model_state_abs_error"] > MODEL_STATE_BOUND]
     ctx.finding(
-        f"torch's ZeroRedundancyOptimizer and FSDP2 hold the model states the cost model "
-        f"predicts for ZeRO-1 / ZeRO-3, within {MODEL_STATE_BOUND:.0%}",
+        _prose("torch_finding", bound=f"{MODEL_STATE_BOUND:.0%}"),
         off.empty,
         ", ".join(f"{ctx.key(r)}: {_pct(r['model_state_abs_error'])}" for _, r in off.iterrows()),
     )
@@ -148,9 +155,8 @@ def _torch_finding(ctx: Context, rows: pd.DataFrame) -> None:
 def _comm_rows(ok: pd.DataFrame) -> pd.DataFrame:
     rows = _ours(ok).dropna(subset=["comm_psi_multiple", "stage"])
     rows = rows[rows["stage"].isin(list(COMM_THEORY))].sort_values(["world_size", "stage"])
-    theory = [COMM_THEORY[int(s)] * (n - 1) / n for s, n in zip(rows["stage"], rows["world_size"],
-                                                               strict=True)]  # fmt: skip
-    return rows.assign(theory_multiple=theory)
+    limit = rows["stage"].astype(int).map(COMM_THEORY)
+    return rows.assign(theory_multiple=limit * (rows["world_size"] - 1) / rows["world_size"])
 
 
 def traffic(ctx: Context) -> str | None:
@@ -180,12 +186,11 @@ def traffic(ctx: Context) -> str | None:
     zero = rows[rows["method"].isin(list(ZERO_METHODS))]
     off = zero[zero["comm_bytes_per_step"] != zero["predicted_comm_bytes_per_step"]]
     ctx.finding(
-        "distbench's ZeRO stages send exactly the cost model's 2Ψ·(N−1)/N or 3Ψ·(N−1)/N per "
-        "rank per step (padding included)",
+        _prose("traffic_finding"),
         off.empty and not zero.empty,
-        "no ZeRO row was counted"
-        if zero.empty
-        else ", ".join(ctx.key(r) for _, r in off.iterrows()),
+        ", ".join(ctx.key(r) for _, r in off.iterrows())
+        if len(zero)
+        else "no ZeRO row was counted",
     )
     figure = ctx.plot(comm_figure(rows), "comm_per_rank", "traffic per rank")
     return f"{figure}\n\n{markdown_table(table)}"
@@ -207,11 +212,12 @@ def _at_largest(ctx: Context, rows: pd.DataFrame) -> dict[str, dict]:
         }
         at_largest[str(method)] = entry
         ctx.figure(
-            f"{METHODS.get(method, method)} traffic per rank per step, N = {n}",
+            _prose("traffic_figure", method=METHODS.get(method, method), n=n),
             theory=f"{entry['theory_limit']}Ψ (×(N−1)/N = {_psi(entry['theory'])})",
-            source=COMM_SOURCE, measured=_psi(entry["measured"]),
+            source=COMM_SOURCE,
+            measured=_psi(entry["measured"]),
             gap=_psi(entry["measured"] - entry["theory"]),
-        )  # fmt: skip
+        )
     return at_largest
 
 
@@ -239,22 +245,11 @@ def update_error(ctx: Context) -> str | None:
 
 REPORT = Report(
     title="ZeRO memory: measured model states, traffic and speed per stage",
-    intro=(
-        "Plain data parallelism and ZeRO-1/2/3 trained for real on CPU ranks, every byte "
-        "each rank holds counted, beside the ZeRO paper's formulas (the cost model "
-        "`impls.costmodel.memory`, padding included) and torch's DDP, "
-        "ZeroRedundancyOptimizer and FSDP2 `fully_shard` on the same model and ranks, timed "
-        "side by side. distbench's DDP with and without overlapping backward shows what "
-        "overlap buys."
-    ),
+    intro=_prose("intro"),
     sections=(model, memory, traffic, step_time, update_error),
     targets=TARGETS,
     prepare=prepare,
-    correctness=(
-        "`wrong` is 1 when a cell's update error (‖θ − θ_ref‖ / ‖θ_ref − θ₀‖ after `steps` "
-        "AdamW steps, against one process trained on the whole batch) exceeds its "
-        "precision's tolerance ("
-        + ", ".join(f"{p} {t:g}" for p, t in TOLERANCE.items())
-        + "), or was not computed."
+    correctness=_prose(
+        "correctness", tolerances=", ".join(f"{p} {t:g}" for p, t in TOLERANCE.items())
     ),
 )
