@@ -182,12 +182,12 @@ def _sweep_id() -> str | None:
     return "sweep-" + hashlib.sha256(str(hydra_cfg.sweep.dir).encode()).hexdigest()[:12]
 
 
-def _fail(line: str, code: int) -> NoReturn:
+def _fail(line: str, code: int, *, printed: bool = False) -> NoReturn:
     """Exit with `code` after `line`; in a multirun job, fail the job instead (exiting
     would stop the sweep's other jobs, or lose a submitit job's result)."""
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         raise JobFailed(line)
-    if code == 2:
+    if not printed:
         log.error(line)
     sys.exit(code)
 
@@ -218,9 +218,15 @@ def main(cfg: DictConfig) -> None:
         df = _run(plan)
     except ValueError as err:
         _fail("bad config: " + " ".join(str(err).split()), 2)
+    except KeyboardInterrupt:  # before the grid's own handler (`runner.Interrupted`) was set
+        _fail("interrupted by SIGINT before any cell ran", 130)
+    except OSError as err:  # the file system failed mid-run: a full disk, a read-only mount
+        where = f"{err.filename}: " if err.filename else ""
+        _fail(f"cannot write {where}{(err.strerror or str(err)).lower()}; the rows written before "
+              "it are kept (free space or fix the path, then rerun with resume=true)", 1)  # fmt: skip
     if os.environ.get("RANK", "0") != "0":
         return  # one rank of torchrun / SLURM tasks: rank 0 reports
     line, all_ok = summary(plan.experiment.name, df, plan.report_dir)
     print(line, flush=True)
     if not all_ok:
-        _fail(f"{line} (see the status and error columns of results.csv)", 1)
+        _fail(f"{line} (see the status and error columns of results.csv)", 1, printed=True)

@@ -20,6 +20,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ __all__ = [
     "check_batch_split",
     "check_choice",
     "check_choices",
+    "check_directory",
     "check_gpt_model",
     "check_host",
     "check_number",
@@ -242,6 +244,43 @@ def check_unique(key: str, values: Sequence[Any]) -> None:
     if repeated:
         raise ValueError(f"{key}={list(values)} repeats {', '.join(repeated)}: each value must "
                          "be unique (a grid measures each cell once)")  # fmt: skip
+
+
+def check_directory(key: str, path: str | Path, *, create: bool = True) -> None:
+    """A directory a run can write into: an existing one it may write, or (`create`) one it
+    can make under the nearest existing folder. A ValueError of one line names the key, the
+    path and what is wrong (a file on the way, a symlink loop, a name too long, a FIFO, no
+    write permission or a read-only file system); reads only, creates nothing."""
+    shown = f"{key}={str(path)!r}"
+    probe = Path(path).absolute()
+    while True:
+        try:
+            mode = os.stat(probe).st_mode
+            break
+        except FileNotFoundError:
+            if not create or probe.parent == probe:
+                raise ValueError(f"{shown}: no such directory") from None
+            probe = probe.parent
+        except NotADirectoryError:
+            raise ValueError(f"{shown}: a part of the path is a file, not a directory") from None
+        except OSError as error:  # ELOOP, ENAMETOOLONG, EACCES, ...
+            raise ValueError(f"{shown}: {error.strerror.lower()}") from None
+    if not stat.S_ISDIR(mode):
+        what = (
+            "a file" if stat.S_ISREG(mode) else "not a regular directory (a FIFO, socket or device)"
+        )
+        where = "" if probe == Path(path).absolute() else f" ({probe} is on its path)"
+        raise ValueError(f"{shown} is {what}, not a directory{where}; give a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        why = "read-only file system" if _read_only(probe) else "no write permission"
+        raise ValueError(f"{shown}: cannot write into {probe} ({why})")
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def check_training(cfg: Any, counts: Sequence[str]) -> None:

@@ -22,6 +22,7 @@ import os
 import platform
 import re
 import socket
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
@@ -30,10 +31,11 @@ from typing import Any
 
 import pandas as pd
 
+from bench.config import check_directory
 from bench.provenance import git_sha
 
-__all__ = ["MEASURED", "STATUSES", "TEXT_COLUMNS", "ResultStore", "read_results", "run_metadata",
-           "settings_hash"]  # fmt: skip
+__all__ = ["MEASURED", "ROW_CHECK", "STATUSES", "TEXT_COLUMNS", "ResultStore", "read_results",
+           "run_metadata", "settings_hash", "with_row_check"]  # fmt: skip
 
 _INT_TEXT = re.compile(r"[+-]?\d+")
 # A row's status: measured and checked ("ok"), measured but off its reference ("wrong":
@@ -44,7 +46,18 @@ MEASURED = ("ok", "wrong")
 # would otherwise come back as a float (inf) or an int when results.csv is read.
 TEXT_COLUMNS = ("git_sha", "source_git_sha", "run_id", "settings_hash", "host", "timestamp",
                 "torch_version", "python_version", "status", "error")  # fmt: skip
+# The files a run writes into its report_dir (plots and traces aside).
+REPORT_FILES = ("results.csv", "report.md", "headline.json")
 _FIX = "fix or delete that line, or move the file away (nothing was overwritten)"
+# The last column of every row: a hash of the row's other fields, so a line cut inside its
+# last field (a full disk, a copy stopped short, an editor) is refused, not taken as a
+# finished row with a shortened value. Files written before it existed have no such column.
+ROW_CHECK = "row_check"
+
+
+def row_check(fields: Sequence[str]) -> str:
+    """The `ROW_CHECK` value of a row whose other fields are `fields`, in header order."""
+    return hashlib.sha256("\x1f".join(fields).encode()).hexdigest()[:8]
 
 
 def settings_hash(settings: Mapping[str, Any]) -> str:
@@ -103,12 +116,22 @@ def read_results(path: str | Path) -> pd.DataFrame:
     with open(path, newline="") as handle:
         header = next(csv.reader(handle), [])
     text = {name: str for name in TEXT_COLUMNS if name in header}
-    return pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=text)
+    table = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=text)
+    return table.drop(columns=ROW_CHECK, errors="ignore")
 
 
 def _read_text(path: Path) -> pd.DataFrame:
     """The CSV with every cell as its exact text, so rewriting it changes no old value."""
-    return pd.read_csv(path, dtype=str, keep_default_na=False)
+    return pd.read_csv(path, dtype=str, keep_default_na=False).drop(columns=ROW_CHECK,
+                                                                     errors="ignore")  # fmt: skip
+
+
+def with_row_check(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` (results.csv as text) with its `ROW_CHECK` column recomputed, last."""
+    table = table.drop(columns=ROW_CHECK, errors="ignore")
+    rows = table.itertuples(index=False)
+    table[ROW_CHECK] = [row_check(["" if pd.isna(v) else str(v) for v in r]) for r in rows]
+    return table
 
 
 class ResultStore:
@@ -245,6 +268,7 @@ class ResultStore:
 
     def _replace(self, table: pd.DataFrame) -> None:
         """Write `table` to a temporary file next to results.csv, then swap it in."""
+        table = with_row_check(table)
         fd, tmp_name = tempfile.mkstemp(dir=self.report_dir, prefix=".results.", suffix=".tmp")
         try:
             # mkstemp makes the file private (0600); keep the mode results.csv had.
@@ -275,8 +299,15 @@ class ResultStore:
         ValueError, one line naming the file, if it cannot hold this experiment's results.
         Reads only: a refused directory is left exactly as it was."""
         where = f"report_dir={self.report_dir}"
-        if self.report_dir.exists() and not self.report_dir.is_dir():
-            raise ValueError(f"{where} is a file, not a directory; give a directory")
+        check_directory("report_dir", self.report_dir)
+        for name in (*REPORT_FILES, self.lock_path.name):
+            path = self.report_dir / name
+            with contextlib.suppress(FileNotFoundError):
+                mode = path.lstat().st_mode
+                if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                    kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO, socket or device"
+                    raise ValueError(f"{path} is {kind}, where the run writes a file; move it "
+                                     "away")  # fmt: skip
         other = _experiment_of(self.report_dir / "headline.json")
         if other not in (None, experiment):
             raise ValueError(f"{where} holds the results of experiment {other}; give "
@@ -313,6 +344,7 @@ class ResultStore:
                              "not this experiment's results; move it away, or give another "
                              "report_dir")  # fmt: skip
         status = header.index("status")
+        checked = header[-1] == ROW_CHECK
         for fields in reader:
             if not fields:
                 continue  # a blank line: pandas skips it too
@@ -320,6 +352,9 @@ class ResultStore:
             if len(fields) != len(header):
                 raise ValueError(f"{line}: {len(fields)} fields where the header has "
                                  f"{len(header)} (a truncated or foreign line); {_FIX}")  # fmt: skip
+            if checked and row_check(fields[:-1]) != fields[-1]:
+                raise ValueError(f"{line}: its {ROW_CHECK} does not match its fields (a line "
+                                 f"cut short or edited); {_FIX}")  # fmt: skip
             if fields[status] not in STATUSES:
                 raise ValueError(f"{line}: status={fields[status]!r} is none of "
                                  f"{', '.join(STATUSES)}; {_FIX}")  # fmt: skip
@@ -330,8 +365,14 @@ class ResultStore:
         write rows of one grid), refusing with a ValueError while another run holds it.
         The claim is an `flock` on the directory itself, so a killed run leaves nothing
         behind; the run that ends last removes the writers' lock file."""
-        self.report_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.report_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.report_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.report_dir):
+                pass  # can files be made here? (root passes permission checks; not /proc)
+            fd = os.open(self.report_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as error:
+            raise ValueError(f"report_dir={self.report_dir}: cannot write here "
+                             f"({error.strerror.lower()})") from None  # fmt: skip
         try:
             try:
                 fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
@@ -350,7 +391,9 @@ class ResultStore:
 
 def _experiment_of(headline: Path) -> str | None:
     """The experiment a headline.json was written for (None when there is none to read)."""
+    if not headline.is_file():  # absent, or not a file to read (a FIFO would block)
+        return None
     try:
         return json.loads(headline.read_text()).get("experiment")
-    except (FileNotFoundError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError):
         return None

@@ -35,7 +35,7 @@ from bench.launch import RankFailure, RankPool
 from bench.results import ResultStore, run_metadata, settings_hash
 from bench.wandb_log import WandbLogger
 
-__all__ = ["run_experiment"]
+__all__ = ["Interrupted", "run_experiment"]
 
 log = logging.getLogger("bench")
 
@@ -67,9 +67,14 @@ def run_experiment(
     store.check(experiment.name)
     grid = Grid.of(experiment, cfg, cluster, sweep)
     claim = store.claim(shared=sweep is not None) if rank == 0 else contextlib.nullcontext()
-    with _sigterm_as_exit(), claim:
-        return _run_claimed(experiment, cfg, store, grid, cluster, rank, as_rank,
-                            resume=resume, append=append, wandb_cfg=wandb_cfg)  # fmt: skip
+    try:
+        with _signals_as_exit(), claim:
+            return _run_claimed(experiment, cfg, store, grid, cluster, rank, as_rank,
+                                resume=resume, append=append, wandb_cfg=wandb_cfg)  # fmt: skip
+    except Interrupted as stop:
+        log.error("%s: interrupted by %s; the finished cells' rows are in %s (rerun with "
+                  "resume=true to skip them)", experiment.name, stop.name, store.path)  # fmt: skip
+        raise
 
 
 @dataclass
@@ -188,22 +193,36 @@ class RowWriter:
                         "(append=true keeps them)", count)  # fmt: skip
 
 
+class Interrupted(SystemExit):
+    """The run was stopped by a signal: exit status 128 + its number (130 for Ctrl-C, 143
+    for SIGTERM), as a shell reports it; uncaught, it ends the process without a traceback."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.name = signal.Signals(signum).name
+
+
 @contextlib.contextmanager
-def _sigterm_as_exit():
-    """SIGTERM (scancel, timeout, a container stop) ends the run as Ctrl-C does: the rank
-    pool closes and the claim is released, instead of the process vanishing mid-write."""
+def _signals_as_exit():
+    """Ctrl-C (SIGINT) and SIGTERM (scancel, timeout, a container stop) end the run alike:
+    `Interrupted` unwinds it, so the rank pool closes and the claim is released, instead of
+    a KeyboardInterrupt traceback or the process vanishing mid-write."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def _exit(signum, frame):
-        raise SystemExit(128 + signum)
+        raise Interrupted(signum)
 
-    previous = signal.signal(signal.SIGTERM, _exit)
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. a shell's background job
+            previous[signum] = signal.signal(signum, _exit)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _is_one_rank(kind: str) -> bool:
@@ -235,7 +254,13 @@ def _row(experiment: Experiment, cfg, cell: Cell, per_rank, error: str | None, m
     reference (`wrong > 0`), else "ok"; with the run's metadata."""
     if error is not None:
         return {**cell.key, "status": "failed", "error": error, **meta}
-    row = experiment.row(cfg, cell, per_rank, report_dir)
+    try:
+        row = experiment.row(cfg, cell, per_rank, report_dir)
+    except (
+        Exception
+    ) as failure:  # e.g. its trace could not be written: the cell fails, not the grid
+        text = f"making its row: {type(failure).__name__}: {failure}"
+        return {**cell.key, "status": "failed", "error": text, **meta}
     wrong = pd.to_numeric(pd.Series([row.get("wrong", 0)]), errors="coerce").iloc[0]
     if wrong > 0:
         row.update(status="wrong", error=f"wrong={row['wrong']}: results off the reference")

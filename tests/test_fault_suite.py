@@ -7,11 +7,17 @@ harness must do about it (issue 13).
 | SIGSTOP of a rank mid-cell                    | that cell failed at its timeout, the grid goes on   |
 | a cell off its reference (`wrong > 0`)        | status "wrong" (never "ok"), exit 1                 |
 | every cell failing                            | report still written, exit 1, summary says so       |
-| SIGINT / SIGTERM of the parent mid-grid       | finished rows kept, exit ≠ 0                        |
+| SIGINT / SIGTERM of the parent mid-grid       | finished rows kept, exit 130 / 143, one line saying |
+|                                               | how to resume, no traceback                         |
 | a second run into a report_dir in use         | refused in one line (exit 2); the first run intact  |
 | corrupted results.csv (each kind below)       | refused before any cell, file and line named,       |
 |                                               | the file byte for byte unchanged                    |
+| results.csv's last line cut at any byte       | refused before any cell, file and line named        |
 | report_dir a file / another experiment's      | refused before any cell, in one line                |
+| report_dir under a file, in a symlink loop,   | refused before any cell, in one line naming the     |
+| too long, under /proc; a report file a        | path and the problem; nothing created               |
+| directory or a FIFO                           |                                                     |
+| the disk full or read-only mid-run            | one line naming the file, exit 1, no traceback      |
 | results.csv a planted link                    | refused before any cell                             |
 | report.md / headline.json planted links       | replaced, the link's target untouched               |
 | `resume=true` with changed settings           | the cell is measured again                          |
@@ -137,7 +143,8 @@ def test_interrupted_parent_keeps_finished_rows_and_leaves_nothing(tmp_path, sig
     wait_until(lambda: len(rank_pids(markers)) == 4, 60, "cell h to start on both ranks")
     proc.send_signal(signum)
     code, output = finish(proc, markers, scratch)
-    assert code != 0, output
+    assert code == 128 + signum, output  # as a shell reports a signal's end
+    assert "Traceback" not in output and "resume=true" in output, output
     assert statuses(tmp_path / "report") == {"a": "ok"}  # finished rows kept
     assert left_in(tmp_path / "report") == {"results.csv"}  # no lock, no temporary file
 
@@ -198,6 +205,21 @@ def test_a_corrupted_results_csv_is_refused_untouched(tmp_path, kind):
     assert not rank_pids(tmp_path / "markers")
 
 
+def test_a_last_line_cut_at_any_byte_is_never_taken_as_finished(tmp_path):
+    # A row's last field is its row_check: wherever the line is cut (a full disk, a copy
+    # stopped short), the row is refused, never read as an ok row with a shortened value.
+    store = ResultStore(tmp_path, ["cell"])
+    store.write([{"cell": "a", "status": "ok", "time_s": 0.25, "error": ""},
+                 {"cell": "b", "status": "ok", "time_s": 1.5, "error": "none, \"quoted\""}])  # fmt: skip
+    data = store.path.read_bytes()
+    store.check("runner_faults")  # whole, it passes
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    for end in range(last + 1, len(data) - 1):
+        store.path.write_bytes(data[:end] + b"\n")
+        with pytest.raises(ValueError, match=f"{store.path}:3: "):
+            store.check("runner_faults")
+
+
 @pytest.mark.parametrize("case", ["a file", "another experiment's", "results.csv a link"])
 def test_a_report_dir_that_cannot_hold_the_results_is_refused(tmp_path, case):
     report_dir, victim = tmp_path / "report", tmp_path / "victim.txt"
@@ -216,6 +238,66 @@ def test_a_report_dir_that_cannot_hold_the_results_is_refused(tmp_path, case):
     with pytest.raises(ValueError, match=needle):
         run_fake(report_dir, tmp_path / "markers", ["a:ok"])
     assert not rank_pids(tmp_path / "markers") and victim.read_text() == "mine"
+
+
+def _bad_path(tmp: Path, case: str) -> tuple[Path, str]:
+    """A report_dir that cannot hold a run's files, and the words its refusal says."""
+    if case == "under a file":
+        (tmp / "file").write_text("mine")
+        return tmp / "file" / "report", "a part of the path is a file"
+    if case == "symlink loop":
+        (tmp / "loop").symlink_to(tmp / "loop")
+        return tmp / "loop" / "report", "too many levels of symbolic links"
+    if case == "name too long":
+        return tmp / ("x" * 300), "file name too long"
+    if case == "under /proc":
+        return Path("/proc/distbench-report"), "cannot write here"
+    report_dir = tmp / "report"
+    report_dir.mkdir()
+    if case == "headline.json a FIFO":
+        os.mkfifo(report_dir / "headline.json")  # reading it would block the run forever
+        return report_dir, "headline.json is a FIFO"
+    name = "headline.json" if case == "headline.json a directory" else ".results.csv.lock"
+    (report_dir / name).mkdir()
+    return report_dir, f"{name} is a directory"
+
+
+PATH_CASES = ["under a file", "symlink loop", "name too long", "under /proc",
+              "headline.json a FIFO", "headline.json a directory", "lock file a directory"]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PATH_CASES)
+def test_a_report_dir_path_that_cannot_work_is_refused_in_one_line(tmp_path, case):
+    report_dir, words = _bad_path(tmp_path, case)
+    before = sorted(tmp_path.rglob("*")) if case != "symlink loop" else None
+    with pytest.raises(ValueError) as refused:
+        run_fake(report_dir, tmp_path / "markers", ["a:ok"])
+    message = str(refused.value)
+    assert words in message and "\n" not in message, message
+    assert str(report_dir)[:60] in message
+    assert not rank_pids(tmp_path / "markers")
+    if before is not None:  # nothing created (the markers folder is run_fake's own)
+        assert [p for p in sorted(tmp_path.rglob("*")) if "markers" not in p.parts] == before
+
+
+@pytest.mark.parametrize("error", ["ENOSPC", "EROFS"])
+def test_a_file_system_failing_mid_run_is_one_line(tmp_path, error):
+    # The disk fills (or the mount turns read-only) while a row is written: one line
+    # naming the file and the problem, exit 1, no traceback (chained or not).
+    script = (
+        "import errno, os, sys; import bench.runner as runner\n"
+        "def full(*a, **k):\n"
+        f"    raise OSError(errno.{error}, os.strerror(errno.{error}), '{tmp_path}/results.csv')\n"
+        "runner.run_experiment = full\n"
+        "from bench.app import main; main()\n"
+    )
+    argv = ["experiment=collectives", "profile=ci", "wandb.mode=disabled",
+            f"report_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script, *argv], cwd=REPO_ROOT, text=True,
+                          capture_output=True, timeout=120)  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in output, output
+    assert f"cannot write {tmp_path}/results.csv" in output and "resume=true" in output, output
 
 
 # --- what a run writes, and what resume skips ------------------------------------------------

@@ -38,6 +38,7 @@ from bench.report.format import (
 )
 from bench.report.plots import save_figure
 from bench.report.targets import Target, canonical, key_text
+from bench.results import with_row_check
 
 __all__ = ["Context", "Report", "Section", "write_report"]
 
@@ -300,7 +301,7 @@ def _persist(columns: Sequence[str], df: pd.DataFrame, path: Path, keys: Sequenc
         if column in df.columns:
             stored[column] = [("" if v != v else repr(float(v)) if isinstance(v, float) else str(v))
                               for v in df[column]]  # fmt: skip
-    write_text_atomic(path, stored.to_csv(index=False))
+    write_text_atomic(path, with_row_check(stored).to_csv(index=False))
 
 
 def _headline(ctx: Context, experiment: str, report: Report, verdicts, failures) -> dict:

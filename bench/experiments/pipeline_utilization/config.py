@@ -7,7 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from bench.config import check_choices, check_number, check_positive, gpt_rank_bytes
+from bench.config import (
+    check_choices,
+    check_directory,
+    check_number,
+    check_positive,
+    gpt_rank_bytes,
+)
 from bench.experiments.pipeline_utilization.names import (
     SLICINGS,
     TORCH_SCHEDULES,
@@ -98,6 +104,8 @@ class PipelineUtilizationConfig:
             setattr(self, key, _as_list(getattr(self, key)))
         check_choices("schedules", self.schedules, ALLOWED)
         check_choices("slicings", self.slicings, SLICINGS)
+        if self.trace_dir is not None:
+            check_directory("trace_dir", self.trace_dir)
         check_positive("stages", self.stages)
         check_positive("microbatches", self.microbatches)
         if self.trace_microbatches:
