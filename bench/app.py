@@ -30,7 +30,14 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from bench.config import RUN_KEYS, ClusterConfig, RunConfig, check_host, parse_run
+from bench.config import (
+    RUN_KEYS,
+    ClusterConfig,
+    RunConfig,
+    check_host,
+    check_overrides,
+    parse_run,
+)
 from bench.experiments import Experiment, experiments
 from bench.presets import follow_preset
 
@@ -65,6 +72,9 @@ def build(cfg: DictConfig, name: str | None = None) -> Plan:
     if name not in known:
         allowed = ", ".join(known)
         raise ValueError(f"experiment={name!r} is unknown; allowed values: {allowed}")
+    overrides = _overrides(cfg)
+    check_overrides(known[name].schema, overrides)
+    check_overrides(RunConfig, overrides)
     OmegaConf.set_readonly(cfg, True)
     own = [key for key in cfg if key != "hydra"]  # hydra: composed with return_hydra_config
     values = OmegaConf.to_container(OmegaConf.masked_copy(cfg, own), resolve=True)
@@ -75,6 +85,14 @@ def build(cfg: DictConfig, name: str | None = None) -> Plan:
     check_launch(typed, run.cluster)
     report_dir = Path(run.report_dir) if run.report_dir else REPO_ROOT / "reports" / name
     return Plan(experiment=experiment, cfg=typed, report_dir=report_dir, run=run)
+
+
+def _overrides(cfg: DictConfig) -> list[str]:
+    """The command line's overrides, as typed (from the `hydra` node where the config was
+    composed with it, else from the running app's)."""
+    if "hydra" in cfg:
+        return list(cfg.hydra.overrides.task)
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def _choices(cfg: DictConfig) -> dict[str, Any]:
@@ -107,12 +125,15 @@ def check_launch(typed: Any, cluster: ClusterConfig) -> None:
 
 
 def _spawns_ranks(cluster: ClusterConfig) -> bool:
-    """Whether this process spawns the cells' ranks: cluster=local, or a SLURM job of one
-    task (outside a job — the sweep's parent — nothing is spawned here)."""
+    """Whether this process spawns the cells' ranks: cluster=local, a SLURM job of one task,
+    or cluster=slurm outside a job and outside an env:// launch (a run without --multirun:
+    Hydra's launcher submits only sweeps, so the grid runs here, under the host's limits)."""
     if cluster.kind != "slurm":
         return cluster.kind == "local"
     job = _submitit_job()
-    return job is not None and job.num_tasks == 1
+    if job is None:
+        return not ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+    return job.num_tasks == 1
 
 
 def _submitit_job() -> Any:

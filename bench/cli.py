@@ -26,7 +26,7 @@ from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.config import RunConfig
+from bench.config import RunConfig, range_text
 from bench.presets import check_groups, experiment_groups, normalize, presets_help
 
 __all__ = [
@@ -174,7 +174,7 @@ def schema_keys(cls: type, prefix: str = "", overrides: dict | None = None) -> l
         if is_dataclass(field.default_factory):
             keys += schema_keys(field.default_factory, f"{prefix}{field.name}.")
             continue
-        allowed = _allowed(cls, field, prefix + field.name)
+        allowed = _allowed(cls, field, prefix + field.name) or range_text(field.metadata)
         keys.append(KeyHelp(prefix + field.name, str(field.type), _show(default), allowed,
                             docs.get(field.name, "")))  # fmt: skip
     return keys

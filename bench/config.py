@@ -21,8 +21,9 @@ import json
 import math
 import os
 import stat
+import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "ClusterConfig",
     "RunConfig",
     "WandbConfig",
+    "bounded",
     "check_batch_split",
     "check_choice",
     "check_choices",
@@ -41,12 +43,17 @@ __all__ = [
     "check_gpt_model",
     "check_host",
     "check_number",
+    "check_overrides",
     "check_positive",
+    "check_range",
+    "check_types",
+    "check_value",
     "check_training",
     "check_unique",
     "gpt_rank_bytes",
     "parse_config",
     "parse_run",
+    "range_text",
     "rank_limit",
     "register",
 ]
@@ -167,8 +174,92 @@ def register(name: str, schema: type) -> None:
     ConfigStore.instance().store(group="schema", name=name, node=node, package="_global_")
 
 
+def check_types(schema: type, values: Mapping[str, Any], prefix: str = "") -> None:
+    """Refuse a value that OmegaConf would quietly convert: a bool key takes only true or
+    false (not `2`, `yes` or `maybe`), an int key no bool, a float key no NaN or ±inf;
+    nested configs are checked by their own schema, each key named in full."""
+    hints = typing.get_type_hints(schema)
+    for f in fields(schema):
+        if f.name not in values or values[f.name] is None:
+            continue
+        check_value(prefix + f.name, values[f.name], hints[f.name])
+        check_range(prefix + f.name, values[f.name], f.metadata)
+
+
+def bounded(default: Any = MISSING, *, ge: float | None = None, le: float | None = None,
+            why: str = "", default_factory: Any = MISSING) -> Any:  # fmt: skip
+    """A schema field that declares its range: `ge` ≤ value ≤ `le` (each item of a list);
+    `why` says where the upper bound comes from. `check_types` enforces it before any
+    other check, and `--help` shows it."""
+    bounds = {"ge": ge, "le": le, "why": why}
+    return field(default=default, default_factory=default_factory, metadata=bounds)
+
+
+def range_text(metadata: Mapping[str, Any]) -> str:
+    """A field's declared range as `--help` and the refusals word it ('' if none)."""
+    ge, le = metadata.get("ge"), metadata.get("le")
+    parts = [f"≥ {ge:,}" if ge is not None else "", f"≤ {le:,}" if le is not None else ""]
+    return ", ".join(p for p in parts if p)
+
+
+def check_range(key: str, value: Any, metadata: Mapping[str, Any]) -> None:
+    """`value` (or each item of a list) within the field's declared range, if it has one."""
+    ge, le = metadata.get("ge"), metadata.get("le")
+    if ge is None and le is None:
+        return
+    for item in value if isinstance(value, list) else [value]:
+        real = isinstance(item, int | float) and not isinstance(item, bool)
+        if real and ((ge is not None and item < ge) or (le is not None and item > le)):
+            why = f" ({metadata['why']})" if metadata.get("why") and le is not None else ""
+            raise ValueError(f"{key}={value!r}: must be {range_text(metadata)}{why}")
+
+
+def check_value(key: str, value: Any, hint: Any, whole: Any = None) -> None:
+    """`value` of `key` against its type `hint` (see `check_types`); `whole`: the list it
+    is an item of, which the refusal shows."""
+    shown = f"{key}={value if whole is None else whole!r}"
+    kinds = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    if typing.get_origin(hint) is list:
+        if isinstance(value, list):
+            for item in value:
+                check_value(key, item, kinds[0], value)
+        return
+    if len(kinds) > 1 or not isinstance(kinds[0], type):
+        return  # a union of several types, or Any: the schema's own check decides
+    kind = kinds[0]
+    if is_dataclass(kind) and isinstance(value, Mapping):
+        check_types(kind, value, key + ".")
+    elif kind is bool and not isinstance(value, bool):
+        raise ValueError(f"{shown}: must be true or false")
+    elif kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{shown}: must be an integer")
+    elif kind is float and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ValueError(f"{shown}: must be a number")
+    elif kind is float and isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{shown}: must be a finite number")
+
+
+def check_overrides(schema: type, overrides: Sequence[str]) -> None:
+    """The command line's `key=value` overrides as typed, before Hydra converts them: a bool
+    key given `2` or `yes` would be taken as true (see `check_value`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if override.is_sweep_override() or override.is_delete():
+            continue
+        hint, node = None, schema
+        for part in override.key_or_group.split("."):
+            hint = typing.get_type_hints(node).get(part) if is_dataclass(node) else None
+            if hint is None:
+                break
+            node = hint
+        if hint is not None and not is_dataclass(hint):
+            check_value(override.key_or_group, override.value(), hint)
+
+
 def _typed(schema: type, values: Mapping[str, Any]) -> dict[str, Any]:
     """`values` checked against `schema`'s field types by OmegaConf, as plain values."""
+    check_types(schema, values)
     from omegaconf import OmegaConf  # the parent's job: rank processes never parse
     from omegaconf.errors import OmegaConfBaseException
 
@@ -308,6 +399,7 @@ def check_gpt_model(model: Mapping[str, Any], **extra: Any) -> GPTConfig:
     from impls.models import GPTConfig
 
     try:
+        check_types(GPTConfig, model, "model.")
         return GPTConfig(**model, **extra)
     except (TypeError, ValueError) as error:
         raise ValueError(f"model={dict(model)}: {error}") from error
@@ -373,7 +465,8 @@ def check_host(cfg: Any, cluster: ClusterConfig) -> None:
     how = "cluster.max_ranks"
     if limit is None:
         limit = rank_limit(host_cores(), memory)
-        how = f"this host's limit ({host_cores()} cores, {memory / 1e9:.1f} GB available)"
+        given = " (cluster.memory_gb)" if cluster.memory_gb is not None else ""
+        how = f"this host's limit ({host_cores()} cores, {memory / 1e9:.1f} GB available{given})"
     if world > limit:
         raise ValueError(f"{key}={sizes}: a cell of {world} ranks is more than cluster=local "
                          f"spawns here: at most {limit}, {how}; lower {key}, or set "

@@ -42,6 +42,9 @@ __all__ = [
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "experiments"
 GROUPS = ("model", "hardware")
+# Config groups every experiment takes (experiments/<group>/): where ranks come from, and
+# which grid (profile=ci shrinks it).
+RUN_GROUPS = ("cluster", "profile")
 FILE_OPTION = "file"
 """The `hardware` option that reads a preset file (`hardware.path`) instead of a preset."""
 _FILE_YAML = """\
@@ -155,6 +158,11 @@ def check_groups(argv: list[str], experiment: str) -> str | None:
     for arg in argv:
         parsed = _parsed(arg)
         group = parsed[1].split(".")[0] if parsed else None
+        if parsed and parsed[1] in RUN_GROUPS + GROUPS and group not in groups:
+            refusal = _other_group(parsed, experiment)
+            if refusal:
+                return refusal
+            continue
         if group not in groups or parsed[0]:
             continue
         if parsed[1] == group:
@@ -174,6 +182,26 @@ def check_groups(argv: list[str], experiment: str) -> str | None:
             key, found = missing
             return (f"bad config: {group}.{key} is not a field of {group}={option}; allowed "
                     f"keys: {', '.join(found)}")  # fmt: skip
+    return None
+
+
+def _other_group(parsed: tuple[str, str, str], experiment: str) -> str | None:
+    """The one line refusing `group=value` of a run-level group (cluster, profile) that
+    names none of its options, or of a preset group the experiment does not take; None for
+    what Hydra should parse (an option, a sweep)."""
+    prefix, group, value = parsed
+    if group in GROUPS:
+        return (f"bad config: {group}={value}: experiment {experiment} takes no {group} "
+                f"preset (where it has a {group} key, set its fields by name: "
+                f"{group}.<field>=...; see --help)")  # fmt: skip
+    if value.startswith("["):
+        return f"bad config: {group}={value}: give one of {', '.join(options(group))}"
+    if prefix or not re.fullmatch(r"[\w,]+", value):
+        return None  # sweep syntax (glob, choice): Hydra's to expand
+    unknown = [name for name in value.split(",") if name not in options(group)]
+    if unknown:
+        return (f"bad config: {group}={unknown[0]!r} is unknown; allowed values: "
+                f"{', '.join(options(group))}")  # fmt: skip
     return None
 
 

@@ -13,7 +13,7 @@ flash changes, the core's time and memory, is priced in `impls.simulator.costs` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -35,14 +35,16 @@ ATTENTION = ("materialized", "flash")
 class TransformerSpec:
     """The shape the FLOPs depend on; `of(model)` reads it from a `GPTConfig`."""
 
-    n_layers: int
-    d_model: int
-    n_heads: int
-    vocab_size: int
-    seq_len: int
-    d_ff: int | None = None
+    # Ranges (read by bench's config checks): far past any published model, and small
+    # enough that the planner's per-layer and per-token arithmetic stays bounded.
+    n_layers: int = field(metadata={"ge": 1, "le": 10_000})
+    d_model: int = field(metadata={"ge": 1, "le": 1_000_000})
+    n_heads: int = field(metadata={"ge": 1, "le": 100_000})
+    vocab_size: int = field(metadata={"ge": 1, "le": 100_000_000})
+    seq_len: int = field(metadata={"ge": 1, "le": 100_000_000})
+    d_ff: int | None = field(default=None, metadata={"ge": 1, "le": 10_000_000})
     """MLP width; None: 4 × d_model."""
-    kv_heads: int | None = None
+    kv_heads: int | None = field(default=None, metadata={"ge": 1})
     """Heads with their own keys and values (grouped-query attention); None: n_heads."""
     gated_mlp: bool = False
     """SwiGLU-style MLP with three matrices (LLaMA) instead of two."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from bench.config import check_choice, check_number, check_positive
+from bench.config import bounded, check_choice, check_number, check_positive, check_types
 from impls.pipeline.schedules import PLANNER_SCHEDULES
 
 __all__ = ["AXES", "MODEL_FIELDS", "AutoParallelConfig"]
@@ -38,11 +38,15 @@ class AutoParallelConfig:
     `impls.costmodel.presets.HARDWARE` entry; fields override by name, as
     `hardware.devices_per_node=4`), or a preset file (`hardware=path/to/hardware.yaml`, as
     `device_profile` writes): device, memory, links, each number with its source."""
-    gpus: list[int] = field(default_factory=lambda: [64, 256, 1024])
+    gpus: list[int] = bounded(default_factory=lambda: [64, 256, 1024], ge=1, le=2**17,
+                              why="bounds the search's work; 131,072 GPUs is past the largest "
+                              "clusters announced")  # fmt: skip
     """GPU counts to plan for (one search each)."""
-    gpus_per_node: int | None = None
+    gpus_per_node: int | None = bounded(None, ge=1, le=1024)
     """Devices per node; None: the preset's."""
-    global_batch: int = 1536
+    global_batch: int = bounded(1536, ge=1, le=2**24,
+                                why="bounds the search's work; 16.8M sequences is over "
+                                "10,000 × GPT-3's 1536")  # fmt: skip
     """Sequences per optimizer step over all GPUs (GPT-3 175B: 1536 × 2048 tokens ≈ 3.2M)."""
     dtype: str = "bf16"
     """Compute dtype of the GEMMs (peak FLOP/s from the preset)."""
@@ -90,6 +94,11 @@ class AutoParallelConfig:
         self.cluster()  # unknown hardware preset
         check_positive("gpus", self.gpus)
         self.gpus = sorted(self.gpus)
+        per_node = self.cluster().devices_per_node
+        partial = [n for n in self.gpus if n > per_node and n % per_node]
+        if partial:
+            raise ValueError(f"gpus={self.gpus}: {partial} are not whole nodes of "
+                             f"gpus_per_node={per_node}")  # fmt: skip
         check_positive("global_batch", [self.global_batch])
         if self.gpus_per_node is not None:
             check_positive("gpus_per_node", [self.gpus_per_node])
@@ -143,8 +152,9 @@ class AutoParallelConfig:
         try:
             base = preset_model(self.model["preset"])
             overrides = {k: v for k, v in self.model.items() if k != "preset"}
+            check_types(type(base), overrides, "model.")
             return replace(base, **overrides) if overrides else base
-        except ValueError as error:
+        except (TypeError, ValueError) as error:
             raise ValueError(f"model: {error}") from None
 
     def hardware_name(self) -> str:

@@ -90,7 +90,7 @@ class OverlapConfig:
     def __post_init__(self) -> None:
         check_positive("bucket_caps_bytes", self.bucket_caps_bytes)
         check_unique("bucket_caps_bytes", self.bucket_caps_bytes)
-        if isinstance(self.overlap, bool):
+        if not isinstance(self.overlap, list):
             self.overlap = [self.overlap]
         if not self.overlap or any(not isinstance(v, bool) for v in self.overlap):
             raise ValueError(f"overlap={self.overlap}: a non-empty list of true/false")

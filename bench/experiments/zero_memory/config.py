@@ -71,7 +71,8 @@ class ZeroMemoryConfig:
     """Seeds the model's weights and the batch (the same on every rank)."""
 
     def __post_init__(self) -> None:
-        self.precision = [self.precision] if isinstance(self.precision, str) else self.precision
+        if not isinstance(self.precision, list):
+            self.precision = [self.precision]
         bad = [s for s in self.stages if isinstance(s, bool) or s not in METHOD_OF_STAGE]
         if bad or not self.stages:
             raise ValueError(f"stages={self.stages}: {bad} not a ZeRO stage; allowed: 0, 1, 2, 3")
