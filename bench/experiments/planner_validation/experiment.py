@@ -29,7 +29,7 @@ from bench.experiments.planner_validation.config import PROBE_LINK, PlannerValid
 from bench.kit.profile import fit_ring
 
 __all__ = ["CONFIGURATION_COLUMNS", "EXPERIMENT", "PlannerValidationConfig", "cells",
-           "ground_truth", "source_host_probe", "to_row"]  # fmt: skip
+           "ground_truth", "measured", "ok_rows", "source_host_probe", "to_row"]  # fmt: skip
 
 _ZERO_METHODS = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 _MODEL = ("d_model", "n_layers", "n_heads", "seq_len", "vocab_size")
@@ -45,13 +45,46 @@ CONFIGURATION_COLUMNS = {
 was (and whether it ran), never what it measured."""
 
 
-def _read(root: Path, name: str) -> list[dict[str, str]]:
+_WHERE = "_where"  # a row's (results.csv, line), line 1 the header (set on reading)
+
+
+def _read(root: Path, name: str) -> list[dict[str, Any]]:
     path = root / name / "results.csv"
     if not path.is_file():
         raise ValueError(f"reports_root={str(root)!r}: {name}/results.csv does not exist "
                          f"(run `python -m bench experiment={name}` first)")  # fmt: skip
+    return ok_rows(path)
+
+
+def ok_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a source's results.csv that finished (`status` ok), the ground truth; each
+    knows its file and line (`measured`). A failed row may have no measurements."""
+    rows = []
     with path.open(newline="") as handle:
-        return [r for r in csv.DictReader(handle) if r.get("status") == "ok"]
+        reader = csv.DictReader(handle)
+        for row in reader:
+            if row.get("status") == "ok":
+                rows.append({**row, _WHERE: (path, reader.line_num)})
+    return rows
+
+
+def measured(row: dict[str, Any], column: str) -> float:
+    """The measurement `column` of a source's finished row, which a prediction is compared
+    with (or priced on): a ValueError naming the file, line and column where it is missing
+    or is not a finite number > 0 (a source's own error, refused before any cell runs)."""
+    path, line = row[_WHERE]
+    if column not in row:
+        raise ValueError(f"{path}:1: the header has no {column} column, which "
+                         "planner_validation reads as a measurement")  # fmt: skip
+    text = row[column] if row[column] is not None else ""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{path}:{line}: column {column} is {text!r}; a measurement must be "
+                         "a finite number > 0")  # fmt: skip
+    return value
 
 
 def _model(row: dict[str, str]) -> dict[str, Any]:
@@ -109,10 +142,10 @@ def _truth(source: str, row: dict[str, str], config: str, *, replay_statistic: s
     n, cores = int(float(row["world_size"])), int(float(row["host_cores"]))
     replayed = plan.pop("replayed", None)
     label = _label(n, cores, replayed is not None)
-    measured = float(row["step_time_s"]) if label != "replayed" else replayed
+    step = measured(row, "step_time_s") if label != "replayed" else replayed
     statistic = replay_statistic if label == "replayed" else "median"
     return {"source": source, "config": config, "ranks": n, "host_cores": cores,
-            "ground_truth": label, "measured_step_time_s": measured, "statistic": statistic,
+            "ground_truth": label, "measured_step_time_s": step, "statistic": statistic,
             "source_git_sha": row.get("git_sha", ""), "model": _model(row),
             "position": row[_POSITION], **plan}  # fmt: skip
 
@@ -126,8 +159,8 @@ def _parallelism(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             "parallelism_comparison", r, f"{r['layout']}, M={m}", dp=dp, tp=tp, pp=pp,
             zero_stage=0, precision="fp32", schedule=r["schedule"] if pp > 1 else "1f1b",
             microbatches=m, virtual_stages=1, optimizer=True, microbatch_size=micro,
-            measured_peak_bytes=float(r["memory_per_rank_bytes"]),
-            memory_includes_states=True, replayed=float(r["replayed_step_time_s"]),
+            measured_peak_bytes=measured(r, "memory_per_rank_bytes"),
+            memory_includes_states=True, replayed=measured(r, "replayed_step_time_s"),
             # a TP all-reduce carries one micro-batch's activation (b, s, h) in fp32; its
             # own work per call is measured by this run's calibration at that size
             tp_call_numel=micro * model["seq_len"] * model["d_model"] if tp > 1 else 0,
@@ -147,7 +180,7 @@ def _zero(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             zero_stage=_ZERO_METHODS[r["method"]], precision=r["precision"],
             schedule="1f1b", microbatches=1, virtual_stages=1, optimizer=True,
             microbatch_size=int(float(r["batch_size"])) // n,
-            measured_peak_bytes=float(r["peak_bytes"]), memory_includes_states=True,
+            measured_peak_bytes=measured(r, "peak_bytes"), memory_includes_states=True,
             # impls.zero gathers / reduce-scatters unit by unit: the GPT's blocks and
             # the root unit (embeddings, final norm, head), one call each
             dp_collectives=int(float(r["n_layers"])) + 1,
@@ -177,8 +210,8 @@ def _pipeline(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             pp=p, zero_stage=0, precision="fp32", schedule=r["schedule"], microbatches=m,
             virtual_stages=v, optimizer=False,
             microbatch_size=int(float(r["microbatch_size"])),
-            measured_peak_bytes=float(r["peak_activation_bytes"]),
-            memory_includes_states=False, replayed=float(r["replayed_makespan_s"]),
+            measured_peak_bytes=measured(r, "peak_activation_bytes"),
+            memory_includes_states=False, replayed=measured(r, "replayed_makespan_s"),
             replay_statistic="fastest",  # its replay prices each action at its fastest
             runtime="executor",
         ))  # fmt: skip
@@ -210,10 +243,10 @@ def _ring_points(root: Path) -> dict[int, tuple[list[float], list[float]]]:
         return {}
     by_n: dict[int, tuple[list[float], list[float]]] = {}
     for r in _read(root, "allreduce_scaling"):
-        if r.get("algorithm") == "ring" and float(r.get("time_s") or "nan") > 0:
+        if r.get("algorithm") == "ring":
             sizes, times = by_n.setdefault(int(float(r["world_size"])), ([], []))
             sizes.append(float(r["message_bytes"]))
-            times.append(float(r["time_s"]))
+            times.append(measured(r, "time_s"))
     return {n: p for n, p in sorted(by_n.items()) if n >= 2 and len(set(p[0])) >= 2}
 
 

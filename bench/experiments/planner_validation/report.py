@@ -345,11 +345,25 @@ def alpa_slicing(ctx: Context) -> str | None:
         return _prose("no_alpa", path=path)
     alpa = rows[(rows["status"] == "ok") & (rows["slicing"] == "alpa")]
     keys = ["schedule", "stages", "microbatches", "virtual_stages"]
+    _check_pairs(path, keys)
     pairs = rows[rows["status"] == "ok"].merge(alpa[keys], on=keys)
     shown = pairs.reindex(columns=list(SLICING_COLUMNS)).rename(columns=SLICING_COLUMNS)
     for column in ("Eq. 2 (s)", "replayed (s)", "wall clock (s)"):
         shown[column] = shown[column].map(format_seconds)
     return markdown_table(shown, numparse=False)
+
+
+def _check_pairs(path: Path, keys: list[str]) -> None:
+    """The measured times of the finished rows `alpa_slicing` shows (each Alpa cut and its
+    equal twin), checked as the cells check their ground truth (`experiment.measured`)."""
+    from bench.experiments.planner_validation.experiment import measured, ok_rows
+
+    rows = ok_rows(path)
+    alpa = {tuple(r.get(k) for k in keys) for r in rows if r.get("slicing") == "alpa"}
+    for row in rows:
+        if tuple(row.get(k) for k in keys) in alpa:
+            for column in ("replayed_makespan_s", "step_time_s"):
+                measured(row, column)
 
 
 def _per_row(figure: str, column: str, bound: float, **where: str) -> Target:
