@@ -303,6 +303,10 @@ def check_experiment(argv: list[str]) -> str | None:
     has), or None. A sweep's plain list (`a,b`) is checked name by name; other sweep
     syntax (`glob(*)`, `choice(...)`) is left to Hydra."""
     allowed = experiment_names()
+    given = {m.group(1) for a in argv if (m := re.fullmatch(r"\+{0,2}experiment=(.*)", a))}
+    if len(given) > 1:
+        return f"bad config: experiment= is given {len(given)} times ({', '.join(sorted(given))}); " \
+               "give one (a sweep: experiment=a,b --multirun)"  # fmt: skip
     value = _experiment_override(argv)
     if not value:
         return f"bad config: experiment is missing (experiment=NAME); allowed values: " \

@@ -36,6 +36,7 @@ __all__ = [
     "RunConfig",
     "WandbConfig",
     "bounded",
+    "cell_timeout",
     "check_batch_split",
     "check_choice",
     "check_choices",
@@ -61,6 +62,7 @@ __all__ = [
 CLUSTER_KINDS = ("local", "torchrun", "slurm")
 BACKENDS = ("auto", "gloo", "nccl")
 WANDB_MODES = ("offline", "online", "disabled")
+PROFILES = ("full", "ci")
 # A rank is a fresh interpreter with torch imported and a gloo group up: 0.22 GB measured
 # for `import torch` alone on this project's CPU wheel; 0.4 GB leaves room for the group,
 # the kit and the allocator's slack.
@@ -142,6 +144,9 @@ class ProfileConfig:
     name: str = "full"
     """full, or ci (profile_grid/ci_<experiment>.yaml shrinks the grid)."""
 
+    def __post_init__(self) -> None:
+        check_choice("profile.name", self.name, PROFILES, " (pick one with profile=NAME)")
+
 
 @dataclass(kw_only=True)
 class RunConfig:
@@ -193,6 +198,16 @@ def bounded(default: Any = MISSING, *, ge: float | None = None, le: float | None
     other check, and `--help` shows it."""
     bounds = {"ge": ge, "le": le, "why": why}
     return field(default=default, default_factory=default_factory, metadata=bounds)
+
+
+# A cell's time limit: past it the cell fails and the grid goes on. A week bounds what a
+# run of huge `steps` or `repeats` can hold a host for (the ranks are stopped at it).
+WEEK_S = 7 * 24 * 3600.0
+
+
+def cell_timeout(default: float) -> Any:
+    """The `timeout_s` field every experiment has, with its range."""
+    return bounded(default, le=WEEK_S, why="a week; split a longer grid")
 
 
 def range_text(metadata: Mapping[str, Any]) -> str:

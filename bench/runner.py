@@ -94,7 +94,11 @@ class Grid:
         # run_experiment twice) would otherwise share an id, and the second would keep the
         # first's rows as its own (a rerun without resume read b, c, a for a, b, c).
         run_id = sweep or f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
-        return cls(experiment.cells(cfg), settings, settings_hash(settings), run_id, bool(sweep))
+        cells = experiment.cells(cfg)
+        if not cells:  # an empty report with exit status 0 would read as a success
+            raise ValueError(f"experiment {experiment.name}: the grid has no cells (its keys "
+                             "select nothing to run); nothing was run")  # fmt: skip
+        return cls(cells, settings, settings_hash(settings), run_id, bool(sweep))
 
 
 def measured_settings(experiment: Experiment, cfg, cluster: ClusterConfig) -> dict:

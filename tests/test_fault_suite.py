@@ -12,6 +12,7 @@ harness must do about it (issue 13).
 | a second run into a report_dir in use         | refused in one line (exit 2); the first run intact  |
 | corrupted results.csv (each kind below)       | refused before any cell, file and line named,       |
 |                                               | the file byte for byte unchanged                    |
+| an empty grid                                 | refused before work, in one line                    |
 | results.csv's last line cut at any byte       | refused before any cell, file and line named        |
 | report_dir a file / another experiment's      | refused before any cell, in one line                |
 | report_dir under a file, in a symlink loop,   | refused before any cell, in one line naming the     |
@@ -218,6 +219,13 @@ def test_a_last_line_cut_at_any_byte_is_never_taken_as_finished(tmp_path):
         store.path.write_bytes(data[:end] + b"\n")
         with pytest.raises(ValueError, match=f"{store.path}:3: "):
             store.check("runner_faults")
+
+
+def test_an_empty_grid_is_refused_before_work(tmp_path):
+    # An empty report with exit status 0 would read as a run that worked.
+    with pytest.raises(ValueError, match="the grid has no cells"):
+        run_fake(tmp_path / "report", tmp_path / "markers", [])
+    assert not (tmp_path / "report").exists()
 
 
 @pytest.mark.parametrize("case", ["a file", "another experiment's", "results.csv a link"])

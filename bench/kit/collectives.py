@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from bench.config import check_choice, check_number, check_positive
+from bench.config import cell_timeout, check_choice, check_number, check_positive
 from bench.experiments.base import Cell
 from bench.kit.collective_specs import COLLECTIVES
 from bench.kit.timing import alternate, calibrate_iters
@@ -68,7 +68,7 @@ class TimedGridConfig:
     paired: bool = True
     """Also time torch's collective on the same buffers, in windows alternating with ours,
     so the speed ratio is measured side by side (drift hits both alike)."""
-    timeout_s: float = 300.0
+    timeout_s: float = cell_timeout(300.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
 
     def __post_init__(self) -> None:

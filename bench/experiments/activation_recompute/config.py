@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import (
+    cell_timeout,
     check_choice,
     check_choices,
     check_gpt_model,
@@ -58,7 +59,7 @@ class ActivationRecomputeConfig:
     """Untimed forward + backward passes per cell and side before the timed ones."""
     repeats: int = 5
     """Timed forward + backward passes per cell and side (mode, and none beside it)."""
-    timeout_s: float = 600.0
+    timeout_s: float = cell_timeout(600.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
     seed: int = 0
     """Seeds the layer's weights and the batch (the same on every rank)."""

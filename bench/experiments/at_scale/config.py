@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.config import check_choice, check_number, check_positive
+from bench.config import bounded, cell_timeout, check_choice, check_number, check_positive
 
 __all__ = ["LECTURE_ROWS", "AtScaleConfig"]
 
@@ -28,7 +28,10 @@ class AtScaleConfig:
     gpt3_hardware: str = "a100_80gb"
     """The cluster preset (`impls.costmodel.presets.HARDWARE`) the GPT-3 run is planned
     on, or a preset file (`path/to/hardware.yaml`, as `device_profile` writes)."""
-    chinchilla_flops: float = 5.76e23
+    # 1e18 FLOPs is about one A100-hour (312 TFLOP/s bf16 peak, datasheet): less is not a
+    # run at scale, and 1e-30 predicted "0 days" with status ok.
+    chinchilla_flops: float = bounded(5.76e23, ge=1e18, le=1e30,
+                                      why="over 10,000 × GPT-4's estimated 2e25")  # fmt: skip
     """Compute budget C (FLOPs) of the compute-optimal run: N = √(C/120), D = 20N (the
     default is Chinchilla's own budget, Hoffmann et al. 2022)."""
     chinchilla_model: str = "llama2_70b"
@@ -38,7 +41,7 @@ class AtScaleConfig:
     """GPUs the Chinchilla run is planned on (the planner picks the layout)."""
     chinchilla_hardware: str = "a100_80gb"
     """The cluster preset (or preset file) the Chinchilla run is planned on."""
-    timeout_s: float = 600.0
+    timeout_s: float = cell_timeout(600.0)
     """A cell not finished by then is recorded as failed."""
 
     def __post_init__(self) -> None:

@@ -8,7 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from bench.config import bounded, check_choice, check_number, check_positive, check_types
+from bench.config import (
+    bounded,
+    cell_timeout,
+    check_choice,
+    check_number,
+    check_positive,
+    check_types,
+)
 from impls.pipeline.schedules import PLANNER_SCHEDULES
 
 __all__ = ["AXES", "MODEL_FIELDS", "AutoParallelConfig"]
@@ -79,7 +86,7 @@ class AutoParallelConfig:
     """Plans kept per GPU count, best first."""
     rejected_k: int = 3
     """Best plans that lose (or do not fit) kept per GPU count, each with why."""
-    timeout_s: float = 600.0
+    timeout_s: float = cell_timeout(600.0)
     """A search not finished by then is recorded as failed."""
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from bench.config import (
+    cell_timeout,
     check_batch_split,
     check_choice,
     check_choices,
@@ -52,7 +53,7 @@ class DelayedAveragingConfig:
     """Steps between held-out evaluations (the clock is stopped while they run)."""
     seed: int = 0
     """Seeds the model's initialization and the data order."""
-    timeout_s: float = 900.0
+    timeout_s: float = cell_timeout(900.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
 
     def __post_init__(self) -> None:

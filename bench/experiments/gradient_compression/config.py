@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from bench.config import (
+    cell_timeout,
     check_batch_split,
     check_choice,
     check_choices,
@@ -78,7 +79,7 @@ class GradientCompressionConfig:
     """DGC's sparsity warm-up: density decays from 25% to the target over these steps."""
     draws: int = 200
     """Quantizations drawn for QSGD's and TernGrad's unbiasedness and variance check."""
-    timeout_s: float = 900.0
+    timeout_s: float = cell_timeout(900.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
 
     def __post_init__(self) -> None:

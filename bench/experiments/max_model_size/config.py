@@ -10,7 +10,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.config import check_positive
+from bench.config import cell_timeout, check_positive
 from impls.costmodel import BytesPerParam
 
 __all__ = ["BYTES_KEYS", "MaxModelSizeConfig"]
@@ -39,7 +39,7 @@ class MaxModelSizeConfig:
     the lecture's value."""
     params: float = 7.5e9
     """Ψ of the given model whose per-device memory is tabulated (the ZeRO paper's 7.5B)."""
-    timeout_s: float = 60.0
+    timeout_s: float = cell_timeout(60.0)
     """A cell not finished by then is recorded as failed (the formulas take microseconds)."""
 
     def __post_init__(self) -> None:

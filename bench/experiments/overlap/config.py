@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import (
+    cell_timeout,
     check_gpt_model,
     check_positive,
     check_training,
@@ -84,7 +85,7 @@ class OverlapConfig:
     (typed Any so that "yes" is refused, not coerced)."""
     seed: int = 0
     """Seeds the model's weights and the batches."""
-    timeout_s: float = 600.0
+    timeout_s: float = cell_timeout(600.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
 
     def __post_init__(self) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import (
+    cell_timeout,
     check_choice,
     check_gpt_model,
     check_positive,
@@ -79,7 +80,7 @@ class ParallelismComparisonConfig:
     """Timed steps per cell; the median of the slowest rank's step is reported."""
     profile_steps: int = 2
     """Steps with the host's compute serialised, whose costs the replay uses."""
-    timeout_s: float = 900.0
+    timeout_s: float = cell_timeout(900.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
     seed: int = 0
     """Seeds the model's weights and the batch."""

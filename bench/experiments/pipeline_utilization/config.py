@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import (
+    cell_timeout,
     check_choices,
     check_directory,
     check_number,
@@ -73,7 +74,7 @@ class PipelineUtilizationConfig:
     """Profiling steps per cell (at least 2) give each stage's F, B, I and W at least this
     many samples, of which the replay prices the fastest: ceil(samples / M) steps. Two steps
     at M = 1 left two samples, and a stage's cost moved 20–30% between stages of one cell."""
-    timeout_s: float = 600.0
+    timeout_s: float = cell_timeout(600.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
     paired: bool = True
     """distbench cells whose schedule torch also has (gpipe, 1f1b, interleaved_1f1b) time

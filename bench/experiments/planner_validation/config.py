@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.config import check_choices, check_number, check_positive, check_unique
+from bench.config import cell_timeout, check_choices, check_number, check_positive, check_unique
 from bench.kit.meeting import MEETING_SEGMENT_S
 
 __all__ = ["HELD_OUT", "PROBE_LINK", "SOURCES", "SPLITS", "PlannerValidationConfig",
@@ -70,7 +70,7 @@ class PlannerValidationConfig:
     meeting_rounds: int = 12
     """Rounds of the meeting probe (each: its three loops of 20 iterations in turn; six
     rounds make one whole balanced design of the three, `impls.pairing.balanced_orders`)."""
-    timeout_s: float = 300.0
+    timeout_s: float = cell_timeout(300.0)
     """A cell not finished by then is recorded as failed."""
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import (
+    cell_timeout,
     check_choices,
     check_gpt_model,
     check_positive,
@@ -50,7 +51,7 @@ class SequenceParallelConfig:
     """Untimed forward + backward passes per cell before the timed ones."""
     repeats: int = 7
     """Timed forward + backward passes per cell; the median of the slowest rank's is kept."""
-    timeout_s: float = 600.0
+    timeout_s: float = cell_timeout(600.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
     seed: int = 0
     """Seeds the block's weights and the input (the same on every rank)."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import (
+    cell_timeout,
     check_choices,
     check_gpt_model,
     check_positive,
@@ -51,7 +52,7 @@ class TensorParallelConfig:
     """Timed steps of the block stack per cell; the median of the slowest rank is reported."""
     paired: bool = True
     """Time each cell's other method on twin weights in alternating steps (the speed ratio)."""
-    timeout_s: float = 900.0
+    timeout_s: float = cell_timeout(900.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
     seed: int = 0
     """Seeds the model's weights and the batch (the same on every rank)."""
