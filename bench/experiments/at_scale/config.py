@@ -31,7 +31,7 @@ class AtScaleConfig:
     # 1e18 FLOPs is about one A100-hour (312 TFLOP/s bf16 peak, datasheet): less is not a
     # run at scale, and 1e-30 predicted "0 days" with status ok.
     chinchilla_flops: float = bounded(5.76e23, ge=1e18, le=1e30,
-                                      why="over 10,000 × GPT-4's estimated 2e25")  # fmt: skip
+                                      why="over 10,000 × GPT-4's 2e25, Epoch AI's estimate")  # fmt: skip
     """Compute budget C (FLOPs) of the compute-optimal run: N = √(C/120), D = 20N (the
     default is Chinchilla's own budget, Hoffmann et al. 2022)."""
     chinchilla_model: str = "llama2_70b"
