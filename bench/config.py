@@ -31,11 +31,19 @@ if TYPE_CHECKING:
     from impls.models import GPTConfig
 
 __all__ = [
+    "BATCH_MAX",
+    "BYTES_MAX",
     "CLUSTER_KINDS",
+    "ITERATIONS_MAX",
+    "RANKS_MAX",
+    "SEED_MAX",
+    "WINDOW_MAX_S",
     "ClusterConfig",
     "RunConfig",
     "WandbConfig",
+    "batch_key",
     "bounded",
+    "bytes_key",
     "cell_timeout",
     "check_batch_split",
     "check_choice",
@@ -47,16 +55,20 @@ __all__ = [
     "check_overrides",
     "check_positive",
     "check_range",
-    "check_types",
-    "check_value",
     "check_training",
+    "check_types",
     "check_unique",
+    "check_value",
     "gpt_rank_bytes",
+    "iterations_key",
     "parse_config",
     "parse_run",
     "range_text",
     "rank_limit",
+    "ranks_key",
     "register",
+    "seconds_key",
+    "seed_key",
 ]
 
 CLUSTER_KINDS = ("local", "torchrun", "slurm")
@@ -197,7 +209,60 @@ def bounded(default: Any = MISSING, *, ge: float | None = None, le: float | None
     `why` says where the upper bound comes from. `check_types` enforces it before any
     other check, and `--help` shows it."""
     bounds = {"ge": ge, "le": le, "why": why}
+    if isinstance(default, list):  # a list default is built afresh for each config
+        default, default_factory = MISSING, (lambda items=tuple(default): list(items))
     return field(default=default, default_factory=default_factory, metadata=bounds)
+
+
+# Upper bounds the schemas' keys share. Past them a value is a typo, or more than one cell
+# of one host can hold; where the host itself decides (its cores, its memory) `check_host`
+# bounds further, and a key with a tighter limit of its own declares that instead.
+ITERATIONS_MAX = 100_000
+"""Timed repeats, warm-up calls, training steps, rounds: 10⁵ of even a 1 ms step is
+minutes; the grids' own use at most a few hundred."""
+SEED_MAX = 2**32 - 1
+"""numpy's seed range (torch takes 64 bits; a seed also seeds numpy)."""
+WINDOW_MAX_S = 3600.0
+"""A timed window or a segment of work: an hour."""
+RANKS_MAX = 1024
+"""Ranks of one cell (a world size or a parallel degree that makes one): the process
+groups this harness starts; `cluster=local` is bounded by the host (`check_host`)."""
+BYTES_MAX = 2**34
+"""One buffer (a message, a bucket, a copied tensor): 16 GiB, the size of a large host's
+memory share; `check_host` compares a grid's largest cell with what is free."""
+BATCH_MAX = 2**16
+"""Samples in one rank's batch or micro-batch on a CPU host (the activations grow with
+it; `check_host` bounds the cell's total)."""
+
+
+def iterations_key(default: Any, ge: int = 1) -> Any:
+    """A count of repeats, steps or rounds (`ITERATIONS_MAX`)."""
+    return bounded(default, ge=ge, le=ITERATIONS_MAX, why="more than a cell's time holds")
+
+
+def seed_key(default: Any = 0) -> Any:
+    """A random seed (`SEED_MAX`)."""
+    return bounded(default, ge=0, le=SEED_MAX, why="numpy's seed range")
+
+
+def seconds_key(default: Any, ge: float = 0.0) -> Any:
+    """A window or segment of timed work (`WINDOW_MAX_S`)."""
+    return bounded(default, ge=ge, le=WINDOW_MAX_S, why="an hour")
+
+
+def ranks_key(default: Any, ge: int = 1) -> Any:
+    """A world size or parallel degree of one cell (`RANKS_MAX`)."""
+    return bounded(default, ge=ge, le=RANKS_MAX, why="the ranks one cell starts")
+
+
+def bytes_key(default: Any, ge: int = 1) -> Any:
+    """Bytes of one buffer (`BYTES_MAX`)."""
+    return bounded(default, ge=ge, le=BYTES_MAX, why="16 GiB in one buffer")
+
+
+def batch_key(default: Any, ge: int = 1) -> Any:
+    """Samples in one rank's batch (`BATCH_MAX`)."""
+    return bounded(default, ge=ge, le=BATCH_MAX, why="a CPU rank's batch")
 
 
 # A cell's time limit: past it the cell fails and the grid goes on. A week bounds what a
@@ -207,14 +272,16 @@ WEEK_S = 7 * 24 * 3600.0
 
 def cell_timeout(default: float) -> Any:
     """The `timeout_s` field every experiment has, with its range."""
-    return bounded(default, le=WEEK_S, why="a week; split a longer grid")
+    return bounded(default, ge=0, le=WEEK_S, why="a week; split a longer grid")
 
 
 def range_text(metadata: Mapping[str, Any]) -> str:
-    """A field's declared range as `--help` and the refusals word it ('' if none)."""
+    """A field's declared range as `--help` and the refusals word it ('' if none), with
+    where its upper bound comes from."""
     ge, le = metadata.get("ge"), metadata.get("le")
     parts = [f"≥ {ge:,}" if ge is not None else "", f"≤ {le:,}" if le is not None else ""]
-    return ", ".join(p for p in parts if p)
+    why = f" ({metadata['why']})" if metadata.get("why") and le is not None else ""
+    return ", ".join(p for p in parts if p) + why
 
 
 def check_range(key: str, value: Any, metadata: Mapping[str, Any]) -> None:
@@ -225,8 +292,7 @@ def check_range(key: str, value: Any, metadata: Mapping[str, Any]) -> None:
     for item in value if isinstance(value, list) else [value]:
         real = isinstance(item, int | float) and not isinstance(item, bool)
         if real and ((ge is not None and item < ge) or (le is not None and item > le)):
-            why = f" ({metadata['why']})" if metadata.get("why") and le is not None else ""
-            raise ValueError(f"{key}={value!r}: must be {range_text(metadata)}{why}")
+            raise ValueError(f"{key}={value!r}: must be {range_text(metadata)}")
 
 
 def check_value(key: str, value: Any, hint: Any, whole: Any = None) -> None:

@@ -52,7 +52,8 @@ def test_allowed_values_are_the_ones_the_checks_enforce():
     keys = {k.name: k for k in cli.schema_keys(experiments()["allreduce_scaling"].schema)}
     assert keys["algorithms"].allowed == ", ".join(ALLOWED)
     assert keys["dtype"].allowed.startswith("float32")
-    assert keys["world_sizes"].allowed == "" and keys["message_bytes"].allowed == ""
+    assert keys["world_sizes"].allowed == "≥ 1, ≤ 1,024 (the ranks one cell starts)"
+    assert keys["message_bytes"].allowed == "≥ 1, ≤ 17,179,869,184 (16 GiB in one buffer)"
     run = {k.name: k for k in cli.run_keys()}
     assert run["cluster.kind"].allowed == "local, torchrun, slurm"
     assert run["wandb.mode"].allowed == "offline, online, disabled"

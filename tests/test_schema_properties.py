@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import fields
+import typing
+from dataclasses import MISSING, fields, is_dataclass
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -99,3 +100,87 @@ def test_a_generated_value_is_refused_naming_its_key_or_accepted(composed, tmp_p
         message = str(error)
         assert key.split(".")[-1] in message, (override, message)
         assert "\n" not in message.strip(), (override, message)
+
+
+def numeric_keys(schema: type, prefix: str = "") -> list[tuple[str, type, typing.Any]]:
+    """(key, int or float, field) for every number or list of numbers of `schema`, its
+    nested configs walked."""
+    out, hints = [], typing.get_type_hints(schema)
+    for f in fields(schema):
+        kinds = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
+        kind = kinds[0] if kinds else hints[f.name]
+        if typing.get_origin(kind) is list:
+            kind = typing.get_args(kind)[0]
+        if is_dataclass(kind):
+            out += numeric_keys(kind, f"{prefix}{f.name}.")
+        elif kind in (int, float) and len(kinds) <= 1:
+            out.append((prefix + f.name, kind, f))
+        elif kind is typing.Any and (number := _number_default(f)) is not None:
+            out.append((prefix + f.name, number, f))  # a lone value or a list of them
+    return out
+
+
+def _number_default(f) -> type | None:
+    """int or float when an `Any` key's default is a number or a list of them."""
+    default = f.default_factory() if f.default_factory is not MISSING else f.default
+    items = default if isinstance(default, list) else [default]
+    kinds = {type(x) for x in items}
+    return kinds.pop() if len(kinds) == 1 and kinds <= {int, float} else None
+
+
+NUMERIC = [(name, *key) for name, exp in experiments().items() for key in numeric_keys(exp.schema)]
+
+
+def test_every_numeric_key_declares_its_range():
+    """Issue 35: bounds live in the schema. Every number an experiment takes declares both
+    ends (`bench.config.bounded` and its kin), so `--help` shows them and `check_types`
+    refuses a value past them before any rank starts, naming the key."""
+    assert len(NUMERIC) > 100, len(NUMERIC)
+    missing = [f"{name}:{key}" for name, key, _, f in NUMERIC
+               if f.metadata.get("ge") is None or f.metadata.get("le") is None]  # fmt: skip
+    assert not missing, f"numeric keys without a declared range: {missing}"
+
+
+@pytest.mark.parametrize("side", ["above", "below"])
+@pytest.mark.parametrize("name, key, kind, f", NUMERIC, ids=[f"{n}:{k}" for n, k, _, _ in NUMERIC])
+def test_a_value_past_its_declared_bound_is_refused_naming_the_key(composed, tmp_path, name,
+                                                                    key, kind, f, side):  # fmt: skip
+    """Just past either end of the declared range: refused in one line naming the key and
+    the range (what `--help` shows), before any rank or file."""
+    bound = f.metadata["le"] if side == "above" else f.metadata["ge"]
+    step = 1 if kind is int else max(abs(bound) * 1e-6, 1e-9)
+    value = kind(bound + step if side == "above" else bound - step)
+    listed = typing.get_origin(typing.get_type_hints(type_of(name, key))[key.split(".")[-1]])
+    cfg = composed[name].copy()
+    OmegaConf.update(cfg, key, [value] if listed is list else value, merge=True)
+    OmegaConf.update(cfg, "report_dir", str(tmp_path / "r"))
+    with pytest.raises(ValueError) as refused:
+        build(cfg, name)
+    message = str(refused.value)
+    assert key.split(".")[-1] in message and "\n" not in message.strip(), message
+    assert not (tmp_path / "r").exists()
+
+
+def type_of(name: str, key: str) -> type:
+    """The dataclass that declares `key` in experiment `name`'s schema."""
+    schema = experiments()[name].schema
+    for part in key.split(".")[:-1]:
+        schema = typing.get_type_hints(schema)[part]
+    return schema
+
+
+def test_planner_validation_refuses_rounds_longer_than_its_timeout(composed, tmp_path):
+    """The reference rounds step each configuration at least `reference_window_s` a round:
+    a calibration that cannot finish within `timeout_s` is refused before the grid (it was
+    a failed cell for each of the 99 rows)."""
+    from bench.experiments.planner_validation import config, rounds
+
+    assert (
+        2 * len(rounds.REFERENCE_MICRO) + 1 + len(rounds.RUNTIMES)
+        == config.REFERENCE_CONFIGURATIONS
+    )
+    cfg = composed["planner_validation"].copy()
+    OmegaConf.update(cfg, "repeats", 1000)
+    OmegaConf.update(cfg, "report_dir", str(tmp_path / "r"))
+    with pytest.raises(ValueError, match="repeats=1000, reference_window_s=0.25.*timeout_s"):
+        build(cfg, "planner_validation")

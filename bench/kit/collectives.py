@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from bench.config import cell_timeout, check_choice, check_number, check_positive
+from bench.config import (
+    cell_timeout,
+    check_choice,
+    check_number,
+    check_positive,
+    iterations_key,
+    ranks_key,
+    seconds_key,
+)
 from bench.experiments.base import Cell
 from bench.kit.collective_specs import COLLECTIVES
 from bench.kit.timing import alternate, calibrate_iters
@@ -53,17 +61,17 @@ class TimedGridConfig:
     RANK_KEY: ClassVar[str] = "world_sizes"  # what `bench.config.check_host` bounds
     SIZE_KEYS: ClassVar[tuple[str, ...]] = ("message_bytes",)
 
-    world_sizes: list[int] = field(default_factory=lambda: [2, 4, 8])
+    world_sizes: list[int] = ranks_key([2, 4, 8])
     """Numbers of ranks (N)."""
     dtype: str = "float32"
     """Element type of every message (a message size must be a whole number of them)."""
-    repeats: int = 5
+    repeats: int = iterations_key(5)
     """Timed windows per cell; the median is reported."""
-    warmup: int = 2
+    warmup: int = iterations_key(2, ge=0)
     """Untimed calls before the windows (connections made, buffers allocated)."""
-    window_s: float = 0.1
+    window_s: float = seconds_key(0.1)
     """Target length of one timed window; sets the calls per window."""
-    max_iters: int = 200
+    max_iters: int = iterations_key(200)
     """At most this many calls per window."""
     paired: bool = True
     """Also time torch's collective on the same buffers, in windows alternating with ours,

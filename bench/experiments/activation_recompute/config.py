@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import (
+    batch_key,
+    bounded,
     cell_timeout,
     check_choice,
     check_choices,
@@ -17,6 +19,9 @@ from bench.config import (
     check_training,
     check_unique,
     gpt_rank_bytes,
+    iterations_key,
+    ranks_key,
+    seed_key,
 )
 from impls.models import GPTConfig
 from impls.models.gpt import ATTENTION_MODES, RECOMPUTE_MODES
@@ -33,35 +38,35 @@ class ActivationRecomputeConfig:
 
     recompute: list[str] = field(default_factory=lambda: list(RECOMPUTE_MODES))
     """Recomputation modes: none, selective (the attention core's s² part), full."""
-    tp: list[int] = field(default_factory=lambda: [1, 2])
+    tp: list[int] = ranks_key([1, 2])
     """Tensor-parallel degrees t (each a cell's world size)."""
     sp: list[bool] = field(default_factory=lambda: [False, True])
     """Megatron sequence parallelism off / on (on only where t > 1)."""
-    seq_lens: list[int] = field(default_factory=lambda: [128, 256, 512])
+    seq_lens: list[int] = bounded([128, 256, 512], ge=1, le=2**20, why="a million tokens")
     """Sequence lengths s."""
     dtype: str = "bf16"
     """Activation dtype: bf16, fp16 (the paper's 2-byte activations) or fp32."""
     attention: str = "materialized"
     """materialized (explicit scores, softmax, dropout: the paper's s² tensors) or fused."""
-    micro_batch: int = 2
+    micro_batch: int = batch_key(2)
     """Sequences b per micro-batch."""
     model: dict[str, Any] = field(
         default_factory=lambda: {"d_model": 128, "n_heads": 8, "dropout": 0.1}
     )
     """`GPTConfig` keyword arguments of the layer (no seq_len, recompute or attention:
     those are grid keys)."""
-    budget_bytes: int = 1 << 22
+    budget_bytes: int = bounded(1 << 22, ge=1, le=2**50, why="a PiB")
     """Saved-activation bytes per layer per rank for the longest-sequence search."""
-    budget_max_seq_len: int = 2048
+    budget_max_seq_len: int = bounded(2048, ge=1, le=2**20, why="a million tokens")
     """Where that search stops (a probe's attention scores grow as s²: full recomputation
     keeps 2·s·b·h bytes, but its forward still computes them); reached means "at least"."""
-    warmup: int = 2
+    warmup: int = iterations_key(2, ge=0)
     """Untimed forward + backward passes per cell and side before the timed ones."""
-    repeats: int = 5
+    repeats: int = iterations_key(5)
     """Timed forward + backward passes per cell and side (mode, and none beside it)."""
     timeout_s: float = cell_timeout(600.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
-    seed: int = 0
+    seed: int = seed_key(0)
     """Seeds the layer's weights and the batch (the same on every rank)."""
 
     def __post_init__(self) -> None:

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.config import check_choices, check_number, check_positive
+from bench.config import (
+    bytes_key,
+    check_choices,
+    check_number,
+    check_positive,
+    iterations_key,
+    seconds_key,
+)
 from bench.kit.collectives import TimedGridConfig
 from impls.collectives import ALGORITHMS
 from impls.collectives.algorithms import ORDER_COLUMNS
@@ -36,14 +43,14 @@ class AllReduceScalingConfig(TimedGridConfig):
     """All-reduce algorithms to compare; `auto` is the one a tuner calibrated on this pool
     predicts fastest per cell (`bench.kit.collectives.calibrated_tuner`); `torch` is
     torch.distributed.all_reduce."""
-    message_bytes: list[int] = field(default_factory=lambda: [4 << 10 << 2 * i for i in range(8)])
+    message_bytes: list[int] = bytes_key([4 << 10 << 2 * i for i in range(8)])
     """Buffer sizes S in bytes (multiples of the dtype's size): 4 KiB … 64 MiB."""
-    auto_repeats: int = 48
+    auto_repeats: int = iterations_key(48)
     """Rounds of an auto cell, in which auto, torch and each algorithm auto chooses from
     take one window in turn, and rounds per size of the tuner's calibration: judging auto
     against the best of six noisy sides needs more windows than a pairing with torch. 48
     completes the balanced orders of both (8 sides in a cell, 6 in the calibration)."""
-    auto_window_s: float = 0.02
+    auto_window_s: float = seconds_key(0.02)
     """Target length of one window in those rounds (shorter than `window_s`: on a host
     whose speed drifts, many short rounds pair the sides more closely than a few long)."""
 

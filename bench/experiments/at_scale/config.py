@@ -23,7 +23,7 @@ class AtScaleConfig:
     published: list[str] | None = None
     """Names of published runs (`impls.costmodel.published.PUBLISHED_RUNS`) to predict;
     null: all of them."""
-    gpt3_gpus: int = 1024
+    gpt3_gpus: int = bounded(1024, ge=1, le=2**17, why="auto_parallel's gpus bound")
     """GPUs the GPT-3 175B run is planned on (the planner picks the layout)."""
     gpt3_hardware: str = "a100_80gb"
     """The cluster preset (`impls.costmodel.presets.HARDWARE`) the GPT-3 run is planned
@@ -37,7 +37,7 @@ class AtScaleConfig:
     chinchilla_model: str = "llama2_70b"
     """The transformer shape whose step is priced for the Chinchilla run (its parameter
     count should be near √(C/120); the report states both)."""
-    chinchilla_gpus: int = 1024
+    chinchilla_gpus: int = bounded(1024, ge=1, le=2**17, why="auto_parallel's gpus bound")
     """GPUs the Chinchilla run is planned on (the planner picks the layout)."""
     chinchilla_hardware: str = "a100_80gb"
     """The cluster preset (or preset file) the Chinchilla run is planned on."""

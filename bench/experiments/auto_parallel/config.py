@@ -57,34 +57,34 @@ class AutoParallelConfig:
     """Sequences per optimizer step over all GPUs (GPT-3 175B: 1536 × 2048 tokens ≈ 3.2M)."""
     dtype: str = "bf16"
     """Compute dtype of the GEMMs (peak FLOP/s from the preset)."""
-    dp: int | None = None
+    dp: int | None = bounded(None, ge=1, le=2**17, why="auto_parallel's gpus bound")
     """Fixed data-parallel degree; null: searched. The same for every axis below."""
-    tp: int | None = None
+    tp: int | None = bounded(None, ge=1, le=2**17, why="auto_parallel's gpus bound")
     """Fixed tensor-parallel degree; null: searched."""
-    pp: int | None = None
+    pp: int | None = bounded(None, ge=1, le=2**17, why="auto_parallel's gpus bound")
     """Fixed pipeline-parallel degree (stages); null: searched."""
     sp: str | None = None
     """Sequence parallelism: none, megatron_sp or ulysses; null: searched."""
-    zero_stage: int | None = None
+    zero_stage: int | None = bounded(None, ge=0, le=3)
     """Fixed ZeRO stage, 0 to 3; null: searched."""
-    microbatch_size: int | None = None
+    microbatch_size: int | None = bounded(None, ge=1, le=2**24, why="global_batch's bound")
     """Fixed sequences per micro-batch; null: searched."""
     schedule: str | None = None
     """One the planner searches (`impls.pipeline.schedules.PLANNER_SCHEDULES`: gpipe, 1f1b,
     interleaved_1f1b, zero_bubble_h1); null: searched."""
-    virtual_stages: int | None = None
+    virtual_stages: int | None = bounded(None, ge=1, le=1024, why="model chunks on one stage")
     """Fixed model chunks per rank for the interleaved schedule; null: searched."""
     recompute: str | None = None
     """none, selective or full; null: searched."""
-    cp: list[int] = field(default_factory=lambda: [1])
+    cp: list[int] = bounded([1], ge=1, le=2**17, why="auto_parallel's gpus bound")
     """Context-parallel degrees searched (ring attention over s/cp-token shards; each must
     divide the model's seq_len): [1] plans without it, [1, 2, 4] lets long sequences use
     it."""
     allow_cross_node_tp: bool = False
     """Let tensor parallelism span nodes (off: tp ≤ gpus_per_node, as Megatron-LM advises)."""
-    top_k: int = 5
+    top_k: int = bounded(5, ge=1, le=1000, why="plans listed")
     """Plans kept per GPU count, best first."""
-    rejected_k: int = 3
+    rejected_k: int = bounded(3, ge=0, le=1000, why="plans listed")
     """Best plans that lose (or do not fit) kept per GPU count, each with why."""
     timeout_s: float = cell_timeout(600.0)
     """A search not finished by then is recorded as failed."""

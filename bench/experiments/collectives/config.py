@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.config import check_choices
+from bench.config import bytes_key, check_choices
 from bench.kit.collective_specs import COLLECTIVES
 from bench.kit.collectives import TimedGridConfig
 
@@ -26,7 +26,7 @@ class CollectivesConfig(TimedGridConfig):
     """Which collectives to time (all_reduce is allowed too: ring vs torch)."""
     impls: list[str] = field(default_factory=lambda: list(IMPLS))
     """distbench's implementation and/or torch.distributed's."""
-    message_bytes: list[int] = field(default_factory=lambda: [64 << 10 << 2 * i for i in range(5)])
+    message_bytes: list[int] = bytes_key([64 << 10 << 2 * i for i in range(5)])
     """Sizes S as nccl-tests defines them per collective (64 KiB … 16 MiB); rounded down to N
     equal blocks where the collective splits S."""
 

@@ -9,12 +9,17 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from bench.config import (
+    batch_key,
+    bounded,
     cell_timeout,
     check_batch_split,
     check_choice,
     check_choices,
     check_positive,
     check_training,
+    iterations_key,
+    ranks_key,
+    seed_key,
 )
 from bench.kit.tasks import TASKS
 from impls.comm import SimulatedNetwork
@@ -28,30 +33,30 @@ METHODS = ("sync", "dga")
 class DelayedAveragingConfig:
     RANK_KEY: ClassVar[str] = "world_size"
 
-    latencies_ms: list[float] = field(default_factory=lambda: [0.0, 10.0, 50.0, 100.0])
+    latencies_ms: list[float] = bounded([0.0, 10.0, 50.0, 100.0], ge=0, le=60_000, why="a minute")
     """One-way link latency per round of the simulated network, each ≥ 0."""
-    delays: list[int] = field(default_factory=lambda: [4, 16])
+    delays: list[int] = iterations_key([4, 16])
     """DGA's delay D (steps an average may take), each ≥ 1; sync DP is D = 0."""
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     """sync (every step waits for its all-reduce) and/or dga (Delayed Gradient Averaging:
     step on the local gradient now, correct it with the average D steps later)."""
-    bandwidth_mbps: float | None = None
+    bandwidth_mbps: float | None = bounded(None, ge=0, le=1e7, why="10 Tb/s")
     """Link bandwidth; null: unlimited (latency only)."""
-    target_accuracy: float = 0.95
+    target_accuracy: float = bounded(0.95, ge=0, le=1)
     """Held-out accuracy whose first crossing is the time-to-accuracy."""
     task: str = "digits"
     """digits (sklearn's 8×8 digits, MLP) or chargpt (character GPT on Python's docs)."""
-    steps: int = 300
+    steps: int = iterations_key(300)
     """Training steps per cell, timed; the learning rate decays over them."""
-    batch_size: int = 64
+    batch_size: int = batch_key(64)
     """Global batch per step, split evenly over the ranks."""
-    lr: float = 0.5
+    lr: float = bounded(0.5, ge=0, le=100, why="past it SGD diverges")
     """Peak plain-SGD learning rate (cosine decay to 0)."""
-    world_size: int = 4
+    world_size: int = ranks_key(4)
     """Ranks (data-parallel replicas) of every cell."""
-    eval_every: int = 10
+    eval_every: int = iterations_key(10)
     """Steps between held-out evaluations (the clock is stopped while they run)."""
-    seed: int = 0
+    seed: int = seed_key(0)
     """Seeds the model's initialization and the data order."""
     timeout_s: float = cell_timeout(900.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""

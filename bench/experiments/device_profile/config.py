@@ -6,10 +6,18 @@ report code."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
-from bench.config import check_choice, check_choices, check_positive, check_unique
+from bench.config import (
+    bounded,
+    bytes_key,
+    check_choice,
+    check_choices,
+    check_positive,
+    check_unique,
+    ranks_key,
+)
 from bench.kit.collectives import TimedGridConfig
 
 __all__ = ["DEVICES", "GEMM_DTYPE_NAMES", "DeviceProfileConfig"]
@@ -65,16 +73,16 @@ class DeviceProfileConfig(TimedGridConfig):
     """GEMM dtypes (fp32, tf32, bf16, fp16; tf32 on CUDA only); null: the device's (cpu:
     fp32, bf16; cuda: bf16, fp16, tf32, fp32). Each one's best rate is its peak in the
     preset; the first one's rates by shape are the preset's efficiency table."""
-    copy_mib: int = 256
+    copy_mib: int = bounded(256, ge=1, le=4096, why="two copies of it in 8 GiB")
     """MiB copied by the memory-bandwidth cell (well beyond every cache)."""
-    threads_per_device: int | None = None
+    threads_per_device: int | None = bounded(None, ge=1, le=1024, why="threads of one rank")
     """CPU threads the GEMM, copy and launch cells run on; null: the cores ÷ the largest
     world size, the share each rank of the ring cells has (the preset's device is one
     rank). Ignored on CUDA."""
-    world_sizes: list[int] = field(default_factory=lambda: [2])
+    world_sizes: list[int] = ranks_key([2], ge=2)
     """Ranks of the ring all-reduce cells (N ≥ 2); the preset's link is fitted at the
     largest."""
-    message_bytes: list[int] = field(default_factory=lambda: [4 << 10 << 2 * i for i in range(8)])
+    message_bytes: list[int] = bytes_key([4 << 10 << 2 * i for i in range(8)])
     """Ring all-reduce sizes in bytes (≥ 2 distinct: α and β are fitted to them): 4 KiB …
     64 MiB, where the bytes' time dwarfs α."""
     paired: bool = False

@@ -10,12 +10,17 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from bench.config import (
+    batch_key,
+    bounded,
     cell_timeout,
     check_batch_split,
     check_choice,
     check_choices,
     check_positive,
     check_training,
+    iterations_key,
+    ranks_key,
+    seed_key,
 )
 from bench.kit.tasks import DEFAULT_BATCH, DEFAULT_LR, TASKS
 from impls.comm import SimulatedNetwork
@@ -51,11 +56,11 @@ class GradientCompressionConfig:
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     """Any of: dp, topk, topk_noef, randomk, dgc, onebit, terngrad, qsgd, powersgd, fp16,
     bf16, torch_powersgd, torch_fp16."""
-    ratios: list[float] = field(default_factory=lambda: [0.01, 0.1])
+    ratios: list[float] = bounded([0.01, 0.1], ge=0, le=1)
     """Densities kept by topk, topk_noef, randomk and dgc, each in (0, 1]."""
-    ranks: list[int] = field(default_factory=lambda: [1, 4])
+    ranks: list[int] = bounded([1, 4], ge=1, le=1024, why="a low-rank approximation's rank")
     """PowerSGD ranks (distbench's and torch's hook), each ≥ 1."""
-    levels: list[int] = field(default_factory=lambda: [4])
+    levels: list[int] = bounded([4], ge=1, le=127)
     """QSGD quantization levels s, each in [1, 127]."""
     network: dict[str, float] | None = field(
         default_factory=lambda: {"latency_ms": 1.0, "bandwidth_mbps": 100.0}
@@ -63,21 +68,21 @@ class GradientCompressionConfig:
     """Simulated link for distbench's exchanges: {latency_ms, bandwidth_mbps}; null: off."""
     task: str = "digits"
     """digits (sklearn's 8×8 digits, MLP) or chargpt (character GPT on Python's docs)."""
-    steps: int = 300
+    steps: int = iterations_key(300)
     """Training steps per cell, timed; the learning rate decays over them."""
-    batch_size: int | None = None
+    batch_size: int | None = batch_key(None)
     """Global batch per step (split over the ranks); null: the task's default."""
-    lr: float | None = None
+    lr: float | None = bounded(None, ge=0, le=100, why="past it SGD diverges")
     """Peak SGD learning rate (cosine decay to 0); null: the task's default."""
-    world_size: int = 4
+    world_size: int = ranks_key(4)
     """Ranks (data-parallel replicas) of every cell."""
-    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    seeds: list[int] = seed_key([0, 1])
     """Each seed is a full replicate (model init and data order)."""
-    eval_every: int = 25
+    eval_every: int = iterations_key(25)
     """Steps between held-out evaluations (the clock is stopped while they run)."""
-    dgc_warmup_steps: int = 50
+    dgc_warmup_steps: int = iterations_key(50, ge=0)
     """DGC's sparsity warm-up: density decays from 25% to the target over these steps."""
-    draws: int = 200
+    draws: int = iterations_key(200, ge=2)
     """Quantizations drawn for QSGD's and TernGrad's unbiasedness and variance check."""
     timeout_s: float = cell_timeout(900.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""

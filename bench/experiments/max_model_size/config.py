@@ -10,7 +10,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.config import cell_timeout, check_positive
+from bench.config import bounded, cell_timeout, check_positive
 from impls.costmodel import BytesPerParam
 
 __all__ = ["BYTES_KEYS", "MaxModelSizeConfig"]
@@ -25,19 +25,19 @@ def _lecture_bytes() -> dict[str, float]:
 
 @dataclass(kw_only=True)
 class MaxModelSizeConfig:
-    gpu_memory_gb: Any = field(default_factory=lambda: [80.0])
+    gpu_memory_gb: Any = bounded([80.0], ge=0, le=100_000, why="100 TB on one device")
     """Memory per device M in GB (1e9 bytes), one value or a list."""
-    dp: Any = field(default_factory=lambda: [2**k for k in range(11)])
+    dp: Any = bounded([2**k for k in range(11)], ge=1, le=2**17, why="auto_parallel's gpus bound")
     """Data-parallel degrees N, one value or a list (1 … 1024 by default; 64 is the
     lecture's)."""
-    mp: int = 1
+    mp: int = bounded(1, ge=1, le=2**17, why="auto_parallel's gpus bound")
     """Model-parallel degree: every model state split evenly over mp devices."""
     bytes_per_param: Any = field(default_factory=_lecture_bytes)
     """Bytes per parameter of weights / gradients / optimizer state (lecture: 2 / 2 / 12:
     mixed-precision Adam, the lecture's K = 12 — fp16 weights and gradients, fp32 master
     weights, momentum and variance; fp32 Adam is 4 / 4 / 8). A mapping; keys left out keep
     the lecture's value."""
-    params: float = 7.5e9
+    params: float = bounded(7.5e9, ge=0, le=1e15, why="a quadrillion parameters")
     """Ψ of the given model whose per-device memory is tabulated (the ZeRO paper's 7.5B)."""
     timeout_s: float = cell_timeout(60.0)
     """A cell not finished by then is recorded as failed (the formulas take microseconds)."""

@@ -11,12 +11,17 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import (
+    batch_key,
+    bytes_key,
     cell_timeout,
     check_gpt_model,
     check_positive,
     check_training,
     check_unique,
     gpt_rank_bytes,
+    iterations_key,
+    ranks_key,
+    seed_key,
 )
 from impls.comm import SimulatedNetwork
 
@@ -55,7 +60,7 @@ class OverlapConfig:
     RANK_KEY: ClassVar[str] = "world_size"
     SIZE_KEYS: ClassVar[tuple[str, ...]] = ("model", "batch_size")
 
-    bucket_caps_bytes: list[int] = field(default_factory=lambda: [65536, 262144, 1048576, 26214400])
+    bucket_caps_bytes: list[int] = bytes_key([65536, 262144, 1048576, 26214400])
     """DDP bucket caps in bytes, each ≥ 1 (26214400 = 25 MiB, torch's default)."""
     overlap: Any = field(default_factory=lambda: [False, True])
     """false: all-reduce the buckets after backward; true: during it (a flag or a list).
@@ -65,7 +70,7 @@ class OverlapConfig:
     )
     """Simulated links under the bucket all-reduces: {latency_ms, bandwidth_mbps}; null:
     loopback only."""
-    world_size: int = 2
+    world_size: int = ranks_key(2, ge=2)
     """Ranks (data-parallel replicas) of every cell."""
     model: dict[str, Any] = field(
         default_factory=lambda: {
@@ -73,17 +78,17 @@ class OverlapConfig:
         }
     )  # fmt: skip
     """`GPTConfig` keyword arguments."""
-    batch_size: int = 8
+    batch_size: int = batch_key(8)
     """Sequences per rank per step."""
-    warmup: int = 3
+    warmup: int = iterations_key(3, ge=0)
     """Untimed steps per cell before the timed ones."""
-    repeats: int = 15
+    repeats: int = iterations_key(15)
     """Timed steps per cell; the median of the slowest rank is reported."""
     paired: Any = True
     """Also time the other overlap setting on a twin replica in alternating steps, so each
     cell measures the speed-up side by side (twice the time per cell). true or false
     (typed Any so that "yes" is refused, not coerced)."""
-    seed: int = 0
+    seed: int = seed_key(0)
     """Seeds the model's weights and the batches."""
     timeout_s: float = cell_timeout(600.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import (
+    batch_key,
+    bounded,
     cell_timeout,
     check_choice,
     check_gpt_model,
@@ -17,6 +19,9 @@ from bench.config import (
     check_training,
     check_unique,
     gpt_rank_bytes,
+    iterations_key,
+    ranks_key,
+    seed_key,
 )
 from impls.models import GPTConfig
 from impls.pipeline.schedules import SCHEDULES as PIPELINE_SCHEDULES
@@ -50,7 +55,7 @@ class ParallelismComparisonConfig:
     RANK_KEY: ClassVar[str] = "world_sizes"
     SIZE_KEYS: ClassVar[tuple[str, ...]] = ("model", "batch_size")
 
-    world_sizes: list[int] = field(default_factory=lambda: [4, 8])
+    world_sizes: list[int] = ranks_key([4, 8])
     """Numbers of ranks; every layout must use exactly one of them."""
     layouts: list[dict[str, int]] = field(default_factory=lambda: list(DEFAULT_LAYOUTS))
     """Mesh degrees per cell, e.g. `{dp: 2, tp: 2}`; an axis left out has degree 1."""
@@ -63,26 +68,26 @@ class ParallelismComparisonConfig:
     """`GPTConfig` keyword arguments. tp must divide n_heads, d_ff and vocab_size; pp must
     not exceed n_layers. Without biases: k_proj's bias has an identically zero gradient,
     which Adam turns into noise steps no distributed run matches (see zero_memory)."""
-    batch_size: int = 32
+    batch_size: int = batch_key(32)
     """Sequences per step over all ranks: dp replicas × microbatches must divide it."""
-    microbatches: int = 4
+    microbatches: int = iterations_key(4)
     """Micro-batches per replica and step, the same for every layout (pp = 1 accumulates);
     pp = 4 gives the lecture's 4 × 4 pipeline (bound 4/7)."""
     schedule: str = "1f1b"
     """Pipeline schedule: 1f1b or gpipe (same bubble, M/(M+pp−1))."""
-    steps: int = 3
+    steps: int = iterations_key(3)
     """AdamW steps checked against single-device training."""
-    lr: float = 1e-3
+    lr: float = bounded(1e-3, ge=0, le=100, why="past it SGD diverges")
     """AdamW learning rate."""
-    warmup: int = 1
+    warmup: int = iterations_key(1, ge=0)
     """Untimed steps per cell before the timed ones."""
-    repeats: int = 5
+    repeats: int = iterations_key(5)
     """Timed steps per cell; the median of the slowest rank's step is reported."""
-    profile_steps: int = 2
+    profile_steps: int = iterations_key(2)
     """Steps with the host's compute serialised, whose costs the replay uses."""
     timeout_s: float = cell_timeout(900.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
-    seed: int = 0
+    seed: int = seed_key(0)
     """Seeds the model's weights and the batch."""
 
     def __post_init__(self) -> None:

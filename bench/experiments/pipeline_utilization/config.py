@@ -8,12 +8,17 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import (
+    batch_key,
+    bounded,
     cell_timeout,
     check_choices,
     check_directory,
     check_number,
     check_positive,
     gpt_rank_bytes,
+    iterations_key,
+    ranks_key,
+    seed_key,
 )
 from bench.experiments.pipeline_utilization.names import (
     SLICINGS,
@@ -46,31 +51,31 @@ class PipelineUtilizationConfig:
     schedules: Any = field(default_factory=lambda: list(ALLOWED))
     """distbench schedules, and torch.distributed.pipelining baselines (`torch_*`); a lone
     name means one."""
-    stages: Any = field(default_factory=lambda: [2, 4])
+    stages: Any = ranks_key([2, 4])
     """Pipeline degrees P (one rank per stage; world size = P). A lone int means one."""
-    microbatches: Any = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    microbatches: Any = iterations_key([1, 2, 4, 8, 16, 32])
     """Micro-batch counts M; combinations a schedule cannot take are left out."""
-    virtual_stages: int = 2
+    virtual_stages: int = bounded(2, ge=1, le=1024, why="model chunks on one stage")
     """Model chunks per rank V for the interleaved schedules (zero_bubble_v always uses 2,
     the others 1)."""
-    d_model: int = 128
+    d_model: int = bounded(128, ge=1, le=1_000_000)
     """GPT hidden size h."""
-    n_layers: int = 16
+    n_layers: int = bounded(16, ge=1, le=10_000)
     """GPT blocks; every stage (P·V of them when interleaved) needs at least one. 4 blocks
     per stage at P = 4 keep an activation transfer small beside a stage's compute."""
-    n_heads: int = 4
+    n_heads: int = bounded(4, ge=1, le=100_000)
     """Attention heads per block."""
-    seq_len: int = 64
+    seq_len: int = bounded(64, ge=1, le=2**20, why="a million tokens")
     """Tokens per sequence."""
-    vocab_size: int = 64
+    vocab_size: int = bounded(64, ge=1, le=100_000_000)
     """A 64-token vocabulary keeps the LM head from weighing down the last stage."""
-    batch_size: int = 32
+    batch_size: int = batch_key(32)
     """Sequences per step, split into M micro-batches (so every M must divide it)."""
-    warmup: int = 1
+    warmup: int = iterations_key(1, ge=0)
     """Untimed steps per cell (the first step builds buffers and, for torch, infers shapes)."""
-    repeats: int = 5
+    repeats: int = iterations_key(5)
     """Timed steps per cell; medians are reported."""
-    profile_samples: int = 12
+    profile_samples: int = iterations_key(12)
     """Profiling steps per cell (at least 2) give each stage's F, B, I and W at least this
     many samples, of which the replay prices the fastest: ceil(samples / M) steps. Two steps
     at M = 1 left two samples, and a stage's cost moved 20–30% between stages of one cell."""
@@ -88,11 +93,11 @@ class PipelineUtilizationConfig:
     slicing_pairs: Any = field(default_factory=list)
     """Extra cells, each run with both slicings (equal vs alpa), beside the grid:
     `[{schedule: gpipe, stages: 4, microbatches: 8}, ...]` (the report compares each pair)."""
-    trace_microbatches: Any = field(default_factory=lambda: [1, 4])
+    trace_microbatches: Any = iterations_key([1, 4])
     """distbench cells with these M export a Chrome trace and Gantt spans (`[]`: none)."""
     trace_dir: str | None = None
     """Where traces go (under `traces/`); None: the run's report_dir."""
-    seed: int = 0
+    seed: int = seed_key(0)
     """Seeds the weights and the batch (the same on every rank and for torch's rows)."""
 
     def profiling_steps(self, microbatches: int) -> int:

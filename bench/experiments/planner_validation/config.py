@@ -8,7 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.config import cell_timeout, check_choices, check_number, check_positive, check_unique
+from bench.config import (
+    bounded,
+    cell_timeout,
+    check_choices,
+    check_number,
+    check_positive,
+    check_unique,
+    iterations_key,
+    seconds_key,
+)
 from bench.kit.meeting import MEETING_SEGMENT_S
 
 __all__ = ["HELD_OUT", "PROBE_LINK", "SOURCES", "SPLITS", "PlannerValidationConfig",
@@ -25,6 +34,10 @@ meetings, stragglers, core sharing, both runtimes — so a change to any of them
 developed on them alone; the held-out half then tests the simulator's schedule model
 (GPipe, 1F1B, interleaved, zero-bubble at 2 and 4 stages, 1 to 32 micro-batches) where
 the development half has only plain 1F1B at M = 4, on the larger half of the rows."""
+REFERENCE_CONFIGURATIONS = 7
+"""The configurations of the reference rounds (`rounds.reference_rounds`: fp32 and bf16
+at micro-batch 1 and 16, the host probe's step, the two runtimes), each stepping at least
+`reference_window_s` a round: the calibration's least time, which `timeout_s` must exceed."""
 SPLITS = ("development", "held_out")
 """The `split` column's values."""
 PROBE_LINK = "this run's probe (probe_pairs, 2 ranks)"
@@ -48,26 +61,32 @@ class PlannerValidationConfig:
     reports_root: str | None = None
     """Folder holding `<source>/results.csv`; null: the repository's reports/ (where
     `make reports` writes them, and what is committed)."""
-    max_rows: int | None = None
+    max_rows: int | None = bounded(None, ge=1, le=100_000, why="rows of a source report")
     """At most this many ground-truth rows per source (spread over its rows); null: all."""
-    gemm_sizes: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256, 512, 1024])
+    gemm_sizes: list[int] = bounded(
+        [16, 32, 64, 128, 256, 512, 1024],
+        ge=1,
+        le=4096,
+        why="the (8n × n) · (n × n) matmul's operands and product in fp32 and bf16 hold"
+        " about 100 n² bytes: 1.7 GB at 4096",
+    )
     """Square matmul sizes n timed for the GEMM-efficiency table (2n³ FLOPs each)."""
-    copy_mib: int = 64
+    copy_mib: int = bounded(64, ge=1, le=4096, why="two copies of it in 8 GiB")
     """Size of the tensor copied to measure memory bandwidth (MiB)."""
-    repeats: int = 28
+    repeats: int = iterations_key(28)
     """Timed repeats of each calibration kernel (the fastest counts), and rounds of the
     reference steps (their median and fastest count, see `reference_window_s`). 28 is two
     whole balanced designs of the reference rounds' seven configurations (14 rounds
     each, `impls.pairing.balanced_orders`)."""
-    reference_window_s: float = 0.25
+    reference_window_s: float = seconds_key(0.25)
     """Seconds each reference configuration (fp32 / bf16 × micro-batch 1 / 16, the host
     probe's step and the two runtimes, `rounds.reference_rounds`) steps per round, the
     configurations taking turns for `repeats` rounds (≈ 7 × repeats × this seconds in
     all); 0: one step each per round."""
-    meeting_segment_s: float = MEETING_SEGMENT_S
+    meeting_segment_s: float = seconds_key(MEETING_SEGMENT_S)
     """Seconds of matmuls before each call of the meeting probe (`bench.kit.meeting`):
     about what a ZeRO rank of `zero_memory` computes between two of its collectives."""
-    meeting_rounds: int = 12
+    meeting_rounds: int = iterations_key(12)
     """Rounds of the meeting probe (each: its three loops of 20 iterations in turn; six
     rounds make one whole balanced design of the three, `impls.pairing.balanced_orders`)."""
     timeout_s: float = cell_timeout(300.0)
@@ -93,6 +112,13 @@ class PlannerValidationConfig:
         check_number("reference_window_s", self.reference_window_s, inclusive=True)
         check_number("meeting_segment_s", self.meeting_segment_s)
         check_positive("meeting_rounds", [self.meeting_rounds])
+        least = REFERENCE_CONFIGURATIONS * self.repeats * self.reference_window_s
+        if least >= self.timeout_s:
+            raise ValueError(f"repeats={self.repeats}, reference_window_s="
+                             f"{self.reference_window_s}: the reference rounds alone step "
+                             f"{least:,.0f} s ({REFERENCE_CONFIGURATIONS} configurations × "
+                             f"repeats × reference_window_s), past timeout_s={self.timeout_s}; "
+                             "lower them or raise timeout_s")  # fmt: skip
         check_number("timeout_s", self.timeout_s)
         for name in self.sources:
             if not (self.root() / name / "results.csv").is_file():

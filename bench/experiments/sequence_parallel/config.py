@@ -9,12 +9,17 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import (
+    batch_key,
+    bounded,
     cell_timeout,
     check_choices,
     check_gpt_model,
     check_positive,
     check_training,
     gpt_rank_bytes,
+    iterations_key,
+    ranks_key,
+    seed_key,
 )
 from impls.models import GPTConfig
 
@@ -30,9 +35,11 @@ class SequenceParallelConfig:
 
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     """Sequence-parallel methods: megatron_sp, ulysses, ring_attention."""
-    sp_degrees: list[int] = field(default_factory=lambda: [1, 2, 4])
+    sp_degrees: list[int] = ranks_key([1, 2, 4])
     """Degrees P (each a cell's world size)."""
-    seq_lens: list[int] = field(default_factory=lambda: [128, 255, 512, 1023, 2048])
+    seq_lens: list[int] = bounded(
+        [128, 255, 512, 1023, 2048], ge=1, le=2**20, why="a million tokens"
+    )
     """Sequence lengths s; P need not divide them (chunks are end-padded: 255 and 1023
     divide by neither 2 nor 4)."""
     model: dict[str, Any] = field(
@@ -42,18 +49,18 @@ class SequenceParallelConfig:
     """`GPTConfig` keyword arguments of the block (no `seq_len`: that is `seq_lens`).
     Cells measure one block; `n_layers` is the depth the memory-budget figure assumes;
     Ulysses and Megatron-SP need P to divide `n_heads`."""
-    batch_size: int = 2
+    batch_size: int = batch_key(2)
     """Sequences per cell's batch; every rank holds its chunk of each."""
-    memory_budget_bytes: int = 1 << 30
+    memory_budget_bytes: int = bounded(1 << 30, ge=1, le=2**50, why="a PiB")
     """Per-rank budget for the activations of `n_layers` blocks, for the longest-sequence
     figure (weights, gradients and optimizer state not included)."""
-    warmup: int = 2
+    warmup: int = iterations_key(2, ge=0)
     """Untimed forward + backward passes per cell before the timed ones."""
-    repeats: int = 7
+    repeats: int = iterations_key(7)
     """Timed forward + backward passes per cell; the median of the slowest rank's is kept."""
     timeout_s: float = cell_timeout(600.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
-    seed: int = 0
+    seed: int = seed_key(0)
     """Seeds the block's weights and the input (the same on every rank)."""
 
     def __post_init__(self) -> None:

@@ -9,12 +9,18 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.config import (
+    batch_key,
+    bounded,
+    bytes_key,
     cell_timeout,
     check_choices,
     check_gpt_model,
     check_positive,
     check_training,
     gpt_rank_bytes,
+    iterations_key,
+    ranks_key,
+    seed_key,
 )
 from bench.experiments.zero_memory.methods import EXTRA_METHODS, METHOD_OF_STAGE
 from impls.precision import PRECISIONS, check_precision
@@ -33,9 +39,9 @@ class ZeroMemoryConfig:
     RANK_KEY: ClassVar[str] = "world_sizes"
     SIZE_KEYS: ClassVar[tuple[str, ...]] = ("model", "batch_size")
 
-    stages: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
+    stages: list[int] = bounded([0, 1, 2, 3], ge=0, le=3)
     """distbench ZeRO stages to run (0: plain data parallelism, the memory baseline)."""
-    world_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    world_sizes: list[int] = ranks_key([1, 2, 4, 8])
     """Data-parallel degrees N; each must divide batch_size."""
     precision: Any = field(default_factory=lambda: ["fp32", "bf16"])
     """fp32 (4 + 4 + 8 bytes per parameter) and/or mixed precision fp16 / bf16 (2 + 2 + 12);
@@ -50,25 +56,25 @@ class ZeroMemoryConfig:
     same for every key), which Adam turns into ±lr steps of pure rounding noise that no two
     summation orders agree on, so no distributed run — torch's DDP included — can match the
     one-process reference on it. Without it every parameter is comparable at 1e-5."""
-    batch_size: int = 32
+    batch_size: int = batch_key(32)
     """Sequences per step over all ranks (rank r trains on its 1/N)."""
-    steps: int = 3
+    steps: int = iterations_key(3)
     """AdamW steps checked against the single-process reference."""
-    lr: float = 1e-3
+    lr: float = bounded(1e-3, ge=0, le=100, why="past it SGD diverges")
     """AdamW learning rate."""
-    bucket_cap_bytes: int = 2 << 20
+    bucket_cap_bytes: int = bytes_key(2 << 20)
     """distbench DDP's gradient bucket size. On 2 ranks of this 2-core host, 2 MiB measured
     best for the default GPT (5 MB of gradients): 1 MiB buckets pay more per-round latency,
     4–8 MiB leave too little to overlap (overlapped ÷ serial 0.96× vs 0.99–1.03×)."""
-    warmup: int = 2
+    warmup: int = iterations_key(2, ge=0)
     """Untimed steps per cell before the timed ones."""
-    repeats: int = 15
+    repeats: int = iterations_key(15)
     """Timed steps per cell; the median of the slowest rank's step is reported."""
     paired: bool = True
     """Time each fp32 distbench cell's torch twin in alternating steps (the speed ratio)."""
     timeout_s: float = cell_timeout(900.0)
     """A cell whose ranks have not all finished by then is recorded as failed."""
-    seed: int = 0
+    seed: int = seed_key(0)
     """Seeds the model's weights and the batch (the same on every rank)."""
 
     def __post_init__(self) -> None:
