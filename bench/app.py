@@ -118,8 +118,10 @@ def check_launch(typed: Any, cluster: ClusterConfig) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError("cluster.backend=nccl needs CUDA, which this host does not have; "
-                             "allowed here: gloo, auto")  # fmt: skip
+            raise ValueError(
+                "cluster.backend=nccl needs CUDA, which this host does not have; "
+                "allowed here: gloo, auto"
+            )
     if _spawns_ranks(cluster):
         check_host(typed, cluster)
 
@@ -221,8 +223,11 @@ def _register_slurm_launcher() -> None:
     from hydra.core.config_store import ConfigStore
     from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 
-    from_cluster = {"timeout_min": "${cluster.timeout_min}", "partition": "${cluster.partition}",
-                    "max_num_timeout": "${cluster.requeues}"}  # fmt: skip
+    from_cluster = {
+        "timeout_min": "${cluster.timeout_min}",
+        "partition": "${cluster.partition}",
+        "max_num_timeout": "${cluster.requeues}",
+    }
     node = OmegaConf.merge(OmegaConf.structured(SlurmQueueConf), from_cluster)
     ConfigStore.instance().store(group="hydra/launcher", name="distbench_slurm", node=node)
 
@@ -243,8 +248,11 @@ def main(cfg: DictConfig) -> None:
         _fail("interrupted by SIGINT before any cell ran", 130)
     except OSError as err:  # the file system failed mid-run: a full disk, a read-only mount
         where = f"{err.filename}: " if err.filename else ""
-        _fail(f"cannot write {where}{(err.strerror or str(err)).lower()}; the rows written before "
-              "it are kept (free space or fix the path, then rerun with resume=true)", 1)  # fmt: skip
+        _fail(
+            f"cannot write {where}{(err.strerror or str(err)).lower()}; the rows written before "
+            "it are kept (free space or fix the path, then rerun with resume=true)",
+            1,
+        )
     if os.environ.get("RANK", "0") != "0":
         return  # one rank of torchrun / SLURM tasks: rank 0 reports
     line, all_ok = summary(plan.experiment.name, df, plan.report_dir)

@@ -69,8 +69,19 @@ python -m bench experiment=auto_parallel model=llama2_70b model.seq_len=8192 \\
 python -m bench experiment=auto_parallel \\
     hardware=reports/device_profile/hardware.yaml                 # a preset file device_profile wrote"""
 # Options Hydra answers without the app's config, or with another primary config.
-HYDRA_OWN = {"--hydra-help", "--version", "--info", "-i", "--config-name", "-cn",
-             "--config-path", "-cp", "--config-dir", "-cd", "--experimental-rerun"}  # fmt: skip
+HYDRA_OWN = {
+    "--hydra-help",
+    "--version",
+    "--info",
+    "-i",
+    "--config-name",
+    "-cn",
+    "--config-path",
+    "-cp",
+    "--config-dir",
+    "-cd",
+    "--experimental-rerun",
+}
 COMPLETION = {"-sc", "--shell-completion"}
 
 
@@ -88,8 +99,10 @@ class KeyHelp:
         head = f"  {self.name}: {self.type} = {self.default}"
         body = [f"allowed: {self.allowed}"] if self.allowed else []
         body += [self.meaning] if self.meaning else []
-        wrapped = [textwrap.fill(line, WIDTH, initial_indent=" " * 6,
-                                 subsequent_indent=" " * 6) for line in body]  # fmt: skip
+        wrapped = [
+            textwrap.fill(line, WIDTH, initial_indent=" " * 6, subsequent_indent=" " * 6)
+            for line in body
+        ]
         return "\n".join([head, *wrapped])
 
 
@@ -106,9 +119,13 @@ def field_docs(cls: type) -> dict[str, str]:
             continue
         body = ast.parse(source).body[0].body
         for node, after in zip(body, body[1:], strict=False):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)):  # fmt: skip
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 docs[node.target.id] = " ".join(after.value.value.split())
     return docs
 
@@ -175,8 +192,15 @@ def schema_keys(cls: type, prefix: str = "", overrides: dict | None = None) -> l
             keys += schema_keys(field.default_factory, f"{prefix}{field.name}.")
             continue
         allowed = _allowed(cls, field, prefix + field.name) or range_text(field.metadata)
-        keys.append(KeyHelp(prefix + field.name, str(field.type), _show(default), allowed,
-                            docs.get(field.name, "")))  # fmt: skip
+        keys.append(
+            KeyHelp(
+                prefix + field.name,
+                str(field.type),
+                _show(default),
+                allowed,
+                docs.get(field.name, ""),
+            )
+        )
     return keys
 
 
@@ -206,8 +230,10 @@ def summaries() -> dict[str, str]:
     """Every experiment's one-line summary, by name; an experiment whose summary is not a
     literal in its source is imported for it."""
     found = {name: _summary_in_source(name) for name in experiment_names()}
-    return {name: text if text is not None else _experiment(name).summary
-            for name, text in found.items()}  # fmt: skip
+    return {
+        name: text if text is not None else _experiment(name).summary
+        for name, text in found.items()
+    }
 
 
 def _experiment(name: str) -> Any:
@@ -228,8 +254,11 @@ def _groups() -> list[tuple[str, str]]:
         if not re.fullmatch(r"\w+", group) or not re.fullmatch(r"\w+", str(default)):
             continue
         for path in sorted((CONFIG_DIR / group).glob("*.yaml")):
-            comment = " ".join(line.lstrip("# ").strip() for line in path.read_text().splitlines()
-                               if line.startswith("#") and "@package" not in line)  # fmt: skip
+            comment = " ".join(
+                line.lstrip("# ").strip()
+                for line in path.read_text().splitlines()
+                if line.startswith("#") and "@package" not in line
+            )
             first = re.split(r"(?<=[.:])\s", comment, maxsplit=1)[0].rstrip(":.")
             mark = " (default)" if default == path.stem else ""
             rows.append((f"{group}={path.stem}", first + mark))
@@ -239,23 +268,27 @@ def _groups() -> list[tuple[str, str]]:
 def _table(rows: list[tuple[str, str]]) -> str:
     width = max(len(left) for left, _ in rows) + 2
     indent = " " * (2 + width)
-    return "\n".join(textwrap.fill(right, WIDTH, initial_indent=f"  {left:<{width}}",
-                                   subsequent_indent=indent) for left, right in rows)  # fmt: skip
+    return "\n".join(
+        textwrap.fill(right, WIDTH, initial_indent=f"  {left:<{width}}", subsequent_indent=indent)
+        for left, right in rows
+    )
 
 
 def main_help() -> str:
     """`python -m bench --help`."""
-    return "\n\n".join([
-        USAGE,
-        "Runs one experiment's grid of cells and writes reports/NAME/ (results.csv, report.md,\n"
-        "plots). Keys are Hydra overrides: key=value, lists as [a,b], nested as cluster.kind=...",
-        "experiments:\n" + _table(list(summaries().items())),
-        "config groups:\n" + _table(_groups()),
-        "run-level keys (any experiment):\n" + "\n".join(k.render() for k in run_keys()),
-        "examples:\n" + textwrap.indent(EXAMPLES, "  "),
-        "Hydra's own options (-m, --cfg job, --shell-completion, ...): "
-        "python -m bench --hydra-help",
-    ])  # fmt: skip
+    return "\n\n".join(
+        [
+            USAGE,
+            "Runs one experiment's grid of cells and writes reports/NAME/ (results.csv, report.md,\n"
+            "plots). Keys are Hydra overrides: key=value, lists as [a,b], nested as cluster.kind=...",
+            "experiments:\n" + _table(list(summaries().items())),
+            "config groups:\n" + _table(_groups()),
+            "run-level keys (any experiment):\n" + "\n".join(k.render() for k in run_keys()),
+            "examples:\n" + textwrap.indent(EXAMPLES, "  "),
+            "Hydra's own options (-m, --cfg job, --shell-completion, ...): "
+            "python -m bench --hydra-help",
+        ]
+    )
 
 
 def yaml_defaults(name: str) -> dict:
@@ -276,20 +309,23 @@ def experiment_help(name: str) -> str:
         group, option = choice.split("=")
         groups[group] = f"{groups[group]}|{option}" if group in groups else choice
     run = ", ".join([f.name for f in fields(RunConfig)] + list(groups.values()))
-    return "\n\n".join([
-        f"usage: python -m bench experiment={name} [key=value ...]",
-        f"{name}: {experiment.summary}",
-        f"keys (profile=ci shrinks the grid: experiments/profile_grid/ci_{name}.yaml):\n"
-        + "\n".join(k.render() for k in keys),
-        *([_wrap_presets(presets_help(name))] if experiment_groups(name) else []),
-        textwrap.fill(f"run-level keys ({run}): python -m bench --help", WIDTH),
-    ])  # fmt: skip
+    return "\n\n".join(
+        [
+            f"usage: python -m bench experiment={name} [key=value ...]",
+            f"{name}: {experiment.summary}",
+            f"keys (profile=ci shrinks the grid: experiments/profile_grid/ci_{name}.yaml):\n"
+            + "\n".join(k.render() for k in keys),
+            *([_wrap_presets(presets_help(name))] if experiment_groups(name) else []),
+            textwrap.fill(f"run-level keys ({run}): python -m bench --help", WIDTH),
+        ]
+    )
 
 
 def _wrap_presets(text: str) -> str:
     return "presets (config groups):\n" + "\n".join(
         textwrap.fill(line, WIDTH, initial_indent="  ", subsequent_indent="      ")
-        for line in text.splitlines())  # fmt: skip
+        for line in text.splitlines()
+    )
 
 
 def _experiment_override(argv: list[str]) -> str | None:
@@ -305,18 +341,24 @@ def check_experiment(argv: list[str]) -> str | None:
     allowed = experiment_names()
     given = {m.group(1) for a in argv if (m := re.fullmatch(r"\+{0,2}experiment=(.*)", a))}
     if len(given) > 1:
-        return f"bad config: experiment= is given {len(given)} times ({', '.join(sorted(given))}); " \
-               "give one (a sweep: experiment=a,b --multirun)"  # fmt: skip
+        return (
+            f"bad config: experiment= is given {len(given)} times ({', '.join(sorted(given))}); "
+            "give one (a sweep: experiment=a,b --multirun)"
+        )
     value = _experiment_override(argv)
     if not value:
-        return f"bad config: experiment is missing (experiment=NAME); allowed values: " \
-               f"{', '.join(allowed)}"  # fmt: skip
+        return (
+            f"bad config: experiment is missing (experiment=NAME); allowed values: "
+            f"{', '.join(allowed)}"
+        )
     if not re.fullmatch(r"[\w,]+", value):
         return None
     unknown = [name for name in value.split(",") if name not in allowed]
     if unknown:
-        return f"bad config: experiment={unknown[0]!r} is unknown; allowed values: " \
-               f"{', '.join(allowed)}"  # fmt: skip
+        return (
+            f"bad config: experiment={unknown[0]!r} is unknown; allowed values: "
+            f"{', '.join(allowed)}"
+        )
     return None
 
 

@@ -203,8 +203,14 @@ def check_types(schema: type, values: Mapping[str, Any], prefix: str = "") -> No
         check_range(prefix + f.name, values[f.name], f.metadata)
 
 
-def bounded(default: Any = MISSING, *, ge: float | None = None, le: float | None = None,
-            why: str = "", default_factory: Any = MISSING) -> Any:  # fmt: skip
+def bounded(
+    default: Any = MISSING,
+    *,
+    ge: float | None = None,
+    le: float | None = None,
+    why: str = "",
+    default_factory: Any = MISSING,
+) -> Any:
     """A schema field that declares its range: `ge` ≤ value ≤ `le` (each item of a list);
     `why` says where the upper bound comes from. `check_types` enforces it before any
     other check, and `--help` shows it."""
@@ -414,8 +420,10 @@ def check_unique(key: str, values: Sequence[Any]) -> None:
     seen = [json.dumps(v, sort_keys=True, default=str) for v in values]
     repeated = sorted({s for s in seen if seen.count(s) > 1})
     if repeated:
-        raise ValueError(f"{key}={list(values)} repeats {', '.join(repeated)}: each value must "
-                         "be unique (a grid measures each cell once)")  # fmt: skip
+        raise ValueError(
+            f"{key}={list(values)} repeats {', '.join(repeated)}: each value must "
+            "be unique (a grid measures each cell once)"
+        )
 
 
 def check_directory(key: str, path: str | Path, *, create: bool = True) -> None:
@@ -549,15 +557,19 @@ def check_host(cfg: Any, cluster: ClusterConfig) -> None:
         given = " (cluster.memory_gb)" if cluster.memory_gb is not None else ""
         how = f"this host's limit ({host_cores()} cores, {memory / 1e9:.1f} GB available{given})"
     if world > limit:
-        raise ValueError(f"{key}={sizes}: a cell of {world} ranks is more than cluster=local "
-                         f"spawns here: at most {limit}, {how}; lower {key}, or set "
-                         "cluster.max_ranks to allow more")  # fmt: skip
+        raise ValueError(
+            f"{key}={sizes}: a cell of {world} ranks is more than cluster=local "
+            f"spawns here: at most {limit}, {how}; lower {key}, or set "
+            "cluster.max_ranks to allow more"
+        )
     if not hasattr(cfg, "rank_bytes"):
         return
     need = world * (cfg.rank_bytes() + RANK_OVERHEAD_BYTES)
     if need > memory:
         keys = type(cfg).SIZE_KEYS
         shown = ", ".join(f"{k}={getattr(cfg, k)}" for k in keys)
-        raise ValueError(f"{shown}: the largest cell's {world} ranks would allocate about "
-                         f"{need / 1e9:.3g} GB, more than the {memory / 1e9:.3g} GB available "
-                         f"(cluster.memory_gb); lower {' or '.join(keys)}")  # fmt: skip
+        raise ValueError(
+            f"{shown}: the largest cell's {world} ranks would allocate about "
+            f"{need / 1e9:.3g} GB, more than the {memory / 1e9:.3g} GB available "
+            f"(cluster.memory_gb); lower {' or '.join(keys)}"
+        )

@@ -189,13 +189,15 @@ def _links(experiment: Experiment, args: DashboardArgs) -> str:
         artifact_line = f"- Report artifact: [{artifact}:latest]({url})"
     else:  # offline without an entity: the address is not known, the name is
         artifact_line = f"- Report artifact: `{artifact}:latest` (type `report`)"
-    return "\n".join([
-        f"**{name}**: {experiment.summary}",
-        "",
-        artifact_line + " (report.md, results.csv, headline.json, plots).",
-        f"- Results table: `{RESULTS_TABLE}` of the `{artifact}` run; every row is also in "
-        f"`reports/{name}/results.csv`, the written report in `reports/{name}/report.md`.",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"**{name}**: {experiment.summary}",
+            "",
+            artifact_line + " (report.md, results.csv, headline.json, plots).",
+            f"- Results table: `{RESULTS_TABLE}` of the `{artifact}` run; every row is also in "
+            f"`reports/{name}/results.csv`, the written report in `reports/{name}/report.md`.",
+        ]
+    )
 
 
 def experiment_blocks(experiment: Experiment, args: DashboardArgs) -> list[Any]:
@@ -211,8 +213,11 @@ def experiment_blocks(experiment: Experiment, args: DashboardArgs) -> list[Any]:
     ]
     panels = [chart_panel(chart, experiment) for chart in experiment.charts]
     panels.append(wr.MarkdownPanel(markdown=_links(experiment, args)))
-    return [wr.H1(experiment.name), wr.P(experiment.summary),
-            wr.PanelGrid(runsets=runsets, panels=panels)]  # fmt: skip
+    return [
+        wr.H1(experiment.name),
+        wr.P(experiment.summary),
+        wr.PanelGrid(runsets=runsets, panels=panels),
+    ]
 
 
 def build_report(args: DashboardArgs) -> Any:

@@ -305,8 +305,12 @@ class RankPool:
         self._run_dir = tempfile.mkdtemp(prefix="distbench-run-")
         init_method = f"file://{os.path.join(self._run_dir, 'store')}"
         loopback = _loopback_interface()  # for gloo, and NCCL's bootstrap with backend=nccl
-        env = {"OMP_NUM_THREADS": str(self.threads_per_rank), RUN_DIR_ENV: self._run_dir,
-               "GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback}  # fmt: skip
+        env = {
+            "OMP_NUM_THREADS": str(self.threads_per_rank),
+            RUN_DIR_ENV: self._run_dir,
+            "GLOO_SOCKET_IFNAME": loopback,
+            "NCCL_SOCKET_IFNAME": loopback,
+        }
         group = (self.world_size, self.backend, init_method, self.timeout_s, env, os.getpid())
         for rank in range(self.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)

@@ -88,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = regenerate(args.out, args.profile, args.only, args.overrides)
     print(f"index: {args.out / 'README.md'}")
     if failed:
-        print(f"experiments with a refused config or a failed or wrong cell (see their "
-              f"reports): {', '.join(failed)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"experiments with a refused config or a failed or wrong cell (see their "
+            f"reports): {', '.join(failed)}",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 

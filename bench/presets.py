@@ -172,16 +172,20 @@ def check_groups(argv: list[str], experiment: str) -> str | None:
             unknown = [name for name in parsed[2].split(",") if name not in allowed]
             if unknown:
                 files = ", or a preset file (path/to/hardware.yaml)" if group == "hardware" else ""
-                return (f"bad config: {group}={unknown[0]!r} is unknown; allowed values: "
-                        f"{', '.join(o for o in allowed if o != FILE_OPTION)}{files}")  # fmt: skip
+                return (
+                    f"bad config: {group}={unknown[0]!r} is unknown; allowed values: "
+                    f"{', '.join(o for o in allowed if o != FILE_OPTION)}{files}"
+                )
             continue
         option = _chosen(argv, group, groups[group])
         values = option_values(group, option) if option in options(group) else None
         missing = _missing_key(values, parsed[1].split(".")[1:]) if values else None
         if missing:
             key, found = missing
-            return (f"bad config: {group}.{key} is not a field of {group}={option}; allowed "
-                    f"keys: {', '.join(found)}")  # fmt: skip
+            return (
+                f"bad config: {group}.{key} is not a field of {group}={option}; allowed "
+                f"keys: {', '.join(found)}"
+            )
     return None
 
 
@@ -191,17 +195,21 @@ def _other_group(parsed: tuple[str, str, str], experiment: str) -> str | None:
     what Hydra should parse (an option, a sweep)."""
     prefix, group, value = parsed
     if group in GROUPS:
-        return (f"bad config: {group}={value}: experiment {experiment} takes no {group} "
-                f"preset (where it has a {group} key, set its fields by name: "
-                f"{group}.<field>=...; see --help)")  # fmt: skip
+        return (
+            f"bad config: {group}={value}: experiment {experiment} takes no {group} "
+            f"preset (where it has a {group} key, set its fields by name: "
+            f"{group}.<field>=...; see --help)"
+        )
     if value.startswith("["):
         return f"bad config: {group}={value}: give one of {', '.join(options(group))}"
     if prefix or not re.fullmatch(r"[\w,]+", value):
         return None  # sweep syntax (glob, choice): Hydra's to expand
     unknown = [name for name in value.split(",") if name not in options(group)]
     if unknown:
-        return (f"bad config: {group}={unknown[0]!r} is unknown; allowed values: "
-                f"{', '.join(options(group))}")  # fmt: skip
+        return (
+            f"bad config: {group}={unknown[0]!r} is unknown; allowed values: "
+            f"{', '.join(options(group))}"
+        )
     return None
 
 
@@ -216,8 +224,10 @@ def presets_help(experiment: str) -> str:
     example = {"model": "model.seq_len=8192", "hardware": "hardware.devices_per_node=4"}
     fields = " ".join(example[g] for g in experiment_groups(experiment))
     if lines:
-        lines.append(f"A preset's fields override by name, as {fields} (every field: "
-                     f"python -m bench experiment={experiment} --cfg job).")  # fmt: skip
+        lines.append(
+            f"A preset's fields override by name, as {fields} (every field: "
+            f"python -m bench experiment={experiment} --cfg job)."
+        )
     return "\n".join(lines)
 
 
@@ -276,8 +286,11 @@ def expected_files() -> dict[Path, str]:
     files = {group_dir("model") / f"{name}.yaml": _model_yaml(name) for name in MODELS}
     files |= {group_dir("hardware") / f"{name}.yaml": _hardware_yaml(name) for name in HARDWARE}
     files[group_dir("hardware") / f"{FILE_OPTION}.yaml"] = _FILE_YAML
-    files |= {CONFIG_DIR / "experiment" / f"{name}.yaml": experiment_yaml(name)
-              for name in experiments() if name not in HAND_WRITTEN}  # fmt: skip
+    files |= {
+        CONFIG_DIR / "experiment" / f"{name}.yaml": experiment_yaml(name)
+        for name in experiments()
+        if name not in HAND_WRITTEN
+    }
     return files
 
 

@@ -34,8 +34,17 @@ import pandas as pd
 from bench.config import check_directory
 from bench.provenance import git_sha
 
-__all__ = ["MEASURED", "ROW_CHECK", "STATUSES", "TEXT_COLUMNS", "ResultStore", "read_results",
-           "run_metadata", "settings_hash", "with_row_check"]  # fmt: skip
+__all__ = [
+    "MEASURED",
+    "ROW_CHECK",
+    "STATUSES",
+    "TEXT_COLUMNS",
+    "ResultStore",
+    "read_results",
+    "run_metadata",
+    "settings_hash",
+    "with_row_check",
+]
 
 _INT_TEXT = re.compile(r"[+-]?\d+")
 # A row's status: measured and checked ("ok"), measured but off its reference ("wrong":
@@ -44,8 +53,18 @@ STATUSES = ("ok", "wrong", "failed")
 MEASURED = ("ok", "wrong")
 # Columns that are text whatever they look like: a commit such as "8e25226" or "1234567"
 # would otherwise come back as a float (inf) or an int when results.csv is read.
-TEXT_COLUMNS = ("git_sha", "source_git_sha", "run_id", "settings_hash", "host", "timestamp",
-                "torch_version", "python_version", "status", "error")  # fmt: skip
+TEXT_COLUMNS = (
+    "git_sha",
+    "source_git_sha",
+    "run_id",
+    "settings_hash",
+    "host",
+    "timestamp",
+    "torch_version",
+    "python_version",
+    "status",
+    "error",
+)
 # The files a run writes into its report_dir (plots and traces aside).
 REPORT_FILES = ("results.csv", "report.md", "headline.json")
 _FIX = "fix or delete that line, or move the file away (nothing was overwritten)"
@@ -122,8 +141,9 @@ def read_results(path: str | Path) -> pd.DataFrame:
 
 def _read_text(path: Path) -> pd.DataFrame:
     """The CSV with every cell as its exact text, so rewriting it changes no old value."""
-    return pd.read_csv(path, dtype=str, keep_default_na=False).drop(columns=ROW_CHECK,
-                                                                     errors="ignore")  # fmt: skip
+    return pd.read_csv(path, dtype=str, keep_default_na=False).drop(
+        columns=ROW_CHECK, errors="ignore"
+    )
 
 
 def with_row_check(table: pd.DataFrame) -> pd.DataFrame:
@@ -148,8 +168,12 @@ class ResultStore:
     gives the canonical key tuple of a row, the same form `finished_keys` returns.
     """
 
-    def __init__(self, report_dir: str | Path, key_columns: Sequence[str],
-                 key_defaults: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        report_dir: str | Path,
+        key_columns: Sequence[str],
+        key_defaults: Mapping[str, Any] | None = None,
+    ) -> None:
         if isinstance(key_columns, str) or not key_columns:
             raise ValueError(f"key_columns must be a non-empty list of names, got {key_columns!r}")
         self.report_dir = Path(report_dir)
@@ -306,12 +330,13 @@ class ResultStore:
                 mode = path.lstat().st_mode
                 if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                     kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO, socket or device"
-                    raise ValueError(f"{path} is {kind}, where the run writes a file; move it "
-                                     "away")  # fmt: skip
+                    raise ValueError(f"{path} is {kind}, where the run writes a file; move it away")
         other = _experiment_of(self.report_dir / "headline.json")
         if other not in (None, experiment):
-            raise ValueError(f"{where} holds the results of experiment {other}; give "
-                             f"{experiment} a report_dir of its own")  # fmt: skip
+            raise ValueError(
+                f"{where} holds the results of experiment {other}; give "
+                f"{experiment} a report_dir of its own"
+            )
         if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
             raise ValueError(f"{self.path} is not a regular file; move it away")
         if self.path.exists():
@@ -340,9 +365,11 @@ class ResultStore:
         wanted = [c for c in self.key_columns if c not in self.key_defaults]
         missing = [c for c in [*wanted, "status"] if c not in header]
         if missing:
-            raise ValueError(f"{self.path}:1: the header has no {', '.join(missing)} column: "
-                             "not this experiment's results; move it away, or give another "
-                             "report_dir")  # fmt: skip
+            raise ValueError(
+                f"{self.path}:1: the header has no {', '.join(missing)} column: "
+                "not this experiment's results; move it away, or give another "
+                "report_dir"
+            )
         status = header.index("status")
         checked = header[-1] == ROW_CHECK
         for fields in reader:
@@ -350,14 +377,19 @@ class ResultStore:
                 continue  # a blank line: pandas skips it too
             line = f"{self.path}:{reader.line_num}"
             if len(fields) != len(header):
-                raise ValueError(f"{line}: {len(fields)} fields where the header has "
-                                 f"{len(header)} (a truncated or foreign line); {_FIX}")  # fmt: skip
+                raise ValueError(
+                    f"{line}: {len(fields)} fields where the header has "
+                    f"{len(header)} (a truncated or foreign line); {_FIX}"
+                )
             if checked and row_check(fields[:-1]) != fields[-1]:
-                raise ValueError(f"{line}: its {ROW_CHECK} does not match its fields (a line "
-                                 f"cut short or edited); {_FIX}")  # fmt: skip
+                raise ValueError(
+                    f"{line}: its {ROW_CHECK} does not match its fields (a line "
+                    f"cut short or edited); {_FIX}"
+                )
             if fields[status] not in STATUSES:
-                raise ValueError(f"{line}: status={fields[status]!r} is none of "
-                                 f"{', '.join(STATUSES)}; {_FIX}")  # fmt: skip
+                raise ValueError(
+                    f"{line}: status={fields[status]!r} is none of {', '.join(STATUSES)}; {_FIX}"
+                )
 
     @contextlib.contextmanager
     def claim(self, *, shared: bool = False) -> Iterator[None]:
@@ -371,15 +403,17 @@ class ResultStore:
                 pass  # can files be made here? (root passes permission checks; not /proc)
             fd = os.open(self.report_dir, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as error:
-            raise ValueError(f"report_dir={self.report_dir}: cannot write here "
-                             f"({error.strerror.lower()})") from None  # fmt: skip
+            raise ValueError(
+                f"report_dir={self.report_dir}: cannot write here ({error.strerror.lower()})"
+            ) from None
         try:
             try:
                 fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise ValueError(f"report_dir={self.report_dir} is in use by another run "
-                                 "until it ends; wait for it, or give another report_dir"
-                                 ) from None  # fmt: skip
+                raise ValueError(
+                    f"report_dir={self.report_dir} is in use by another run "
+                    "until it ends; wait for it, or give another report_dir"
+                ) from None
             yield
         finally:
             with contextlib.suppress(BlockingIOError):

@@ -69,11 +69,26 @@ def run_experiment(
     claim = store.claim(shared=sweep is not None) if rank == 0 else contextlib.nullcontext()
     try:
         with _signals_as_exit(), claim:
-            return _run_claimed(experiment, cfg, store, grid, cluster, rank, as_rank,
-                                resume=resume, append=append, wandb_cfg=wandb_cfg)  # fmt: skip
+            return _run_claimed(
+                experiment,
+                cfg,
+                store,
+                grid,
+                cluster,
+                rank,
+                as_rank,
+                resume=resume,
+                append=append,
+                wandb_cfg=wandb_cfg,
+            )
     except Interrupted as stop:
-        log.error("%s: interrupted by %s; the finished cells' rows are in %s (rerun with "
-                  "resume=true to skip them)", experiment.name, stop.name, store.path)  # fmt: skip
+        log.error(
+            "%s: interrupted by %s; the finished cells' rows are in %s (rerun with "
+            "resume=true to skip them)",
+            experiment.name,
+            stop.name,
+            store.path,
+        )
         raise
 
 
@@ -96,8 +111,10 @@ class Grid:
         run_id = sweep or f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
         cells = experiment.cells(cfg)
         if not cells:  # an empty report with exit status 0 would read as a success
-            raise ValueError(f"experiment {experiment.name}: the grid has no cells (its keys "
-                             "select nothing to run); nothing was run")  # fmt: skip
+            raise ValueError(
+                f"experiment {experiment.name}: the grid has no cells (its keys "
+                "select nothing to run); nothing was run"
+            )
         return cls(cells, settings, settings_hash(settings), run_id, bool(sweep))
 
 
@@ -111,8 +128,9 @@ def measured_settings(experiment: Experiment, cfg, cluster: ClusterConfig) -> di
     return {**kept, "backend": cluster.backend, "device": cluster.device}
 
 
-def _run_claimed(experiment, cfg, store, grid, cluster, rank, as_rank, *, resume, append,
-                 wandb_cfg) -> pd.DataFrame:  # fmt: skip
+def _run_claimed(
+    experiment, cfg, store, grid, cluster, rank, as_rank, *, resume, append, wandb_cfg
+) -> pd.DataFrame:
     cells = grid.cells
     this_grid = {store.key_of(c.key) for c in cells}
     resumed = store.finished_keys(grid.settings_hash) & this_grid if resume else set()
@@ -133,8 +151,12 @@ def _run_claimed(experiment, cfg, store, grid, cluster, rank, as_rank, *, resume
         },
     )
     if resume:
-        log.info("resume: %d of %d cells already finished with these settings (%s)",
-                 len(cells) - len(todo), len(cells), grid.settings_hash)  # fmt: skip
+        log.info(
+            "resume: %d of %d cells already finished with these settings (%s)",
+            len(cells) - len(todo),
+            len(cells),
+            grid.settings_hash,
+        )
 
     def ours(record: dict) -> bool:
         """A stored row (as CSV text) of this grid: measured by this run (or a job of its
@@ -193,8 +215,11 @@ class RowWriter:
 
     def _dropped(self, count: int) -> None:
         if count:
-            log.warning("results.csv: dropped %d row(s) of earlier grids or settings "
-                        "(append=true keeps them)", count)  # fmt: skip
+            log.warning(
+                "results.csv: dropped %d row(s) of earlier grids or settings "
+                "(append=true keeps them)",
+                count,
+            )
 
 
 class Interrupted(SystemExit):
@@ -252,8 +277,15 @@ def _is_one_rank(kind: str) -> bool:
     return True
 
 
-def _row(experiment: Experiment, cfg, cell: Cell, per_rank, error: str | None, meta: dict,
-         report_dir: Path) -> dict:  # fmt: skip
+def _row(
+    experiment: Experiment,
+    cfg,
+    cell: Cell,
+    per_rank,
+    error: str | None,
+    meta: dict,
+    report_dir: Path,
+) -> dict:
     """The cell's row: "failed" with its error, "wrong" when it measured results off its
     reference (`wrong > 0`), else "ok"; with the run's metadata."""
     if error is not None:
@@ -279,8 +311,11 @@ def _run_local(experiment, cfg, todo, total, writer, grid, cluster: ClusterConfi
     bar = tqdm(total=total, initial=total - len(todo), desc=experiment.name, unit="cell")
     with bar:
         for world_size, group in itertools.groupby(todo, key=lambda c: c.world_size):
-            meta = {**run_metadata(backend=backend, device=cluster.device, world_size=world_size),
-                    "settings_hash": grid.settings_hash, "run_id": grid.run_id}  # fmt: skip
+            meta = {
+                **run_metadata(backend=backend, device=cluster.device, world_size=world_size),
+                "settings_hash": grid.settings_hash,
+                "run_id": grid.run_id,
+            }
             if experiment.in_process:
                 pool = _InProcess()
             else:
@@ -298,11 +333,15 @@ def _run_local(experiment, cfg, todo, total, writer, grid, cluster: ClusterConfi
                     except Exception as exc:  # a cell that cannot even be shipped
                         error = f"{type(exc).__name__}: {exc}"[:500]
                     after = _probe(experiment)
-                    row = _row(experiment, cfg, cell, per_rank, error, meta,
-                               writer.store.report_dir)  # fmt: skip
+                    row = _row(
+                        experiment, cfg, cell, per_rank, error, meta, writer.store.report_dir
+                    )
                     if before is not None:
-                        row.update(host_probe_s=(before + after) / 2,
-                                   host_probe_before_s=before, host_probe_after_s=after)  # fmt: skip
+                        row.update(
+                            host_probe_s=(before + after) / 2,
+                            host_probe_before_s=before,
+                            host_probe_after_s=after,
+                        )
                     before = after
                     writer.write(row)
                     bar.update()
@@ -397,8 +436,11 @@ def _run_cells_as_rank(experiment, cfg, cells, todo, writer, grid) -> None:
     if rank == 0 and len(mine) < len(todo):
         sizes = sorted({c.world_size for c in todo} - {world})
         log.warning("torchrun world size is %d: skipping cells for world sizes %s", world, sizes)
-    meta = {**run_metadata(backend=dist.get_backend(), device=device, world_size=world),
-            "settings_hash": grid.settings_hash, "run_id": grid.run_id}  # fmt: skip
+    meta = {
+        **run_metadata(backend=dist.get_backend(), device=device, world_size=world),
+        "settings_hash": grid.settings_hash,
+        "run_id": grid.run_id,
+    }
     for cell in tqdm(mine, desc=experiment.name, unit="cell", disable=rank != 0):
         try:
             fn, args = experiment.rank_call(cfg, cell)

@@ -28,8 +28,7 @@ import pandas as pd
 
 from bench.charts import Chart
 
-__all__ = ["RESULTS_TABLE", "WandbLogger", "cell_name", "draw_chart", "per_step",
-           "table_columns"]  # fmt: skip
+__all__ = ["RESULTS_TABLE", "WandbLogger", "cell_name", "draw_chart", "per_step", "table_columns"]
 
 MODES = ("offline", "online", "disabled")
 RESULTS_TABLE = "results"
@@ -158,9 +157,18 @@ class WandbLogger:
     imports wandb.
     """
 
-    def __init__(self, *, mode: str, project: str, experiment: str, config: dict,
-                 group: str | None = None, key_columns: Sequence[str] = (),
-                 charts: Sequence[Chart] = (), entity: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        mode: str,
+        project: str,
+        experiment: str,
+        config: dict,
+        group: str | None = None,
+        key_columns: Sequence[str] = (),
+        charts: Sequence[Chart] = (),
+        entity: str | None = None,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"wandb.mode={mode!r}; allowed values: {', '.join(MODES)}")
         self.mode, self.experiment, self.config = mode, experiment, config
@@ -229,9 +237,13 @@ class WandbLogger:
     def _log_cell(self, wandb, row: dict[str, Any]) -> None:
         config, summary = _split_row(row, self.key_columns)
         key = {c: _plain(row[c]) for c in self.key_columns if c in row}
-        run = self._start(wandb, job_type=self.experiment, name=cell_name(key),
-                          config={**self.config, **config},
-                          settings=wandb.Settings(**LEAN_RUN))  # fmt: skip
+        run = self._start(
+            wandb,
+            job_type=self.experiment,
+            name=cell_name(key),
+            config={**self.config, **config},
+            settings=wandb.Settings(**LEAN_RUN),
+        )
         try:
             steps = per_step(row)
             if steps:
@@ -245,8 +257,12 @@ class WandbLogger:
             run.finish(exit_code=0 if row.get("status") == "ok" else 1)
 
     def _log_report(self, wandb, df: pd.DataFrame, headline: dict, report_dir: Path) -> None:
-        run = self._start(wandb, job_type=f"{self.experiment}-report",
-                          name=f"{self.experiment} report", config=self.config)  # fmt: skip
+        run = self._start(
+            wandb,
+            job_type=f"{self.experiment}-report",
+            name=f"{self.experiment} report",
+            config=self.config,
+        )
         try:
             columns, rows = table_columns(df)
             logged: dict[str, Any] = {RESULTS_TABLE: wandb.Table(columns=columns, data=rows)}

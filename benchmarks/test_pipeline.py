@@ -29,8 +29,15 @@ def ranks2():
 @pytest.mark.parametrize("microbatches", [4, 8])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_step_time_vs_torch(benchmark, ranks2, schedule, microbatches):
-    cfg = EXPERIMENT.parse({"schedules": [schedule], "stages": [2],
-                            "microbatches": [microbatches], "warmup": 2, "repeats": 15})  # fmt: skip
+    cfg = EXPERIMENT.parse(
+        {
+            "schedules": [schedule],
+            "stages": [2],
+            "microbatches": [microbatches],
+            "warmup": 2,
+            "repeats": 15,
+        }
+    )
     (cell,) = EXPERIMENT.cells(cfg)
     assert cell.carry.torch_schedule, "a paired cell: torch's twin timed beside it"
     benchmark.group = f"pipeline step P=2 M={microbatches}"

@@ -29,16 +29,27 @@ def test_search_time(benchmark, case):
     name, gpus, global_batch = CASES[case]
     spec, hw = model(name), hardware("a100_80gb")
     benchmark.group = "planner search"
-    result = benchmark.pedantic(search, args=(spec, hw),
-                                kwargs={"gpus": gpus, "global_batch": global_batch},
-                                rounds=1, iterations=1)  # fmt: skip
+    result = benchmark.pedantic(
+        search,
+        args=(spec, hw),
+        kwargs={"gpus": gpus, "global_batch": global_batch},
+        rounds=1,
+        iterations=1,
+    )
     best = result.best[0]
     benchmark.extra_info.update(
-        seconds=result.seconds, space=result.space, simulated=result.simulated,
-        screened_by_memory=result.screened_by_memory, screened_by_time=result.screened_by_time,
-        best=repr(best.plan), tokens_per_s=best.prediction.tokens_per_s, mfu=best.prediction.mfu,
-    )  # fmt: skip
-    print(f"\n{case}: {result.seconds:.1f} s, {result.space} plans, {result.simulated} "
-          f"simulated; best {best.plan} at MFU {best.prediction.mfu:.3f}")  # fmt: skip
+        seconds=result.seconds,
+        space=result.space,
+        simulated=result.simulated,
+        screened_by_memory=result.screened_by_memory,
+        screened_by_time=result.screened_by_time,
+        best=repr(best.plan),
+        tokens_per_s=best.prediction.tokens_per_s,
+        mfu=best.prediction.mfu,
+    )
+    print(
+        f"\n{case}: {result.seconds:.1f} s, {result.space} plans, {result.simulated} "
+        f"simulated; best {best.plan} at MFU {best.prediction.mfu:.3f}"
+    )
     if name == "megatron_1t":
         assert result.seconds <= TARGET_S, result.seconds

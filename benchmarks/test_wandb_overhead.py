@@ -42,8 +42,15 @@ def grid_seconds(root: Path, mode: str, repeat: int) -> tuple[float, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env |= {"WANDB_DIR": str(out), "WANDB_SILENT": "true"}
     out.mkdir(parents=True)
-    command = [sys.executable, "-m", "bench", *GRID, f"report_dir={out / 'report'}",
-               f"wandb.mode={mode}", f"hydra.run.dir={out / 'hydra'}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        *GRID,
+        f"report_dir={out / 'report'}",
+        f"wandb.mode={mode}",
+        f"hydra.run.dir={out / 'hydra'}",
+    ]
     start, cpu = time.perf_counter(), _cpu_seconds()
     done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
@@ -62,19 +69,28 @@ def interleaved(root: Path) -> dict:
             wall, used = grid_seconds(root, mode, repeat)
             times[mode].append(round(wall, 2))
             cpu[mode].append(round(used, 2))
-    ratio, cpu_ratio = (statistics.median(t["offline"]) / statistics.median(t["disabled"])
-                        for t in (times, cpu))  # fmt: skip
+    ratio, cpu_ratio = (
+        statistics.median(t["offline"]) / statistics.median(t["disabled"]) for t in (times, cpu)
+    )
     runs = len(list((root / "offline-0" / "wandb").glob("offline-run-*")))
-    return {"offline_s": times["offline"], "disabled_s": times["disabled"], "ratio": ratio,
-            "offline_cpu_s": cpu["offline"], "disabled_cpu_s": cpu["disabled"],
-            "cpu_ratio": cpu_ratio, "wandb_runs": runs}  # fmt: skip
+    return {
+        "offline_s": times["offline"],
+        "disabled_s": times["disabled"],
+        "ratio": ratio,
+        "offline_cpu_s": cpu["offline"],
+        "disabled_cpu_s": cpu["disabled"],
+        "cpu_ratio": cpu_ratio,
+        "wandb_runs": runs,
+    }
 
 
 def test_offline_logging_overhead(benchmark, tmp_path):
     benchmark.group = "wandb overhead, collectives CI grid"
     result = benchmark.pedantic(interleaved, args=(tmp_path,), rounds=1)
     benchmark.extra_info.update(result)
-    print(f"\nwandb offline / disabled: {result['ratio']:.3f}x wall (target ≤ {TARGET}x), "
-          f"{result['cpu_ratio']:.3f}x CPU; {result}")  # fmt: skip
+    print(
+        f"\nwandb offline / disabled: {result['ratio']:.3f}x wall (target ≤ {TARGET}x), "
+        f"{result['cpu_ratio']:.3f}x CPU; {result}"
+    )
     assert result["wandb_runs"] == 7 * 2 * 2 * 8 + 1  # one per cell, one for the report
     assert result["ratio"] <= TARGET, result

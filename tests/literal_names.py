@@ -10,8 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def literal_name_lists(names: Iterable[str], *, skip: Iterable[str] = (),
-                       roots: Iterable[str] = ("bench", "impls")) -> list[tuple[str, tuple]]:  # fmt: skip
+def literal_name_lists(
+    names: Iterable[str], *, skip: Iterable[str] = (), roots: Iterable[str] = ("bench", "impls")
+) -> list[tuple[str, tuple]]:
     """(path, names) for every tuple, list or set literal under `roots` whose elements are
     all strings, two or more of them in `names`; files under a `skip` prefix are left out."""
     wanted, skipped = set(names), tuple(skip)

@@ -12,8 +12,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def assert_source_imports_none(folder: Path, names: Iterable[str], roots: tuple[str, ...],
-                               suffixes: tuple[str, ...]) -> None:  # fmt: skip
+def assert_source_imports_none(
+    folder: Path, names: Iterable[str], roots: tuple[str, ...], suffixes: tuple[str, ...]
+) -> None:
     """No module of `names` in `folder` imports a package of `roots` or a module ending in
     one of `suffixes`."""
     for name in names:
@@ -24,8 +25,9 @@ def assert_source_imports_none(folder: Path, names: Iterable[str], roots: tuple[
         assert not [m for m in imported if m and m.endswith(suffixes)], name
 
 
-def assert_import_loads_none(module: str, roots: tuple[str, ...], absent: tuple[str, ...] = ()
-                             ) -> None:  # fmt: skip
+def assert_import_loads_none(
+    module: str, roots: tuple[str, ...], absent: tuple[str, ...] = ()
+) -> None:
     """Importing `module` in a fresh interpreter loads no module of `roots` beyond what
     `bench.experiments` already does, and leaves every module of `absent` unloaded."""
     code = (
@@ -37,6 +39,7 @@ def assert_import_loads_none(module: str, roots: tuple[str, ...], absent: tuple[
         "assert not bad, bad\n"
         + "".join(f"assert {name!r} not in sys.modules\n" for name in absent)
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
-                          text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr

@@ -95,8 +95,15 @@ def off_reference(cfg: FakeConfig, cell) -> dict:
     return {"rank": _mark(cell.carry), "pid": os.getpid(), "wrong": 3}
 
 
-BEHAVIOURS = {"ok": succeed, "raise": raise_on_rank1, "exit": exit_on_rank1, "hang": hang,
-              "kill9": kill_rank1, "stop": stop_rank1, "wrong": off_reference}  # fmt: skip
+BEHAVIOURS = {
+    "ok": succeed,
+    "raise": raise_on_rank1,
+    "exit": exit_on_rank1,
+    "hang": hang,
+    "kill9": kill_rank1,
+    "stop": stop_rank1,
+    "wrong": off_reference,
+}
 
 
 @dataclass(kw_only=True)
@@ -119,8 +126,7 @@ def fake_experiment():
         for spec in cfg.cells:
             name, behaviour = spec.split(":")
             task = FakeTask(cell=name, marker_dir=cfg.marker_dir)
-            out.append(Cell(world_size=2, key={"cell": name}, fn=BEHAVIOURS[behaviour],
-                            carry=task))  # fmt: skip
+            out.append(Cell(world_size=2, key={"cell": name}, fn=BEHAVIOURS[behaviour], carry=task))
         return out
 
     def to_row(cfg: FakeConfig, cell: Cell, per_rank: list[dict]) -> dict:
@@ -161,11 +167,18 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--setting", type=int, default=0)
     args = parser.parse_args(argv)
-    cfg = FakeConfig(cells=args.cells, marker_dir=args.marker_dir, timeout_s=args.timeout_s,
-                     setting=args.setting)  # fmt: skip
+    cfg = FakeConfig(
+        cells=args.cells, marker_dir=args.marker_dir, timeout_s=args.timeout_s, setting=args.setting
+    )
     try:
-        df = run_experiment(fake_experiment(), cfg, report_dir=Path(args.report_dir),
-                            cluster=LOCAL, resume=args.resume, wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
+        df = run_experiment(
+            fake_experiment(),
+            cfg,
+            report_dir=Path(args.report_dir),
+            cluster=LOCAL,
+            resume=args.resume,
+            wandb_cfg=WandbConfig(mode="disabled"),
+        )
     except ValueError as error:
         print(f"bad config: {error}", file=sys.stderr)
         sys.exit(2)

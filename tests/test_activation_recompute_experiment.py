@@ -19,9 +19,18 @@ from bench.experiments.activation_recompute.experiment import EXPERIMENT, cells,
 CFG = ActivationRecomputeConfig(
     tp=[1, 2], seq_lens=[32, 64], model={"d_model": 64, "n_heads": 4, "dropout": 0.1}
 )
-META = {"status": "ok", "error": "", "git_sha": "abc1234", "torch_version": "2.13.0",
-        "backend": "gloo", "device": "cpu", "host": "h", "world_size": 1,
-        "timestamp": "2025-01-01T00:00:00", "host_cores": 2}  # fmt: skip
+META = {
+    "status": "ok",
+    "error": "",
+    "git_sha": "abc1234",
+    "torch_version": "2.13.0",
+    "backend": "gloo",
+    "device": "cpu",
+    "host": "h",
+    "world_size": 1,
+    "timestamp": "2025-01-01T00:00:00",
+    "host_cores": 2,
+}
 
 
 def test_grid_has_every_cell_and_sp_only_with_tp():
@@ -32,8 +41,15 @@ def test_grid_has_every_cell_and_sp_only_with_tp():
 
 
 def _row(cell, saved_off: int = 0) -> dict:
-    per_rank = [{"saved_bytes": 0, "wrong": 0, "step_time_s": 2.0, "none_step_time_s": 1.6,
-                 "max_seq_len_in_budget": 128}]  # fmt: skip
+    per_rank = [
+        {
+            "saved_bytes": 0,
+            "wrong": 0,
+            "step_time_s": 2.0,
+            "none_step_time_s": 1.6,
+            "max_seq_len_in_budget": 128,
+        }
+    ]
     row = to_row(CFG, cell, per_rank)
     saved = row["model_bytes_per_layer"] + saved_off
     per_rank[0]["saved_bytes"] = saved

@@ -76,12 +76,19 @@ def _traffic_rows(alpha: float, beta: float) -> pd.DataFrame:
                 ("ring", 2 * (n - 1), 2 * (n - 1) * m / n, 2 * (n - 1) * m),
                 ("parallel", 1, (n - 1) * m, n * (n - 1) * m),
             ):
-                rows.append({
-                    "algorithm": algorithm, "world_size": n, "message_bytes": m,
-                    "rounds": rounds, "max_rank_bytes_sent": peak, "max_rank_bytes_recv": peak,
-                    "total_bytes_sent": total, "time_s": alpha * rounds + beta * peak,
-                    "status": "ok",
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "algorithm": algorithm,
+                        "world_size": n,
+                        "message_bytes": m,
+                        "rounds": rounds,
+                        "max_rank_bytes_sent": peak,
+                        "max_rank_bytes_recv": peak,
+                        "total_bytes_sent": total,
+                        "time_s": alpha * rounds + beta * peak,
+                        "status": "ok",
+                    }
+                )
     torch = {"algorithm": "torch", "world_size": 4, "message_bytes": 4096, "time_s": 1.0}
     failed = {**rows[0], "status": "failed", "time_s": 1e3}
     return pd.DataFrame([*rows, torch, failed])

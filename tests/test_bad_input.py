@@ -41,29 +41,65 @@ HUGE_GPT = "{vocab_size:256,seq_len:64,d_model:65536,n_heads:4,n_layers:64}"
 # (case id, overrides, exit status, text the output must contain). Each override goes with
 # an otherwise valid grid, so only the bad value can stop it.
 CLI_CASES = [
-    ("unknown_algorithm", [AR, "algorithms=[ring,butterfly]"], 2,
-     ["algorithms", "butterfly", "allowed values", "ring", "recursive_halving", "auto", "torch"]),
+    (
+        "unknown_algorithm",
+        [AR, "algorithms=[ring,butterfly]"],
+        2,
+        ["algorithms", "butterfly", "allowed values", "ring", "recursive_halving", "auto", "torch"],
+    ),
     ("unknown_key_rejected_by_hydra", [AR, "foo=1"], 1, ["Key 'foo' not in", "+foo=1"]),
-    ("unknown_key_rejected_by_bench", ["experiment=collectives", "+foo=1"], 2,
-     ["unknown key(s) foo", "collectives", "allowed keys", "world_sizes", "message_bytes"]),
-    ("unknown_experiment", ["experiment=butterfly"], 2,
-     ["experiment='butterfly' is unknown", "allreduce_scaling", "collectives"]),
-    ("unknown_wandb_mode", [AR, "wandb.mode=bogus"], 2,
-     ["wandb.mode", "bogus", "offline", "online", "disabled"]),
-    ("unknown_cluster_kind", [AR, "cluster.kind=bogus"], 2,
-     ["cluster.kind", "bogus", "local", "torchrun", "slurm"]),
+    (
+        "unknown_key_rejected_by_bench",
+        ["experiment=collectives", "+foo=1"],
+        2,
+        ["unknown key(s) foo", "collectives", "allowed keys", "world_sizes", "message_bytes"],
+    ),
+    (
+        "unknown_experiment",
+        ["experiment=butterfly"],
+        2,
+        ["experiment='butterfly' is unknown", "allreduce_scaling", "collectives"],
+    ),
+    (
+        "unknown_wandb_mode",
+        [AR, "wandb.mode=bogus"],
+        2,
+        ["wandb.mode", "bogus", "offline", "online", "disabled"],
+    ),
+    (
+        "unknown_cluster_kind",
+        [AR, "cluster.kind=bogus"],
+        2,
+        ["cluster.kind", "bogus", "local", "torchrun", "slurm"],
+    ),
     ("resume_not_a_bool", [AR, "resume=maybe"], 1, ["resume", "maybe", "not a valid bool"]),
-    ("torchrun_without_torchrun", [AR, "cluster=torchrun"], 2,
-     ["cluster=torchrun", "RANK", "WORLD_SIZE", "MASTER_ADDR"]),
-    ("unknown_model_preset", ["experiment=auto_parallel", "model=gpt5"], 2,
-     ["model='gpt5' is unknown", "allowed values", "gpt3_175b", "llama2_70b"]),
-    ("unknown_model_field", ["experiment=auto_parallel", "model=llama2_7b", "model.width=4"], 2,
-     ["model.width", "model=llama2_7b", "allowed keys", "n_layers", "seq_len"]),
-    ("experiment_given_twice", [AR, "experiment=collectives"], 2,
-     ["experiment= is given 2 times", "allreduce_scaling, collectives"]),
+    (
+        "torchrun_without_torchrun",
+        [AR, "cluster=torchrun"],
+        2,
+        ["cluster=torchrun", "RANK", "WORLD_SIZE", "MASTER_ADDR"],
+    ),
+    (
+        "unknown_model_preset",
+        ["experiment=auto_parallel", "model=gpt5"],
+        2,
+        ["model='gpt5' is unknown", "allowed values", "gpt3_175b", "llama2_70b"],
+    ),
+    (
+        "unknown_model_field",
+        ["experiment=auto_parallel", "model=llama2_7b", "model.width=4"],
+        2,
+        ["model.width", "model=llama2_7b", "allowed keys", "n_layers", "seq_len"],
+    ),
+    (
+        "experiment_given_twice",
+        [AR, "experiment=collectives"],
+        2,
+        ["experiment= is given 2 times", "allreduce_scaling, collectives"],
+    ),
     ("report_dir_is_a_file", [AR, *TINY], 2, ["report_dir"]),
     ("report_dir_of_another_experiment", [AR, *TINY], 2, ["collectives"]),
-]  # fmt: skip
+]
 
 
 def prepare(case: str, report_dir: Path) -> None:
@@ -94,8 +130,15 @@ def run_case(root: Path, case: str, overrides: list[str]) -> tuple:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
     env.update(WANDB_MODE="disabled", HYDRA_FULL_ERROR="0")
     try:
-        done = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=FAIL_FAST_S)  # fmt: skip
+        done = subprocess.run(
+            command,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=FAIL_FAST_S,
+        )
         code, output = done.returncode, done.stdout
     except subprocess.TimeoutExpired as expired:
         code, output = None, f"still running after {FAIL_FAST_S} s:\n{expired.output or ''}"
@@ -401,10 +444,12 @@ def refusal(composer, experiment: str, overrides: list[str], report_dir: Path) -
     return 0, f"accepted: {plan.cfg}"
 
 
-@pytest.mark.parametrize("experiment, overrides, needles", FLAT,
-                         ids=[f"{e}:{' '.join(o)}" for e, o, _ in FLAT])  # fmt: skip
-def test_every_key_refuses_what_cannot_work(composer, tmp_path, monkeypatch, experiment,
-                                            overrides, needles):  # fmt: skip
+@pytest.mark.parametrize(
+    "experiment, overrides, needles", FLAT, ids=[f"{e}:{' '.join(o)}" for e, o, _ in FLAT]
+)
+def test_every_key_refuses_what_cannot_work(
+    composer, tmp_path, monkeypatch, experiment, overrides, needles
+):
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     code, message = refusal(composer, experiment, overrides, tmp_path / "report")
@@ -434,8 +479,9 @@ def test_every_shipped_grid_is_accepted(composer, name):
 
 @pytest.mark.parametrize("value, expected", [("false", False), ("true", True)])
 def test_booleans_are_booleans(composer, tmp_path, value, expected):
-    cfg = composer("config", overrides=[AR, f"resume={value}", f"append={value}",
-                                        f"report_dir={tmp_path}"])  # fmt: skip
+    cfg = composer(
+        "config", overrides=[AR, f"resume={value}", f"append={value}", f"report_dir={tmp_path}"]
+    )
     run = build(cfg, "allreduce_scaling").run
     assert run.resume is expected and run.append is expected
 
@@ -457,20 +503,35 @@ def test_the_rank_limit_follows_cores_and_memory():
 
 
 def test_the_summary_counts_ok_failed_and_wrong(tmp_path):
-    df = pd.DataFrame({"status": ["ok", "ok", "failed", "timeout", "wrong", "ok"],
-                       "wrong": [0, 3, None, None, 2, float("nan")]})  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "status": ["ok", "ok", "failed", "timeout", "wrong", "ok"],
+            "wrong": [0, 3, None, None, 2, float("nan")],
+        }
+    )
     # ok with wrong > 0 is wrong; failed and timeout are failed; a NaN `wrong` is no count.
     assert summary("x", df, tmp_path) == (f"x: 2 ok, 2 failed, 2 wrong -> {tmp_path}", False)
     assert summary("x", df[df["status"] == "ok"].iloc[[0]], tmp_path) == (
-        f"x: 1 ok, 0 failed, 0 wrong -> {tmp_path}", True)  # fmt: skip
+        f"x: 1 ok, 0 failed, 0 wrong -> {tmp_path}",
+        True,
+    )
 
 
 def test_a_grid_with_a_failed_cell_exits_1_after_its_summary(tmp_path):
     # The cell cannot finish in 0.3 s (one window alone lasts 2 s, max_iters permitting):
     # it fails, the grid still writes its row and its report, and the exit status says so.
-    grid = [AR, "world_sizes=[2]", "message_bytes=[4096]", "algorithms=[ring]", "repeats=1",
-            "warmup=0", "window_s=2", "max_iters=100000", "timeout_s=0.3",
-            "wandb.mode=disabled"]  # fmt: skip
+    grid = [
+        AR,
+        "world_sizes=[2]",
+        "message_bytes=[4096]",
+        "algorithms=[ring]",
+        "repeats=1",
+        "warmup=0",
+        "window_s=2",
+        "max_iters=100000",
+        "timeout_s=0.3",
+        "wandb.mode=disabled",
+    ]
     code, output, report_dir, _ = run_case(tmp_path, "failed_cell", grid)
     assert code == 1, output
     assert f"allreduce_scaling: 0 ok, 1 failed, 0 wrong -> {report_dir}" in output

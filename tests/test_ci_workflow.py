@@ -120,8 +120,11 @@ def python_problems(workflow: dict) -> list[str]:
     versions = [str(s.get("with", {}).get("python-version")) for s in setup]
     if not versions:
         return ["no actions/setup-python step"]
-    return [f"Python {v} is outside requires-python {allowed}" for v in versions
-            if not allowed.contains(v + ".0")]  # fmt: skip
+    return [
+        f"Python {v} is outside requires-python {allowed}"
+        for v in versions
+        if not allowed.contains(v + ".0")
+    ]
 
 
 def reports_dir(workflow: dict) -> str | None:
@@ -155,8 +158,9 @@ def artifact_problems(workflow: dict) -> list[str]:
 
 def pin_problems(workflow: dict) -> list[str]:
     uses = [s["uses"] for s in steps(workflow) if "uses" in s]
-    return [f"{u!r} is not pinned to a version tag or commit" for u in uses
-            if not PINNED_USES.match(u)]  # fmt: skip
+    return [
+        f"{u!r} is not pinned to a version tag or commit" for u in uses if not PINNED_USES.match(u)
+    ]
 
 
 def timeout_problems(workflow: dict) -> list[str]:
@@ -168,8 +172,15 @@ def timeout_problems(workflow: dict) -> list[str]:
     return []
 
 
-CHECKS = [env_problems, command_problems, torch_problems, python_problems,
-          artifact_problems, pin_problems, timeout_problems]  # fmt: skip
+CHECKS = [
+    env_problems,
+    command_problems,
+    torch_problems,
+    python_problems,
+    artifact_problems,
+    pin_problems,
+    timeout_problems,
+]
 
 
 def schema_errors(path: Path) -> str:

@@ -49,8 +49,11 @@ def _readme_blocks() -> str:
 def examples() -> dict[str, list[str]]:
     """Every example, deduplicated, with where it is shown."""
     found: dict[str, list[str]] = {}
-    sources = {"README.md": _readme_blocks(), "--help": cli.main_help(),
-               "auto_parallel --help": cli.experiment_help("auto_parallel")}  # fmt: skip
+    sources = {
+        "README.md": _readme_blocks(),
+        "--help": cli.main_help(),
+        "auto_parallel --help": cli.experiment_help("auto_parallel"),
+    }
     for where, text in sources.items():
         for command in _commands(text):
             found.setdefault(command, []).append(where)
@@ -58,8 +61,7 @@ def examples() -> dict[str, list[str]]:
 
 
 EXAMPLES = examples()
-READ_ONLY = [c for c in EXAMPLES
-             if {"--help", "-h", "--cfg", "--hydra-help"} & set(shlex.split(c))]  # fmt: skip
+READ_ONLY = [c for c in EXAMPLES if {"--help", "-h", "--cfg", "--hydra-help"} & set(shlex.split(c))]
 RUNS = [c for c in EXAMPLES if c not in READ_ONLY]
 
 
@@ -107,8 +109,14 @@ def test_each_example_is_accepted_as_the_command_line_would(composer, command, m
 
 def _bench(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, "-m", "bench", *argv], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.parametrize("command", READ_ONLY)
@@ -119,8 +127,16 @@ def test_each_reading_example_runs(command):
 
 
 def test_the_headline_example_runs(tmp_path):
-    argv = ["experiment=auto_parallel", "model=llama2_70b", "model.seq_len=8192", "gpus=[512]",
-            "top_k=1", "rejected_k=0", f"report_dir={tmp_path}", f"hydra.run.dir={tmp_path}/h"]  # fmt: skip
+    argv = [
+        "experiment=auto_parallel",
+        "model=llama2_70b",
+        "model.seq_len=8192",
+        "gpus=[512]",
+        "top_k=1",
+        "rejected_k=0",
+        f"report_dir={tmp_path}",
+        f"hydra.run.dir={tmp_path}/h",
+    ]
     done = _bench(argv, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"auto_parallel: 4 ok, 0 failed, 0 wrong -> {tmp_path}" in done.stdout

@@ -64,9 +64,13 @@ def test_allowed_values_are_the_ones_the_checks_enforce():
 
 
 def test_experiment_yaml_values_override_the_schema_defaults():
-    keys = {k.name: k for k in cli.schema_keys(
-        experiments()["pipeline_utilization"].schema,
-        overrides=cli.yaml_defaults("pipeline_utilization"))}  # fmt: skip
+    keys = {
+        k.name: k
+        for k in cli.schema_keys(
+            experiments()["pipeline_utilization"].schema,
+            overrides=cli.yaml_defaults("pipeline_utilization"),
+        )
+    }
     assert keys["slicing_pairs"].default.startswith("[{schedule: gpipe, stages: 4")
 
 
@@ -94,7 +98,8 @@ def test_a_missing_or_unknown_experiment_is_one_line():
         "bad config: experiment='nope' is unknown; allowed values: activation_recompute"
     )
     assert cli.check_experiment(["-m", "experiment=collectives,nope"]).startswith(
-        "bad config: experiment='nope'")  # fmt: skip
+        "bad config: experiment='nope'"
+    )
     assert cli.check_experiment(["-m", "experiment=collectives,overlap"]) is None
     assert cli.check_experiment(["-m", "experiment=glob(*)"]) is None  # Hydra's to expand
 
@@ -121,9 +126,17 @@ def commands() -> dict[str, subprocess.CompletedProcess]:
         "install": (["--shell-completion", "install=bash"], None),
         "query": (["-sc", "query=bash"], query),
     }
-    started = {name: subprocess.Popen([sys.executable, "-m", "bench", *argv], cwd=REPO, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for name, (argv, env) in argvs.items()}  # fmt: skip
+    started = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "bench", *argv],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, (argv, env) in argvs.items()
+    }
     done = {}
     for name, process in started.items():
         out, err = process.communicate(timeout=120)
@@ -152,10 +165,13 @@ def test_dash_h_is_help(capsys):
     assert capsys.readouterr().out == cli.main_help() + "\n"
 
 
-@pytest.mark.parametrize(("command", "line"), [
-    ("missing", "bad config: experiment is missing (experiment=NAME); allowed values: "),
-    ("unknown", "bad config: experiment='nope' is unknown; allowed values: "),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("command", "line"),
+    [
+        ("missing", "bad config: experiment is missing (experiment=NAME); allowed values: "),
+        ("unknown", "bad config: experiment='nope' is unknown; allowed values: "),
+    ],
+)
 def test_missing_or_unknown_experiment_exits_2_with_one_line(commands, command, line):
     done = commands[command]
     assert done.returncode == 2
@@ -174,10 +190,11 @@ def test_help_piped_into_head_ends_quietly():
     """`python -m bench --help | head -1`: the reader leaves early; exit 0, no traceback.
     The reader here is gone before the help is written (the help fits a pipe's buffer,
     so a real `head` only sometimes closes it in time)."""
-    script = ("import os; from bench.cli import _page, main_help; read, write = os.pipe(); "
-              "os.close(read); os.dup2(write, 1); _page(main_help())")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
-                          timeout=60)  # fmt: skip
+    script = (
+        "import os; from bench.cli import _page, main_help; read, write = os.pipe(); "
+        "os.close(read); os.dup2(write, 1); _page(main_help())"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=60)
     assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
 
 

@@ -90,8 +90,9 @@ def test_report_code_is_within_its_bound_of_the_rank_and_kit_code():
 
 def test_code_lines_skip_docstrings_comments_and_blanks(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text('"""Doc\n\nmore."""\n\n# note\nx = 1\n\n\ndef f():\n    """One."""\n'
-                      '    return "text"\n')  # fmt: skip
+    module.write_text(
+        '"""Doc\n\nmore."""\n\n# note\nx = 1\n\n\ndef f():\n    """One."""\n    return "text"\n'
+    )
     assert code_lines(module) == 3
 
 

@@ -22,11 +22,17 @@ import pytest
 from bench.provenance import REPO_ROOT
 
 RECIPE = REPO_ROOT / "CONTRIBUTING.md"
-SECTIONS = {"algorithm": "## Add an all-reduce algorithm", "schedule": "## Add a pipeline schedule",
-            "experiment": "## Add an experiment", "hardware": "## Add a hardware preset"}  # fmt: skip
+SECTIONS = {
+    "algorithm": "## Add an all-reduce algorithm",
+    "schedule": "## Add a pipeline schedule",
+    "experiment": "## Add an experiment",
+    "hardware": "## Add a hardware preset",
+}
 VARIANTS = ("algorithm", "schedule")
-REGISTRY = {"algorithm": "impls/collectives/algorithms.py",
-            "schedule": "impls/pipeline/schedules/__init__.py"}  # fmt: skip
+REGISTRY = {
+    "algorithm": "impls/collectives/algorithms.py",
+    "schedule": "impls/pipeline/schedules/__init__.py",
+}
 
 
 def section_text(section: str) -> str:
@@ -121,8 +127,9 @@ def copy(tmp_path_factory) -> Path:
 
 
 def run_in(root: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=root, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, *args], cwd=root, capture_output=True, text=True, timeout=timeout
+    )
 
 
 ALGORITHM_CONSUMERS = """
@@ -203,10 +210,19 @@ def test_every_consumer_picks_up_the_new_variant(copy, section):
 def test_the_registry_tests_and_the_correctness_test_take_the_new_variants(copy):
     """The completeness checks pass for both, and the new algorithm equals torch's
     all-reduce on 1–8 ranks (the test every algorithm runs)."""
-    done = run_in(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                  "tests/collectives/test_algorithm_registry.py",
-                  "tests/pipeline/test_schedule_registry.py",
-                  "tests/collectives/test_all_reduce.py", "-k", "split_ring or gpipe_fifo")  # fmt: skip
+    done = run_in(
+        copy,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/collectives/test_algorithm_registry.py",
+        "tests/pipeline/test_schedule_registry.py",
+        "tests/collectives/test_all_reduce.py",
+        "-k",
+        "split_ring or gpipe_fifo",
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert re.search(r"\b[4-9] passed|\b\d\d passed", done.stdout), done.stdout[-500:]
 
@@ -248,8 +264,12 @@ def test_the_new_experiment_runs_end_to_end_as_the_recipe_says(copy, tmp_path):
     assert run[:3] == ["-m", "bench", "experiment=ping_pong"] and help_[-1] == "--help"
     shown = run_in(copy, *help_, timeout=120)
     assert shown.returncode == 0, shown.stderr[-2000:]
-    for key in ("message_bytes: list[int] = [4096,1048576]", "repeats: int = 20",
-                "timeout_s: float = 60.0", "round trip between two ranks"):  # fmt: skip
+    for key in (
+        "message_bytes: list[int] = [4096,1048576]",
+        "repeats: int = 20",
+        "timeout_s: float = 60.0",
+        "round trip between two ranks",
+    ):
         assert key in shown.stdout, shown.stdout
     report_dir = tmp_path / "ping_pong"
     argv = [a if not a.startswith("report_dir=") else f"report_dir={report_dir}" for a in run]
@@ -310,14 +330,24 @@ def test_every_consumer_picks_up_the_new_preset(copy):
 def test_the_preset_tests_pass_and_auto_parallel_plans_on_the_new_preset(copy, tmp_path):
     """The recipe's own check (every number's source, the group file fresh and read back),
     then a CI-sized auto_parallel grid on the preset from the command line."""
-    done = run_in(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                  "tests/costmodel/test_presets.py", "tests/test_presets.py", "-k",
-                  "h100_pcie or every_preset_has_its_file or each_file_reads_back")  # fmt: skip
+    done = run_in(
+        copy,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/costmodel/test_presets.py",
+        "tests/test_presets.py",
+        "-k",
+        "h100_pcie or every_preset_has_its_file or each_file_reads_back",
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     (plan,) = commands("hardware", "experiment=auto_parallel")
     assert plan == ["-m", "bench", "experiment=auto_parallel", "hardware=h100_pcie"]
-    done = run_in(copy, *plan, "profile=ci", f"report_dir={tmp_path}", "wandb.mode=disabled",
-                  timeout=300)  # fmt: skip
+    done = run_in(
+        copy, *plan, "profile=ci", f"report_dir={tmp_path}", "wandb.mode=disabled", timeout=300
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     import pandas as pd
 

@@ -32,8 +32,11 @@ def spec() -> dict:
 def section(spec: dict, name: str) -> dict:
     """The panel grid under the experiment's heading."""
     blocks = spec["spec"]["blocks"]
-    headings = [i for i, b in enumerate(blocks)
-                if b["type"] == "heading" and b["children"][0].get("text") == name]  # fmt: skip
+    headings = [
+        i
+        for i, b in enumerate(blocks)
+        if b["type"] == "heading" and b["children"][0].get("text") == name
+    ]
     assert len(headings) == 1, f"{name}: {len(headings)} headings"
     grids = [b for b in blocks[headings[0] :] if b["type"] == "panel-grid"]
     return grids[0]
@@ -46,8 +49,11 @@ def panels(grid: dict) -> list[dict]:
 def _name(metric: str) -> tuple[str, str]:
     """(where the run holds it, column) from a saved axis: `config:x.value`, `summary:x`,
     `summary_metrics.x`, or a bar's group-by `x.value`."""
-    for prefix, where in (("config:", "config"), ("summary:", "summary"),
-                          ("summary_metrics.", "summary")):  # fmt: skip
+    for prefix, where in (
+        ("config:", "config"),
+        ("summary:", "summary"),
+        ("summary_metrics.", "summary"),
+    ):
         if metric.startswith(prefix):
             return where, metric.removeprefix(prefix).removesuffix(".value")
     assert metric.endswith(".value"), metric
@@ -82,8 +88,9 @@ def test_every_experiment_has_a_section_with_one_panel_per_chart(spec, name):
     assert charts, f"{name} has no charts: every experiment needs at least one"
     found = chart_panels(spec, name)
     assert len(found) == len(charts)
-    titles = [p["config"].get("chartTitle") or p["config"]["stringSettings"]["title"]
-              for p in found]  # fmt: skip
+    titles = [
+        p["config"].get("chartTitle") or p["config"]["stringSettings"]["title"] for p in found
+    ]
     for title, chart in zip(titles, charts, strict=True):
         assert title.startswith(chart.title), (title, chart.title)
     markdown = [p for p in panels(section(spec, name)) if p["viewType"] == "Markdown Panel"]
@@ -117,8 +124,9 @@ def test_every_panel_names_columns_the_results_have(spec, name):
 
 def run_filter(runset: dict, field: str) -> list[tuple[str, str]]:
     """A saved run set's filters on one run field, as (operator, value)."""
-    return [(f["op"], f["value"]) for f in runset["filters"]["filters"]
-            if f["key"]["name"] == field]  # fmt: skip
+    return [
+        (f["op"], f["value"]) for f in runset["filters"]["filters"] if f["key"]["name"] == field
+    ]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -131,8 +139,11 @@ def test_each_section_shows_its_own_runs(spec, name):
 
 def test_group_narrows_every_run_set_to_one_grid():
     args = dashboard.DashboardArgs(experiments=("collectives", "overlap"), group="g-1")
-    grids = [b for b in dashboard.report_spec(dashboard.build_report(args))["spec"]["blocks"]
-             if b["type"] == "panel-grid"]  # fmt: skip
+    grids = [
+        b
+        for b in dashboard.report_spec(dashboard.build_report(args))["spec"]["blocks"]
+        if b["type"] == "panel-grid"
+    ]
     groups = [
         run_filter(runset, "group") for grid in grids for runset in grid["metadata"]["runSets"]
     ]
@@ -154,8 +165,9 @@ def test_offline_writes_the_spec_without_the_network(tmp_path, monkeypatch, caps
     out = tmp_path / "d" / "spec.json"
     assert dashboard.main(["experiments=[collectives,overlap]", f"out={out}"]) == 0
     written = json.loads(out.read_text())
-    headings = [b["children"][0]["text"] for b in written["spec"]["blocks"]
-                if b["type"] == "heading"]  # fmt: skip
+    headings = [
+        b["children"][0]["text"] for b in written["spec"]["blocks"] if b["type"] == "heading"
+    ]
     assert headings == ["collectives", "overlap"]
 
 
@@ -186,7 +198,12 @@ def test_online_with_an_entity_saves(monkeypatch, capsys):
     argv = ["mode=online", "entity=someone", "project=p", "experiments=[collectives]"]
     assert dashboard.main(argv) == 0
     assert [(r.entity, r.project) for r in saved] == [("someone", "p")]
-    markdown = [p for b in saved[0].blocks if hasattr(b, "panels") for p in b.panels
-                if hasattr(p, "markdown")]  # fmt: skip
+    markdown = [
+        p
+        for b in saved[0].blocks
+        if hasattr(b, "panels")
+        for p in b.panels
+        if hasattr(p, "markdown")
+    ]
     link = "https://wandb.ai/someone/p/artifacts/report/collectives-report/latest"
     assert [link in p.markdown for p in markdown] == [True]

@@ -47,8 +47,7 @@ def test_digits_split_is_a_partition_of_the_data_set():
     from sklearn.datasets import load_digits
 
     raw = load_digits()
-    everything = _rows(torch.tensor(raw.data, dtype=torch.float32) / 16.0,
-                       torch.tensor(raw.target))  # fmt: skip
+    everything = _rows(torch.tensor(raw.data, dtype=torch.float32) / 16.0, torch.tensor(raw.target))
     data = digits()
     train, test = _rows(data.x_train, data.y_train), _rows(data.x_test, data.y_test)
     assert train + test == everything
@@ -194,8 +193,10 @@ def test_build_task_evaluates_to_a_loss_and_an_accuracy(name):
         assert torch.equal(a, b)
     assert torch.equal(task.eval_inputs, again.eval_inputs)
     other = build_task(name, 8, seed=1)
-    assert not all(torch.equal(a, b) for a, b in zip(task.model.parameters(),
-                                                    other.model.parameters(), strict=True))  # fmt: skip
+    assert not all(
+        torch.equal(a, b)
+        for a, b in zip(task.model.parameters(), other.model.parameters(), strict=True)
+    )
 
 
 def test_the_digits_task_is_learnable_and_evaluate_restores_training_mode():
@@ -227,7 +228,10 @@ def test_cosine_schedule_goes_from_one_to_zero():
 def test_classifier_shapes_and_seeded_weights():
     model = Classifier(64, (32, 16), 10, seed=5)
     assert [(layer.in_features, layer.out_features) for layer in model.layers] == [
-        (64, 32), (32, 16), (16, 10)]  # fmt: skip
+        (64, 32),
+        (32, 16),
+        (16, 10),
+    ]
     x = torch.rand(7, 64)
     logits = model(x)
     assert logits.shape == (7, 10)

@@ -53,13 +53,20 @@ def test_bad_config_is_refused_naming_the_key(values, needles):
 def test_grid_runs_sync_once_per_latency_and_dga_per_delay():
     grid = cells(DelayedAveragingConfig(latencies_ms=[0, 100], delays=[2, 8]))
     keys = [(c.key["latency_ms"], c.key["method"], c.key["delay"]) for c in grid]
-    assert keys == [(0.0, "sync", 0), (0.0, "dga", 2), (0.0, "dga", 8),
-                    (100.0, "sync", 0), (100.0, "dga", 2), (100.0, "dga", 8)]  # fmt: skip
+    assert keys == [
+        (0.0, "sync", 0),
+        (0.0, "dga", 2),
+        (0.0, "dga", 8),
+        (100.0, "sync", 0),
+        (100.0, "dga", 2),
+        (100.0, "dga", 8),
+    ]
     assert all(c.world_size == 4 for c in grid)
     assert [c.carry for c in grid] == [Link(0.0)] * 3 + [Link(100.0)] * 3
     assert DelayedAveragingConfig().target_accuracy == 0.95
-    (linked,) = cells(DelayedAveragingConfig(latencies_ms=[5], bandwidth_mbps=100,
-                                             methods=["sync"]))  # fmt: skip
+    (linked,) = cells(
+        DelayedAveragingConfig(latencies_ms=[5], bandwidth_mbps=100, methods=["sync"])
+    )
     assert linked.carry == Link(5.0, 100.0)
     assert linked.carry.network().bandwidth_bps == 100e6
 
@@ -68,8 +75,16 @@ def _per_rank(accs: list[float], times: list[float]) -> list[dict]:
     evals = [
         (10 * (i + 1), t, 1.0 - a, a) for i, (a, t) in enumerate(zip(accs, times, strict=True))
     ]
-    return [{"evals": evals, "losses": [1.0], "train_time_s": times[-1] + r, "waited_s": 0.1 * r,
-             "simulated_s": 2.0} for r in range(4)]  # fmt: skip
+    return [
+        {
+            "evals": evals,
+            "losses": [1.0],
+            "train_time_s": times[-1] + r,
+            "waited_s": 0.1 * r,
+            "simulated_s": 2.0,
+        }
+        for r in range(4)
+    ]
 
 
 def test_row_takes_the_first_evaluation_at_or_above_the_target():
@@ -94,10 +109,20 @@ def _frame(sync_time: float, dga_time: float) -> pd.DataFrame:
     for cell in cells(cfg):
         slow = cell.key["method"] == "sync" and cell.key["latency_ms"] > 0
         t = sync_time if slow else dga_time
-        rows.append({**to_row(cfg, cell, _per_rank([0.9, 0.96], [t / 2, t])), "status": "ok",
-                     "error": "", "git_sha": "abc", "torch_version": "2.13.0",
-                     "backend": "gloo", "device": "cpu", "host": "h", "host_cores": 2,
-                     "timestamp": "2026-01-01T00:00:00"})  # fmt: skip
+        rows.append(
+            {
+                **to_row(cfg, cell, _per_rank([0.9, 0.96], [t / 2, t])),
+                "status": "ok",
+                "error": "",
+                "git_sha": "abc",
+                "torch_version": "2.13.0",
+                "backend": "gloo",
+                "device": "cpu",
+                "host": "h",
+                "host_cores": 2,
+                "timestamp": "2026-01-01T00:00:00",
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -48,8 +48,15 @@ def test_timed_is_per_call_on_a_one_rank_group():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         calls = []
-        out = profile.timed(lambda: calls.append(1), device="cpu", warmup=1, repeats=3,
-                            window_s=0.001, max_iters=5, per_call=4)  # fmt: skip
+        out = profile.timed(
+            lambda: calls.append(1),
+            device="cpu",
+            warmup=1,
+            repeats=3,
+            window_s=0.001,
+            max_iters=5,
+            per_call=4,
+        )
     finally:
         dist.destroy_process_group()
     assert out["seconds"] > 0 and out["fastest_s"] <= out["seconds"]
@@ -67,24 +74,49 @@ def test_the_ring_fit_recovers_alpha_and_beta_past_one_outlying_size():
 
 
 def test_cells_run_the_device_first_then_each_ring_size_n_ascending():
-    cfg = DeviceProfileConfig(gemm_shapes=[[8, 8, 8]], world_sizes=[3, 2],
-                              message_bytes=[4096, 8192], dtype="bfloat16")  # fmt: skip
+    cfg = DeviceProfileConfig(
+        gemm_shapes=[[8, 8, 8]], world_sizes=[3, 2], message_bytes=[4096, 8192], dtype="bfloat16"
+    )
     got = [(c.world_size, c.key["measurement"], c.key["dtype"]) for c in cells(cfg)]
-    assert got[:4] == [(1, "gemm", "fp32"), (1, "gemm", "bf16"), (1, "copy", "fp32"),
-                       (1, "launch", "fp32")]  # fmt: skip
+    assert got[:4] == [
+        (1, "gemm", "fp32"),
+        (1, "gemm", "bf16"),
+        (1, "copy", "fp32"),
+        (1, "launch", "fp32"),
+    ]
     assert [w for w, *_ in got[4:]] == [2, 2, 3, 3] and {d for *_, d in got[4:]} == {"bf16"}
 
 
 def _rows(host: str = "testhost") -> pd.DataFrame:
     """A profile's ok rows, as results.csv holds them, with known numbers."""
-    meta = {"status": "ok", "host": host, "timestamp": "2026-11-28T12:00:00+00:00",
-            "profiled_device": "cpu: test", "device_kind": "cpu", "threads": 1,
-            "devices_per_node": 2, "device_memory_bytes": 8e9, "wrong": 0}  # fmt: skip
+    meta = {
+        "status": "ok",
+        "host": host,
+        "timestamp": "2026-11-28T12:00:00+00:00",
+        "profiled_device": "cpu: test",
+        "device_kind": "cpu",
+        "threads": 1,
+        "devices_per_node": 2,
+        "device_memory_bytes": 8e9,
+        "wrong": 0,
+    }
     out = []
     for (dtype, n), rate in GEMMS.items():
-        out.append({"measurement": "gemm", "dtype": dtype, "m": n, "n": n, "k": n,
-                    "world_size": 1, "message_bytes": 0, "flops": 2.0 * n**3,
-                    "flop_rate": rate, "time_s": 2.0 * n**3 / rate, **meta})  # fmt: skip
+        out.append(
+            {
+                "measurement": "gemm",
+                "dtype": dtype,
+                "m": n,
+                "n": n,
+                "k": n,
+                "world_size": 1,
+                "message_bytes": 0,
+                "flops": 2.0 * n**3,
+                "flop_rate": rate,
+                "time_s": 2.0 * n**3 / rate,
+                **meta,
+            }
+        )
     out.append(
         {
             "measurement": "copy",
@@ -96,8 +128,16 @@ def _rows(host: str = "testhost") -> pd.DataFrame:
             **meta,
         }
     )
-    out.append({"measurement": "launch", "dtype": "fp32", "world_size": 1, "message_bytes": 0,
-                "time_s": 3e-6, **meta})  # fmt: skip
+    out.append(
+        {
+            "measurement": "launch",
+            "dtype": "fp32",
+            "world_size": 1,
+            "message_bytes": 0,
+            "time_s": 3e-6,
+            **meta,
+        }
+    )
     for size in (4096, 65536, 2**20, 2**24):
         out.append(
             {
@@ -147,8 +187,7 @@ def test_a_preset_file_goes_wherever_a_preset_name_goes(tmp_path):
     the preset the profile writes, and any preset written to a file, is the same cluster."""
     experiments()["device_profile"].report_on(_rows(), tmp_path, None)
     host = str(tmp_path / "hardware.yaml")
-    cfg = AutoParallelConfig(model={"preset": "small_gpt"}, hardware=host, gpus=[2],
-                             global_batch=8)  # fmt: skip
+    cfg = AutoParallelConfig(model={"preset": "small_gpt"}, hardware=host, gpus=[2], global_batch=8)
     assert cfg.cluster() == load_hardware(host) and cfg.cluster().peak("bf16") == 20e9
     a100 = str(dump_hardware(HARDWARE["a100_80gb"], tmp_path / "a100.yaml"))
     assert AutoParallelConfig(hardware=a100).cluster() == HARDWARE["a100_80gb"]

@@ -58,8 +58,14 @@ TIMEOUT_S = 4.0
 REPORT_FILES = {"results.csv", "report.md", "headline.json"}
 
 
-def start(tmp: Path, cells: list[str], *, name: str = "run", timeout_s: float = TIMEOUT_S,
-          report_dir: Path | None = None) -> tuple[subprocess.Popen, Path, Path]:  # fmt: skip
+def start(
+    tmp: Path,
+    cells: list[str],
+    *,
+    name: str = "run",
+    timeout_s: float = TIMEOUT_S,
+    report_dir: Path | None = None,
+) -> tuple[subprocess.Popen, Path, Path]:
     """A grid in its own process (`python -m tests.runner_cells`), with a private TMPDIR
     so that whatever it leaves behind there can be seen."""
     markers, scratch = tmp / f"{name}-markers", tmp / f"{name}-tmp"
@@ -113,8 +119,13 @@ def test_rank_faults_fail_their_cell_and_the_run(tmp_path):
     report_dir = tmp_path / "report"
     assert code == 1, output
     assert "runner_faults: 2 ok, 2 failed, 1 wrong" in output
-    assert statuses(report_dir) == {"a": "ok", "k": "failed", "s": "failed", "w": "wrong",
-                                    "b": "ok"}  # fmt: skip
+    assert statuses(report_dir) == {
+        "a": "ok",
+        "k": "failed",
+        "s": "failed",
+        "w": "wrong",
+        "b": "ok",
+    }
     errors = ResultStore(report_dir, ["cell"]).read().set_index("cell")["error"]
     assert "rank 1" in errors["k"] and "-9" in errors["k"], errors["k"]
     assert f"timed out after {TIMEOUT_S:g} s" in errors["s"]
@@ -187,8 +198,14 @@ CORRUPTED = {  # kind -> (results.csv bytes, the line the refusal names, words i
 def run_fake(report_dir: Path, markers: Path, cells: list[str], *, resume=False, setting=0):
     markers.mkdir(parents=True, exist_ok=True)
     cfg = FakeConfig(cells=cells, marker_dir=str(markers), timeout_s=TIMEOUT_S, setting=setting)
-    return run_experiment(fake_experiment(), cfg, report_dir=report_dir, cluster=LOCAL,
-                          resume=resume, wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
+    return run_experiment(
+        fake_experiment(),
+        cfg,
+        report_dir=report_dir,
+        cluster=LOCAL,
+        resume=resume,
+        wandb_cfg=WandbConfig(mode="disabled"),
+    )
 
 
 @pytest.mark.parametrize("kind", list(CORRUPTED))
@@ -210,8 +227,12 @@ def test_a_last_line_cut_at_any_byte_is_never_taken_as_finished(tmp_path):
     # A row's last field is its row_check: wherever the line is cut (a full disk, a copy
     # stopped short), the row is refused, never read as an ok row with a shortened value.
     store = ResultStore(tmp_path, ["cell"])
-    store.write([{"cell": "a", "status": "ok", "time_s": 0.25, "error": ""},
-                 {"cell": "b", "status": "ok", "time_s": 1.5, "error": "none, \"quoted\""}])  # fmt: skip
+    store.write(
+        [
+            {"cell": "a", "status": "ok", "time_s": 0.25, "error": ""},
+            {"cell": "b", "status": "ok", "time_s": 1.5, "error": 'none, "quoted"'},
+        ]
+    )
     data = store.path.read_bytes()
     store.check("runner_faults")  # whole, it passes
     last = data.rstrip(b"\n").rfind(b"\n") + 1
@@ -270,8 +291,15 @@ def _bad_path(tmp: Path, case: str) -> tuple[Path, str]:
     return report_dir, f"{name} is a directory"
 
 
-PATH_CASES = ["under a file", "symlink loop", "name too long", "under /proc",
-              "headline.json a FIFO", "headline.json a directory", "lock file a directory"]  # fmt: skip
+PATH_CASES = [
+    "under a file",
+    "symlink loop",
+    "name too long",
+    "under /proc",
+    "headline.json a FIFO",
+    "headline.json a directory",
+    "lock file a directory",
+]
 
 
 @pytest.mark.parametrize("case", PATH_CASES)
@@ -299,10 +327,20 @@ def test_a_file_system_failing_mid_run_is_one_line(tmp_path, error):
         "runner.run_experiment = full\n"
         "from bench.app import main; main()\n"
     )
-    argv = ["experiment=collectives", "profile=ci", "wandb.mode=disabled",
-            f"report_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", script, *argv], cwd=REPO_ROOT, text=True,
-                          capture_output=True, timeout=120)  # fmt: skip
+    argv = [
+        "experiment=collectives",
+        "profile=ci",
+        "wandb.mode=disabled",
+        f"report_dir={tmp_path}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *argv],
+        cwd=REPO_ROOT,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 1 and "Traceback" not in output, output
     assert f"cannot write {tmp_path}/results.csv" in output and "resume=true" in output, output

@@ -51,16 +51,28 @@ DESIGN = {
     "torch_powersgd": (0.915, None),
     "torch_fp16": (0.949, None),
 }
-QUANTIZER = {"numel": 16384, "draws": 200, "bias_stat": 1.1, "relative_bias": 0.01,
-             "variance": 2.0, "variance_bound": 8.0, "variance_expected": math.nan,
-             "grad_norm2": 4.0}  # fmt: skip
+QUANTIZER = {
+    "numel": 16384,
+    "draws": 200,
+    "bias_stat": 1.1,
+    "relative_bias": 0.01,
+    "variance": 2.0,
+    "variance_bound": 8.0,
+    "variance_expected": math.nan,
+    "grad_norm2": 4.0,
+}
 
 
 def _config() -> GradientCompressionConfig:
     return GradientCompressionConfig(
-        methods=list(DESIGN), ratios=[0.01], ranks=[1], levels=[4], seeds=[0, 1],
-        steps=STEPS, network={"latency_ms": 1, "bandwidth_mbps": 100},
-    )  # fmt: skip
+        methods=list(DESIGN),
+        ratios=[0.01],
+        ranks=[1],
+        levels=[4],
+        seeds=[0, 1],
+        steps=STEPS,
+        network={"latency_ms": 1, "bandwidth_mbps": 100},
+    )
 
 
 def _per_rank(method: str, seed: int, accuracy: float, nbytes: int | None) -> list[dict]:
@@ -96,8 +108,14 @@ def results(tmp_path, design=DESIGN, failed=(("topk", 1),)) -> pd.DataFrame:
     for cell in cells(cfg):
         method, seed = cell.key["method"], cell.key["seed"]
         if (method, seed) in failed:
-            rows.append({**cell.key, "status": "failed",
-                         "error": "RankFailure: rank 2 timed out after 900 s", **METADATA})  # fmt: skip
+            rows.append(
+                {
+                    **cell.key,
+                    "status": "failed",
+                    "error": "RankFailure: rank 2 timed out after 900 s",
+                    **METADATA,
+                }
+            )
             continue
         accuracy, nbytes = design[method]
         accuracy += 0.005 if seed == 0 else -0.005
@@ -123,8 +141,9 @@ def written(tmp_path_factory):
 def _table(text: str, header: str) -> dict[str, list[dict[str, str]]]:
     """The first markdown table with a column `header`: first cell -> its rows."""
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines)
-                 if line.startswith("|") and f" {header} " in line)  # fmt: skip
+    start = next(
+        i for i, line in enumerate(lines) if line.startswith("|") and f" {header} " in line
+    )
     headers = [h.strip() for h in lines[start].strip("|").split("|")]
     rows = {}
     for line in lines[start + 2 :]:
@@ -155,8 +174,10 @@ def test_topk_within_target_is_reported_with_the_frames_numbers(written):
     assert top["bytes_per_step"] == pytest.approx(100)
     assert top["compression_ratio"] == pytest.approx(60)
     assert headline["done_when"]["topk_noef_1pct_points_vs_dp"] == pytest.approx(-5.0)
-    assert ("94.50% against DP's 95.00% (-0.50 points) with 60.00× fewer bytes per step "
-            "(100 B against 5.86 KiB)") in text  # fmt: skip
+    assert (
+        "94.50% against DP's 95.00% (-0.50 points) with 60.00× fewer bytes per step "
+        "(100 B against 5.86 KiB)"
+    ) in text
     assert "within 1 point with ≥ 50× fewer bytes." in text and "**outside**" not in text
     assert "Without error feedback the same density gives -5.00 points." in text
     # Issue #6's two halves are targets, judged on each seed's Top-K 1% + EF cell.
@@ -174,9 +195,11 @@ def test_topk_within_target_is_reported_with_the_frames_numbers(written):
 
 @pytest.mark.parametrize(
     "topk, measured",
-    [((0.93, 100), ("-2.00", "60.00×")),  # 2 points below DP
-     ((0.945, 150), ("-0.50", "40.00×"))],  # close enough, but only 40× fewer bytes
-)  # fmt: skip
+    [
+        ((0.93, 100), ("-2.00", "60.00×")),  # 2 points below DP
+        ((0.945, 150), ("-0.50", "40.00×")),
+    ],  # close enough, but only 40× fewer bytes
+)
 def test_topk_outside_target_says_so(tmp_path, topk, measured):
     headline, text, _ = _write(tmp_path, design={**DESIGN, "topk": topk}, failed=())
     assert "**outside** the issue's target" in text
@@ -218,11 +241,16 @@ def test_torch_rows_show_no_bytes_and_our_rows_show_the_counted_ones(written):
 def test_torch_section_and_quantizer_bounds_come_from_the_frame(written):
     headline, text, _ = written
     (hook,) = headline["torch_hooks"][:1]
-    assert (hook["ours"], hook["torch"], hook["setting"]) == ("powersgd", "torch_powersgd",
-                                                             "rank=1")  # fmt: skip
+    assert (hook["ours"], hook["torch"], hook["setting"]) == (
+        "powersgd",
+        "torch_powersgd",
+        "rank=1",
+    )
     assert hook["diff"] == pytest.approx(0.005)
     assert {(h["ours"], h["torch"]) for h in headline["torch_hooks"]} == {
-        ("powersgd", "torch_powersgd"), ("fp16", "torch_fp16")}  # fmt: skip
+        ("powersgd", "torch_powersgd"),
+        ("fp16", "torch_fp16"),
+    }
     # DP's seed-to-seed spread: the sample sd of 0.955 and 0.945.
     assert f"{100 * np.std([0.955, 0.945], ddof=1):.2f} points" in text
     quant = {(q["method"], q["seed"]): q for q in headline["quantizers"]}
@@ -231,8 +259,10 @@ def test_torch_section_and_quantizer_bounds_come_from_the_frame(written):
     assert quant[("qsgd", 0)]["bound"] == pytest.approx(8.0)
     assert "Lemma 3.1" in text
     rows = _table(text, "measured ÷ bound")
-    assert sorted((name, len(r)) for name, r in rows.items()) == [("QSGD (levels=4)", 2),
-                                                                 ("TernGrad", 2)]  # fmt: skip
+    assert sorted((name, len(r)) for name, r in rows.items()) == [
+        ("QSGD (levels=4)", 2),
+        ("TernGrad", 2),
+    ]
     for row in rows["QSGD (levels=4)"] + rows["TernGrad"]:
         assert float(row["measured ÷ bound"]) == 0.25  # 2 / 8
 
@@ -240,8 +270,14 @@ def test_torch_section_and_quantizer_bounds_come_from_the_frame(written):
 def test_a_failed_cell_is_listed(tmp_path):
     headline, text, _ = _write(tmp_path)  # topk seed 1 failed
     assert headline["failed_cells"] == 1
-    assert headline["failures"] == [{"method": "topk", "setting": "density=0.01", "seed": 1,
-                                     "error": "RankFailure: rank 2 timed out after 900 s"}]  # fmt: skip
+    assert headline["failures"] == [
+        {
+            "method": "topk",
+            "setting": "density=0.01",
+            "seed": 1,
+            "error": "RankFailure: rank 2 timed out after 900 s",
+        }
+    ]
     assert "## Failed cells (1)" in text and "timed out after 900 s" in text
     # The verdict then rests on seed 0 alone: 95.0 vs 95.5.
     assert headline["done_when"]["topk_1pct"]["points_vs_dp"] == pytest.approx(-0.5)
@@ -287,23 +323,39 @@ def test_add_baseline_divides_dp_bytes_by_the_method_bytes_of_the_same_seed():
 
 
 def test_add_baseline_is_nan_without_a_dp_row_or_with_a_failed_one():
-    no_dp = add_baseline(_frame(method=["topk", "qsgd"], seed=[0, 0], status=["ok", "ok"],
-                                final_accuracy=[0.9, 0.8], bytes_per_step=[100.0, 400.0]))  # fmt: skip
+    no_dp = add_baseline(
+        _frame(
+            method=["topk", "qsgd"],
+            seed=[0, 0],
+            status=["ok", "ok"],
+            final_accuracy=[0.9, 0.8],
+            bytes_per_step=[100.0, 400.0],
+        )
+    )
     for column in ("baseline_accuracy", "baseline_bytes_per_step", "compression_ratio"):
         assert no_dp[column].isna().all(), column
-    failed_dp = add_baseline(_frame(
-        method=["dp", "topk", "dp", "topk"], seed=[0, 0, 1, 1],
-        status=["ok", "ok", "failed", "ok"],
-        final_accuracy=[0.95, 0.94, math.nan, 0.93],
-        bytes_per_step=[6000.0, 100.0, math.nan, 80.0],
-    ))  # fmt: skip
+    failed_dp = add_baseline(
+        _frame(
+            method=["dp", "topk", "dp", "topk"],
+            seed=[0, 0, 1, 1],
+            status=["ok", "ok", "failed", "ok"],
+            final_accuracy=[0.95, 0.94, math.nan, 0.93],
+            bytes_per_step=[6000.0, 100.0, math.nan, 80.0],
+        )
+    )
     assert failed_dp["compression_ratio"].iloc[1] == 60.0
     assert failed_dp[failed_dp["seed"] == 1]["compression_ratio"].isna().all()
     assert failed_dp[failed_dp["seed"] == 1]["baseline_accuracy"].isna().all()
 
 
 def test_add_baseline_without_a_status_column_counts_every_row_as_ok():
-    out = add_baseline(_frame(method=["dp", "topk"], seed=[3, 3], final_accuracy=[0.9, 0.8],
-                              bytes_per_step=[500.0, 50.0]))  # fmt: skip
+    out = add_baseline(
+        _frame(
+            method=["dp", "topk"],
+            seed=[3, 3],
+            final_accuracy=[0.9, 0.8],
+            bytes_per_step=[500.0, 50.0],
+        )
+    )
     assert out["compression_ratio"].tolist() == [1.0, 10.0]
     assert out["baseline_accuracy"].tolist() == [0.9, 0.9]

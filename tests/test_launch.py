@@ -327,8 +327,13 @@ def test_sigterm_to_the_whole_process_group_leaves_nothing() -> None:
         pool.run(time.sleep, 60)
         """
     )
-    grid = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, text=True,
-                            stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    grid = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO_ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     *rank_pids, run_dir = grid.stdout.readline().split()
     time.sleep(1.0)  # both ranks are inside time.sleep
     os.killpg(grid.pid, signal.SIGTERM)

@@ -195,14 +195,26 @@ def test_rank_pool_listens_on_loopback_only() -> None:
 def test_local_grid_listens_on_loopback_only(tmp_path: Path) -> None:
     """A real grid through the entry point: the parent, its ranks and any helper process."""
     command = [
-        sys.executable, "-m", "bench", "experiment=collectives", "profile=ci",
-        "world_sizes=[2]", "message_bytes=[4096]", "collectives=[broadcast]", "repeats=1",
-        f"report_dir={tmp_path / 'report'}", "wandb.mode=offline",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "bench",
+        "experiment=collectives",
+        "profile=ci",
+        "world_sizes=[2]",
+        "message_bytes=[4096]",
+        "collectives=[broadcast]",
+        "repeats=1",
+        f"report_dir={tmp_path / 'report'}",
+        "wandb.mode=offline",
+    ]
     grid = subprocess.Popen(
-        command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        command,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     with Sampler(grid.pid) as sampler:
         output, _ = grid.communicate(timeout=300)
     assert grid.returncode == 0, output[-3000:]

@@ -26,8 +26,19 @@ from bench.experiments.max_model_size import report
 from bench.experiments.max_model_size.experiment import EXPERIMENT, cells, to_row
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REQUIRED = ["stage", "gpu_memory_gb", "dp", "mp", "max_params", "params", "per_device_gb",
-            "param_bytes", "grad_bytes", "optim_bytes", "model_state_bytes"]  # fmt: skip
+REQUIRED = [
+    "stage",
+    "gpu_memory_gb",
+    "dp",
+    "mp",
+    "max_params",
+    "params",
+    "per_device_gb",
+    "param_bytes",
+    "grad_bytes",
+    "optim_bytes",
+    "model_state_bytes",
+]
 
 
 def _frame(**overrides) -> pd.DataFrame:
@@ -173,8 +184,16 @@ def test_figure1_values_come_from_the_runs_psi(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fill", [0.0, float("nan")], ids=["zero", "nan"])
 def test_report_on_zero_or_nan_figures(tmp_path: Path, fill: float) -> None:
     frame = _frame()
-    for column in ("max_params", "max_params_billions", "per_device_gb", "param_bytes",
-                   "grad_bytes", "optim_bytes", "model_state_bytes", "fits"):  # fmt: skip
+    for column in (
+        "max_params",
+        "max_params_billions",
+        "per_device_gb",
+        "param_bytes",
+        "grad_bytes",
+        "optim_bytes",
+        "model_state_bytes",
+        "fits",
+    ):
         frame[column] = fill
     headline = write(frame, tmp_path)
     assert headline["lecture_reproduced"] is not True
@@ -183,11 +202,19 @@ def test_report_on_zero_or_nan_figures(tmp_path: Path, fill: float) -> None:
 
 def _bench(tmp: Path, name: str, *overrides: str) -> tuple[int, str, Path]:
     report_dir = tmp / name / "max_model_size"
-    command = [sys.executable, "-m", "bench", "experiment=max_model_size", *overrides,
-               f"report_dir={report_dir}", f"hydra.run.dir={tmp / name / 'hydra'}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "experiment=max_model_size",
+        *overrides,
+        f"report_dir={report_dir}",
+        f"hydra.run.dir={tmp / name / 'hydra'}",
+    ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     return done.returncode, done.stdout + done.stderr, report_dir
 
 
@@ -195,8 +222,14 @@ def _bench(tmp: Path, name: str, *overrides: str) -> tuple[int, str, Path]:
 def test_cli_runs_and_refuses_bad_input(tmp_path: Path) -> None:
     """End to end through Hydra and the runner's one-rank pool, and one refusal."""
     with ThreadPoolExecutor(max_workers=2) as pool:
-        good = pool.submit(_bench, tmp_path, "good", "wandb.mode=disabled", "dp=[1,64,1024]",
-                           "bytes_per_param.optimizer=12")  # fmt: skip
+        good = pool.submit(
+            _bench,
+            tmp_path,
+            "good",
+            "wandb.mode=disabled",
+            "dp=[1,64,1024]",
+            "bytes_per_param.optimizer=12",
+        )
         bad = pool.submit(_bench, tmp_path, "bad", "gpu_memory_gb=[-80]")
         (code, output, out), (bad_code, bad_output, bad_out) = good.result(), bad.result()
     assert code == 0, output[-3000:]

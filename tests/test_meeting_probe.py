@@ -28,9 +28,12 @@ def test_measure_times_a_call_after_compute_and_back_to_back():
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"world_size": 1}, "world_size=1"), ({"segment_s": 0.0}, "segment_s=0.0"),
-     ({"rounds": 0}, "rounds=0")],
-)  # fmt: skip
+    [
+        ({"world_size": 1}, "world_size=1"),
+        ({"segment_s": 0.0}, "segment_s=0.0"),
+        ({"rounds": 0}, "rounds=0"),
+    ],
+)
 def test_bad_settings_are_refused_naming_them(kwargs, match):
     with pytest.raises(ValueError, match=match):  # before any process starts
         meeting.measure(**{"world_size": 2, "rounds": 1, "per_round": 1, **kwargs})

@@ -68,7 +68,7 @@ def test_registered():
         ({"timeout_s": 0}, ["timeout_s"]),
         ({"paired": "yes"}, ["paired", "true or false"]),
     ],
-)  # fmt: skip
+)
 def test_bad_config_is_refused_naming_the_key(values, needles):
     if not needles:
         parse_config(EXPERIMENT, {"model": TINY, **values})
@@ -81,8 +81,15 @@ def test_bad_config_is_refused_naming_the_key(values, needles):
 
 def test_cli_refuses_a_negative_latency_before_any_rank_starts(tmp_path):
     out = tmp_path / "report"
-    cmd = [sys.executable, "-m", "bench", "experiment=overlap", f"report_dir={out}",
-           "wandb.mode=disabled", "networks=[null,{latency_ms:-1}]"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "experiment=overlap",
+        f"report_dir={out}",
+        "wandb.mode=disabled",
+        "networks=[null,{latency_ms:-1}]",
+    ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "latency_ms=-1" in proc.stdout + proc.stderr
@@ -97,8 +104,12 @@ def test_network_labels():
 
 
 def test_grid_pairs_serial_before_overlapped_per_network_and_cap():
-    cfg = OverlapConfig(bucket_caps_bytes=[8192, 1024], overlap=[True, False],
-                        networks=[None, {"latency_ms": 1}], model=TINY)  # fmt: skip
+    cfg = OverlapConfig(
+        bucket_caps_bytes=[8192, 1024],
+        overlap=[True, False],
+        networks=[None, {"latency_ms": 1}],
+        model=TINY,
+    )
     keys = [tuple(c.key.values()) for c in cells(cfg)]
     assert keys == [
         (net, cap, flag)
@@ -111,8 +122,11 @@ def test_grid_pairs_serial_before_overlapped_per_network_and_cap():
     assert grid[4].carry == Plan(network={"latency_ms": 1}, sides=(False, True))
     assert grid[3].carry == Plan(network=None, sides=(True, False))  # its twin: serial
     assert grid[3].carry.paired
-    single = cells(OverlapConfig(bucket_caps_bytes=[1024], overlap=True, networks=[None],
-                                 paired=False, model=TINY))  # fmt: skip
+    single = cells(
+        OverlapConfig(
+            bucket_caps_bytes=[1024], overlap=True, networks=[None], paired=False, model=TINY
+        )
+    )
     assert [c.carry for c in single] == [Plan(network=None, sides=(True,))]
 
 
@@ -183,9 +197,11 @@ def _frame() -> pd.DataFrame:
     twins' medians and side-by-side ratios given): 1 MiB overlapped is its fastest. The
     loopback cells did not: speed-up across cells, best at 64 KiB."""
     paired = {  # (cap, overlap): twin's median step, the cell's serial ÷ overlapped
-        (65536, False): (0.200, 1.20), (65536, True): (0.240, 1.10),
-        (1048576, False): (0.130, 1.50), (1048576, True): (0.190, 1.60),
-    }  # fmt: skip
+        (65536, False): (0.200, 1.20),
+        (65536, True): (0.240, 1.10),
+        (1048576, False): (0.130, 1.50),
+        (1048576, True): (0.190, 1.60),
+    }
     rows = []
     times = {  # (network, cap, overlap): step, backward, all-reduce, last bucket, hidden
         ("loopback", 65536, False): (0.100, 0.050, 0.030, 0.005, 0.0),
@@ -199,27 +215,57 @@ def _frame() -> pd.DataFrame:
     }
     for (network, cap, overlap), (step, bwd, ar, last, hidden) in times.items():
         simulated = network != "loopback"
-        rows.append({
-            "network": network, "bucket_cap_bytes": cap, "overlap": overlap,
-            "latency_ms": 0.5 if simulated else 0.0,
-            "bandwidth_mbps": 1000.0 if simulated else math.inf,
-            "world_size": 2, "params": 867072, "grad_bytes": 3468288,
-            "model_d_model": 128, "model_n_layers": 4, "batch_size": 8, "steps": 15,
-            "buckets": 51 if cap == 65536 else 4, "largest_bucket_bytes": cap,
-            "step_time_s": step, "step_time_min_s": step, "forward_s": 0.02,
-            "backward_s": bwd, "rest_s": step - 0.02 - bwd, "allreduce_s": ar,
-            "exposed_sync_s": ar * (1 - hidden), "last_bucket_s": last,
-            "hidden_s": ar * hidden, "hidden_fraction": hidden, "overlapped_steps": 15,
-            "bytes_per_step": 3468288, "rounds_per_step": 102,
-            "simulated_s": 0.03 if simulated else 0.0, "loss": 5.5,
-            "param_digest": "abc" if cap == 65536 else "def", "wrong": 0,
-            "status": "ok", "error": "", "host": "vm", "host_cores": 2,
-            "twin_step_time_s": paired[(cap, overlap)][0] if simulated else math.nan,
-            "paired_speedup": paired[(cap, overlap)][1] if simulated else math.nan,
-            "twin_same_parameters": True if simulated else None,
-        })  # fmt: skip
-    rows.append({"network": "loopback", "bucket_cap_bytes": 26214400, "overlap": True,
-                 "status": "failed", "error": "rank 1: timed out"})  # fmt: skip
+        rows.append(
+            {
+                "network": network,
+                "bucket_cap_bytes": cap,
+                "overlap": overlap,
+                "latency_ms": 0.5 if simulated else 0.0,
+                "bandwidth_mbps": 1000.0 if simulated else math.inf,
+                "world_size": 2,
+                "params": 867072,
+                "grad_bytes": 3468288,
+                "model_d_model": 128,
+                "model_n_layers": 4,
+                "batch_size": 8,
+                "steps": 15,
+                "buckets": 51 if cap == 65536 else 4,
+                "largest_bucket_bytes": cap,
+                "step_time_s": step,
+                "step_time_min_s": step,
+                "forward_s": 0.02,
+                "backward_s": bwd,
+                "rest_s": step - 0.02 - bwd,
+                "allreduce_s": ar,
+                "exposed_sync_s": ar * (1 - hidden),
+                "last_bucket_s": last,
+                "hidden_s": ar * hidden,
+                "hidden_fraction": hidden,
+                "overlapped_steps": 15,
+                "bytes_per_step": 3468288,
+                "rounds_per_step": 102,
+                "simulated_s": 0.03 if simulated else 0.0,
+                "loss": 5.5,
+                "param_digest": "abc" if cap == 65536 else "def",
+                "wrong": 0,
+                "status": "ok",
+                "error": "",
+                "host": "vm",
+                "host_cores": 2,
+                "twin_step_time_s": paired[(cap, overlap)][0] if simulated else math.nan,
+                "paired_speedup": paired[(cap, overlap)][1] if simulated else math.nan,
+                "twin_same_parameters": True if simulated else None,
+            }
+        )
+    rows.append(
+        {
+            "network": "loopback",
+            "bucket_cap_bytes": 26214400,
+            "overlap": True,
+            "status": "failed",
+            "error": "rank 1: timed out",
+        }
+    )
     return pd.DataFrame(rows)
 
 
@@ -245,8 +291,7 @@ def test_pairs_give_speedup_and_the_ideal_derived_from_the_serial_cell():
 
 def test_report_on_a_synthetic_frame(tmp_path):
     headline = write_report(_frame(), tmp_path)
-    for name in ("report.md", "headline.json", "step_time_vs_bucket.png",
-                 "hidden_fraction.png"):  # fmt: skip
+    for name in ("report.md", "headline.json", "step_time_vs_bucket.png", "hidden_fraction.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert json.loads((tmp_path / "headline.json").read_text()) == headline
     best = headline["best_per_network"]
@@ -266,8 +311,16 @@ def test_report_on_a_synthetic_frame(tmp_path):
     assert "Li et al., VLDB 2020" in speed["source"]
     report = (tmp_path / "report.md").read_text()
     # "0.98×": the loopback 1 MiB pair's speed-up across cells (0.110 / 0.112), from rows.
-    for needle in ("0.98×", "uses no CPU", "1.55×", "Failed cells (1)", "timed out",
-                   "4 of 4 pairs", "cell's own in 4 of 4", "separate cells"):  # fmt: skip
+    for needle in (
+        "0.98×",
+        "uses no CPU",
+        "1.55×",
+        "Failed cells (1)",
+        "timed out",
+        "4 of 4 pairs",
+        "cell's own in 4 of 4",
+        "separate cells",
+    ):
         assert needle in report, needle
     assert "zero_memory" not in report  # another report's figure is not this report's
     # Issue #4's target: every cap with several buckets on the simulated link, both here.
@@ -302,12 +355,26 @@ def test_tiny_grid_end_to_end(tmp_path):
     whose backward lasts long enough (milliseconds) for the communication thread to be
     scheduled while it runs, on a busy host too."""
     model = {**TINY, "d_model": 64, "seq_len": 32}
-    cfg = parse_config(EXPERIMENT, {
-        "bucket_caps_bytes": [4096, 65536], "networks": [{"latency_ms": 2.0}],
-        "model": model, "batch_size": 8, "warmup": 1, "repeats": 2, "timeout_s": 120,
-    })  # fmt: skip
-    df = run_experiment(EXPERIMENT, cfg, report_dir=tmp_path, cluster=LOCAL, resume=False,
-                        wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
+    cfg = parse_config(
+        EXPERIMENT,
+        {
+            "bucket_caps_bytes": [4096, 65536],
+            "networks": [{"latency_ms": 2.0}],
+            "model": model,
+            "batch_size": 8,
+            "warmup": 1,
+            "repeats": 2,
+            "timeout_s": 120,
+        },
+    )
+    df = run_experiment(
+        EXPERIMENT,
+        cfg,
+        report_dir=tmp_path,
+        cluster=LOCAL,
+        resume=False,
+        wandb_cfg=WandbConfig(mode="disabled"),
+    )
     assert len(df) == 4 and (df["status"] == "ok").all(), df.get("error")
     assert (df["wrong"] == 0).all()
     assert df["param_digest"].nunique() == 1  # N = 2: every cell sums the same pairs
@@ -320,8 +387,13 @@ def test_tiny_grid_end_to_end(tmp_path):
     assert (on["overlapped_steps"] >= 1).all()
     assert df["paired_speedup"].gt(0).all() and df["twin_same_parameters"].all()
     assert (off["hidden_fraction"] == 0).all() and (off["overlapped_steps"] == 0).all()
-    for name in ("results.csv", "report.md", "headline.json", "step_time_vs_bucket.png",
-                 "hidden_fraction.png"):  # fmt: skip
+    for name in (
+        "results.csv",
+        "report.md",
+        "headline.json",
+        "step_time_vs_bucket.png",
+        "hidden_fraction.png",
+    ):
         assert (tmp_path / name).stat().st_size > 0, name
     headline = json.loads((tmp_path / "headline.json").read_text())
     assert headline["wrong_total"] == 0 and headline["pairs_bitwise_equal"] == 2

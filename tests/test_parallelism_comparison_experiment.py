@@ -27,8 +27,7 @@ from bench.experiments.parallelism_comparison.experiment import (
 from bench.experiments.parallelism_comparison.ranks import run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TINY = {"d_model": 32, "n_layers": 4, "n_heads": 4, "seq_len": 16, "vocab_size": 64,
-        "bias": False}  # fmt: skip
+TINY = {"d_model": 32, "n_layers": 4, "n_heads": 4, "seq_len": 16, "vocab_size": 64, "bias": False}
 FOUR = [{"dp": 4}, {"tp": 4}, {"pp": 4}, {"dp": 2, "tp": 2}]
 
 
@@ -64,8 +63,10 @@ def test_schema_defaults_are_the_full_grid():
         ({"model": {**TINY, "d_ff": 30}, "layouts": [{"tp": 4}]}, ["layouts[0]", "d_ff=30"]),
         ({"model": {**TINY, "vocab_size": 30}, "layouts": [{"tp": 4}]}, ["vocab_size=30"]),
         ({"model": {**TINY, "n_layers": 2}, "layouts": [{"pp": 4}]}, ["pp=4", "n_layers=2"]),
-        ({"batch_size": 8, "layouts": [{"dp": 4}]},
-         ["layouts[0]", "batch_size=8", "dp × microbatches = 4 × 4 = 16"]),
+        (
+            {"batch_size": 8, "layouts": [{"dp": 4}]},
+            ["layouts[0]", "batch_size=8", "dp × microbatches = 4 × 4 = 16"],
+        ),
         ({"layouts": [{"sp": 4}]}, ["layouts[0]", "sp", "dp, pp, tp"]),
         ({"layouts": [{"dp": 4, "tp": 0}]}, ["layouts[0]", "tp=0"]),
         ({"layouts": []}, ["layouts"]),
@@ -76,7 +77,7 @@ def test_schema_defaults_are_the_full_grid():
         ({"microbatches": 0}, ["microbatches", "≥ 1"]),
         ({"lr": -1.0}, ["lr"]),
     ],
-)  # fmt: skip
+)
 def test_bad_config_is_refused_naming_the_key(values, needles):
     with pytest.raises(ValueError) as error:
         config(**values)
@@ -109,35 +110,69 @@ def test_predicted_traffic_is_the_papers_count():
     forward = (2 * 4 + 1) * act + 4 * 16 + 2 * 4 * 16
     assert predicted_traffic(cfg, tensor, 0, 0)["tp"] == 4 * (forward + 9 * act) * ring4
     assert [predicted_traffic(cfg, pipe, s, 0)["pp"] for s in range(4)] == [
-        4 * act * 4, 8 * act * 4, 8 * act * 4, 4 * act * 4,
-    ]  # fmt: skip
+        4 * act * 4,
+        8 * act * 4,
+        8 * act * 4,
+        4 * act * 4,
+    ]
     assert predicted_traffic(cfg, data, 0, 999) == {"dp": 1000 * ring4, "pp": 0.0, "tp": 0.0}
 
 
 def _action(name: str, cpu: float, tp_rounds: int = 0, round_cpu: float = 0.0) -> dict:
-    return {"action": name, "cpu_s": cpu, "round_cpu_s": round_cpu, "tp_bytes": 0,
-            "tp_rounds": tp_rounds}  # fmt: skip
+    return {
+        "action": name,
+        "cpu_s": cpu,
+        "round_cpu_s": round_cpu,
+        "tp_bytes": 0,
+        "tp_rounds": tp_rounds,
+    }
 
 
 def _traffic(dp=(0, 0), pp=(0, 0), tp=(0, 0)) -> dict:
-    return {axis: {"bytes_sent": b, "rounds": r, "bytes_recv": b, "messages_sent": r,
-                   "messages_recv": r} for axis, (b, r) in {"dp": dp, "pp": pp, "tp": tp}.items()}  # fmt: skip
+    return {
+        axis: {
+            "bytes_sent": b,
+            "rounds": r,
+            "bytes_recv": b,
+            "messages_sent": r,
+            "messages_recv": r,
+        }
+        for axis, (b, r) in {"dp": dp, "pp": pp, "tp": tp}.items()
+    }
 
 
 def _rank(rank: int, stage: int, actions: list[dict], cpu: float, traffic: dict, **extra) -> dict:
     """A rank's result: one profiled step, probes giving α = `alpha` and β = 0."""
     alpha = extra.pop("alpha", 0.0)
-    profile = {"actions": actions, "cpu_s": cpu, "round_cpu_s": extra.pop("round_cpu", 0.0),
-               "traffic": traffic, "pipeline_traffic": {"bytes_sent": 0, "rounds": 0}}  # fmt: skip
+    profile = {
+        "actions": actions,
+        "cpu_s": cpu,
+        "round_cpu_s": extra.pop("round_cpu", 0.0),
+        "traffic": traffic,
+        "pipeline_traffic": {"bytes_sent": 0, "rounds": 0},
+    }
     return {
-        "rank": rank, "coords": {"dp": 0, "pp": stage, "tp": 0}, "params": 1000,
-        "rank_params": 250, "losses": [4.0, 3.9], "reference_losses": [4.0, 3.9],
-        "max_param_diff": 1e-7, "update_error": 1e-6, "grad_error": 1e-7,
+        "rank": rank,
+        "coords": {"dp": 0, "pp": stage, "tp": 0},
+        "params": 1000,
+        "rank_params": 250,
+        "losses": [4.0, 3.9],
+        "reference_losses": [4.0, 3.9],
+        "max_param_diff": 1e-7,
+        "update_error": 1e-6,
+        "grad_error": 1e-7,
         "held": {"params": 1000 + rank, "grads": 1000, "optim": 2000},
-        "traffic": traffic, "peak_activation_bytes": 500 * (4 - stage),
-        "step_times_s": [1.0], "own_s": [1.0], "round_s": [0.25], "median_step_s": 1.0,
-        "tp_call_cpu_s": 0.0, "profile": [profile], "probe_s": [alpha, alpha], **extra,
-    }  # fmt: skip
+        "traffic": traffic,
+        "peak_activation_bytes": 500 * (4 - stage),
+        "step_times_s": [1.0],
+        "own_s": [1.0],
+        "round_s": [0.25],
+        "median_step_s": 1.0,
+        "tp_call_cpu_s": 0.0,
+        "profile": [profile],
+        "probe_s": [alpha, alpha],
+        **extra,
+    }
 
 
 def _pipeline_cell() -> tuple:
@@ -199,8 +234,10 @@ def test_tp_collectives_own_work_counts_as_communication():
     (cell,) = cells(cfg)
     actions = [_action("0F0", 1.3, 6, 0.1), _action("0B0", 2.3, 6, 0.1)]
     traffic = _traffic(tp=(0, 12))
-    per_rank = [_rank(r, 0, actions, 3.6, traffic, alpha=0.05, round_cpu=0.2,
-                      tp_call_cpu_s=0.2) for r in range(4)]  # fmt: skip
+    per_rank = [
+        _rank(r, 0, actions, 3.6, traffic, alpha=0.05, round_cpu=0.2, tp_call_cpu_s=0.2)
+        for r in range(4)
+    ]
     row = to_row(cfg, cell, per_rank)
     # compute 1 + 2 = 3 s; two all-reduces at 0.2 + 6 × 0.05 = 0.5 s each.
     assert row["replayed_step_time_s"] == pytest.approx(4.0)
@@ -224,10 +261,25 @@ def test_a_parameter_gradient_or_loss_off_the_reference_marks_the_row_wrong():
 @pytest.mark.slow
 def test_a_3d_cell_trains_like_one_device_and_counts_what_the_papers_count(ranks8):
     """dp 2 × pp 2 × tp 2 on the 8 pool ranks, a tiny GPT, one step of each kind."""
-    model = {"d_model": 16, "n_layers": 2, "n_heads": 2, "seq_len": 8, "vocab_size": 32,
-             "bias": False}  # fmt: skip
-    cfg = config(world_sizes=[8], layouts=[{"dp": 2, "pp": 2, "tp": 2}], model=model,
-                 batch_size=8, microbatches=2, steps=2, warmup=0, repeats=1, profile_steps=1)  # fmt: skip
+    model = {
+        "d_model": 16,
+        "n_layers": 2,
+        "n_heads": 2,
+        "seq_len": 8,
+        "vocab_size": 32,
+        "bias": False,
+    }
+    cfg = config(
+        world_sizes=[8],
+        layouts=[{"dp": 2, "pp": 2, "tp": 2}],
+        model=model,
+        batch_size=8,
+        microbatches=2,
+        steps=2,
+        warmup=0,
+        repeats=1,
+        profile_steps=1,
+    )
     (cell,) = cells(cfg)
     row = to_row(cfg, cell, ranks8.run(run, cfg, cell))
     assert row["wrong"] == 0 and row["update_error"] < 1e-4, row["update_error"]

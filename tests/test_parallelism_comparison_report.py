@@ -27,8 +27,15 @@ from bench.report.index import write_index
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PSI = 10_000
-METADATA = {"git_sha": "abc1234", "torch_version": "2.13.0", "backend": "gloo", "device": "cpu",
-            "host": "testhost", "host_cores": 2, "timestamp": "2025-01-01T00:00:00"}  # fmt: skip
+METADATA = {
+    "git_sha": "abc1234",
+    "torch_version": "2.13.0",
+    "backend": "gloo",
+    "device": "cpu",
+    "host": "testhost",
+    "host_cores": 2,
+    "timestamp": "2025-01-01T00:00:00",
+}
 # layout -> (util_replayed, comm fraction, util_wall, comm bytes per axis, activations)
 LAYOUTS = {
     "dp4": (0.90, 0.05, 0.70, {"dp": 60_000}, 1000),
@@ -49,34 +56,70 @@ def _row(layout: str, wrong: int = 0) -> dict:
     used = [a for a in degrees if degrees[a] > 1]
     states = 16 * PSI / k * (1.05 if degrees["tp"] > 1 else 1.0)  # TP: replicated LayerNorms
     return {
-        "world_size": n, **degrees, "layout": layout,
+        "world_size": n,
+        **degrees,
+        "layout": layout,
         "strategy": used[0].upper() if len(used) == 1 else f"{len(used)}D",
-        "params": PSI, "n_layers": 4, "d_model": 32, "n_heads": 4, "seq_len": 16,
-        "vocab_size": 64, "batch_size": 16, "microbatches": 4, "schedule": "1f1b", "steps": 2,
-        "loss": 4.1, "loss_error": 0.0, "update_error": 1e-6, "grad_error": 1e-7, "max_param_diff": 2e-7,
-        "wrong": wrong, "step_time_s": 0.05, "util_wall": wall,
+        "params": PSI,
+        "n_layers": 4,
+        "d_model": 32,
+        "n_heads": 4,
+        "seq_len": 16,
+        "vocab_size": 64,
+        "batch_size": 16,
+        "microbatches": 4,
+        "schedule": "1f1b",
+        "steps": 2,
+        "loss": 4.1,
+        "loss_error": 0.0,
+        "update_error": 1e-6,
+        "grad_error": 1e-7,
+        "max_param_diff": 2e-7,
+        "wrong": wrong,
+        "step_time_s": 0.05,
+        "util_wall": wall,
         "util_theory": 4 / (4 + degrees["pp"] - 1),
-        "param_bytes": states / 4, "grad_bytes": states / 4, "optim_bytes": states / 2,
-        "model_state_bytes": states, "model_state_bytes_mean": states,
-        "theory_model_state_bytes": 16 * PSI / k, "activation_peak_bytes": activations,
-        "memory_per_rank_bytes": states + activations, "rank_params_max": PSI / k,
+        "param_bytes": states / 4,
+        "grad_bytes": states / 4,
+        "optim_bytes": states / 2,
+        "model_state_bytes": states,
+        "model_state_bytes_mean": states,
+        "theory_model_state_bytes": 16 * PSI / k,
+        "activation_peak_bytes": activations,
+        "memory_per_rank_bytes": states + activations,
+        "rank_params_max": PSI / k,
         **{f"comm_bytes_{a}": traffic.get(a, 0) for a in ("dp", "pp", "tp")},
         **{f"predicted_comm_bytes_{a}": traffic.get(a, 0) for a in ("dp", "pp", "tp")},
         "comm_bytes_per_step": sum(traffic.values()),
-        "predicted_comm_bytes_per_step": sum(traffic.values()), "comm_rounds_per_step": 6,
-        "util_replayed": util, "comm_fraction_replayed": comm, "replayed_step_time_s": 0.02,
-        "replayed_compute_s": 0.02 * util, "replayed_comm_latency_s": 0.02 * comm * 0.9,
+        "predicted_comm_bytes_per_step": sum(traffic.values()),
+        "comm_rounds_per_step": 6,
+        "util_replayed": util,
+        "comm_fraction_replayed": comm,
+        "replayed_step_time_s": 0.02,
+        "replayed_compute_s": 0.02 * util,
+        "replayed_comm_latency_s": 0.02 * comm * 0.9,
         "replayed_comm_bandwidth_s": 0.02 * comm * 0.1,
-        "link_alpha_s": 1e-4, "link_beta_s_per_byte": 5e-10, "tp_call_cpu_s": 2e-4,
-        "status": "ok", "error": "", **METADATA,
-    }  # fmt: skip
+        "link_alpha_s": 1e-4,
+        "link_beta_s_per_byte": 5e-10,
+        "tp_call_cpu_s": 2e-4,
+        "status": "ok",
+        "error": "",
+        **METADATA,
+    }
 
 
 def results() -> pd.DataFrame:
     rows = [_row(layout) for layout in LAYOUTS]
     failed = {k: np.nan for k in rows[0]}
-    failed.update(world_size=8, dp=8, pp=1, tp=1, status="failed",
-                  error="RankFailure: rank 6 timed out after 900 s", **METADATA)  # fmt: skip
+    failed.update(
+        world_size=8,
+        dp=8,
+        pp=1,
+        tp=1,
+        status="failed",
+        error="RankFailure: rank 6 timed out after 900 s",
+        **METADATA,
+    )
     return pd.DataFrame([*rows, failed])
 
 
@@ -93,8 +136,13 @@ def write(frame: pd.DataFrame, out: Path) -> dict:
 
 def test_files_and_headline_round_trip(report) -> None:
     headline, _, out = report
-    for name in ("report.md", "headline.json", "memory_per_rank.png", "comm_per_step.png",
-                 "utilization.png"):  # fmt: skip
+    for name in (
+        "report.md",
+        "headline.json",
+        "memory_per_rank.png",
+        "comm_per_step.png",
+        "utilization.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     assert json.loads((out / "headline.json").read_text()) == headline
 
@@ -236,6 +284,7 @@ def test_writer_reads_results_only() -> None:
         "bad = sorted(impls() - before)\n"
         "assert not bad, bad\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
-                          text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr

@@ -85,9 +85,12 @@ def test_scalars_are_accepted_as_one_element_grids():
 
 def test_only_the_chosen_micro_batch_counts_are_traced(tmp_path):
     cfg = PipelineUtilizationConfig(
-        schedules=["gpipe", "torch_gpipe"], stages=[2], microbatches=[1, 2, 4],
-        trace_microbatches=[4], trace_dir=str(tmp_path),
-    )  # fmt: skip
+        schedules=["gpipe", "torch_gpipe"],
+        stages=[2],
+        microbatches=[1, 2, 4],
+        trace_microbatches=[4],
+        trace_dir=str(tmp_path),
+    )
     traced = {(c.key["schedule"], c.key["microbatches"]) for c in cells(cfg) if c.carry.trace}
     assert traced == {("gpipe", 4)}  # torch's schedule records no per-action timeline
 
@@ -173,9 +176,15 @@ def _gpipe_2x2(tmp_path: Path, **overrides) -> tuple:
     """A traced, paired GPipe P=2, M=2 cell and its ranks' results: F = 1, B = 2 in the
     isolated profiling steps, rank 1's B slowed to 4 by a neighbour inside the timed ones."""
     cfg = PipelineUtilizationConfig(
-        schedules=["gpipe"], stages=[2], microbatches=[2], repeats=2, batch_size=4,
-        trace_microbatches=[2], **TINY, **overrides,
-    )  # fmt: skip
+        schedules=["gpipe"],
+        stages=[2],
+        microbatches=[2],
+        repeats=2,
+        batch_size=4,
+        trace_microbatches=[2],
+        **TINY,
+        **overrides,
+    )
     (cell,) = cells(cfg)
     plan = build_plan("gpipe", 2, 2)
     per_rank = [
@@ -248,10 +257,15 @@ def test_torch_row_leaves_what_it_cannot_observe_empty():
     )
     (cell,) = cells(cfg)
     per_rank = [
-        {"rank": r, "step_times_s": [0.3], "loss": 2.0 if r else None, "reference_loss": 2.0,
-         "grad_error": 0.0}
+        {
+            "rank": r,
+            "step_times_s": [0.3],
+            "loss": 2.0 if r else None,
+            "reference_loss": 2.0,
+            "grad_error": 0.0,
+        }
         for r in (0, 1)
-    ]  # fmt: skip
+    ]
     row = to_row(cfg, cell, per_rank)
     assert row["impl"] == "torch" and row["step_time_s"] == 0.3 and row["loss"] == 2.0
     assert row["wrong"] == 0
@@ -269,8 +283,15 @@ def _run_bench(tmp: Path, overrides: list[str], timeout: float) -> tuple[int | N
     ]
     env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
     try:
-        done = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=timeout)  # fmt: skip
+        done = subprocess.run(
+            command,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired as expired:
         return None, f"still running after {timeout} s:\n{expired.output or ''}"
     return done.returncode, done.stdout
@@ -282,16 +303,18 @@ CLI_REFUSALS = [
     (
         ["schedules=[interleaved_1f1b]", "stages=4", "microbatches=[2,6]", "batch_size=12"],
         ["bad config", "microbatches=[2, 6]", "divisible by stages=4"],
-    ),  # fmt: skip
+    ),
 ]
 
 
 def test_command_line_refuses_before_any_rank_starts(tmp_path):
     with ThreadPoolExecutor(max_workers=2) as pool:
-        outcomes = list(pool.map(
-            lambda i: _run_bench(tmp_path / str(i), CLI_REFUSALS[i][0], timeout=60),
-            range(len(CLI_REFUSALS)),
-        ))  # fmt: skip
+        outcomes = list(
+            pool.map(
+                lambda i: _run_bench(tmp_path / str(i), CLI_REFUSALS[i][0], timeout=60),
+                range(len(CLI_REFUSALS)),
+            )
+        )
     for i, ((code, output), (_, needles)) in enumerate(zip(outcomes, CLI_REFUSALS, strict=True)):
         assert code not in (0, None), output
         for needle in needles:
@@ -306,11 +329,15 @@ def test_small_run_end_to_end(tmp_path):
     distbench (ZB-V's V placement included) and torch, traces, plots, a headline; and one loss for every row (same
     weights, same batch), distbench's and torch's alike."""
     overrides = [
-        "schedules=[naive,gpipe,1f1b,zero_bubble_v,torch_gpipe,torch_1f1b]", "stages=[2]",
-        "microbatches=[1,2]", "batch_size=4", "repeats=1", "trace_microbatches=[1,2]",
+        "schedules=[naive,gpipe,1f1b,zero_bubble_v,torch_gpipe,torch_1f1b]",
+        "stages=[2]",
+        "microbatches=[1,2]",
+        "batch_size=4",
+        "repeats=1",
+        "trace_microbatches=[1,2]",
         "slicing_pairs=[]",  # the CI grid's pair (M = 8) does not divide this batch
         *(f"{key}={value}" for key, value in TINY.items()),
-    ]  # fmt: skip
+    ]
     code, output = _run_bench(tmp_path, overrides, timeout=300)
     assert code == 0, output[-3000:]
     report = tmp_path / "report"
@@ -327,8 +354,13 @@ def test_small_run_end_to_end(tmp_path):
     ours = df[df["impl"] == "distbench"]
     assert ours["util_replayed"].between(0, 1).all() and ours["util_wall"].between(0, 1).all()
     assert df[df["impl"] == "torch"]["util_replayed"].isna().all()
-    for artefact in ["report.md", "headline.json", "utilization_vs_m.png",
-                     "activation_memory.png", "gantt_naive_vs_gpipe.png"]:  # fmt: skip
+    for artefact in [
+        "report.md",
+        "headline.json",
+        "utilization_vs_m.png",
+        "activation_memory.png",
+        "gantt_naive_vs_gpipe.png",
+    ]:
         assert (report / artefact).stat().st_size > 0, artefact
     for name in ours["trace_file"].dropna():
         assert (report / name).stat().st_size > 0, name
@@ -377,9 +409,13 @@ def test_slicing_pairs_add_both_cuts_measured_once(monkeypatch):
 
     monkeypatch.setattr(pu_slicing, "measure_layer_costs", fake)
     cfg = PipelineUtilizationConfig(
-        schedules=["gpipe"], stages=[3], microbatches=[4], batch_size=4, **TINY,
+        schedules=["gpipe"],
+        stages=[3],
+        microbatches=[4],
+        batch_size=4,
+        **TINY,
         slicing_pairs=[{"schedule": "gpipe", "stages": 3, "microbatches": 4}],
-    )  # fmt: skip
+    )
     grid = cells(cfg)
     assert [c.key["slicing"] for c in grid] == ["equal", "alpa"] and calls == [1]
     equal, alpa = grid
@@ -389,8 +425,11 @@ def test_slicing_pairs_add_both_cuts_measured_once(monkeypatch):
 
 def test_old_rows_without_the_slicing_column_read_as_equal():
     assert [slicing_of(v) for v in (float("nan"), "", "equal", "alpa")] == [
-        "equal", "equal", "equal", "alpa"
-    ]  # fmt: skip
+        "equal",
+        "equal",
+        "equal",
+        "alpa",
+    ]
 
 
 def test_layer_costs_leave_the_untimed_preparation_out():

@@ -24,8 +24,15 @@ from bench.report.index import write_index
 from tests.report_guards import assert_import_loads_none, assert_source_imports_none
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-METADATA = {"git_sha": "abc1234", "torch_version": "2.13.0", "backend": "gloo", "device": "cpu",
-            "host": "testhost", "host_cores": 2, "timestamp": "2026-01-01T00:00:00"}  # fmt: skip
+METADATA = {
+    "git_sha": "abc1234",
+    "torch_version": "2.13.0",
+    "backend": "gloo",
+    "device": "cpu",
+    "host": "testhost",
+    "host_cores": 2,
+    "timestamp": "2026-01-01T00:00:00",
+}
 MICROBATCHES = [1, 2, 4, 8]
 V = 2
 
@@ -67,30 +74,58 @@ def synthetic(stages=(2, 4)) -> pd.DataFrame:
                     continue
                 theory = _theory(schedule, p, m)
                 replayed = 0.98 * (theory if np.isfinite(theory) else m / (m + p - 1))
-                rows.append({
-                    "schedule": schedule, "stages": p, "microbatches": m,
-                    "virtual_stages": V if "interleaved" in schedule else 1, "impl": "distbench",
-                    "util_wall": 0.85 * replayed, "util_replayed": replayed,
-                    "util_theory": theory, "bubble_fraction": 1 - replayed,
-                    "step_time_s": 0.105 * (1 + 1 / m), "replayed_makespan_s": 0.1 / replayed,
-                    "peak_activation_bytes": _inflight(schedule, p, m) * 2**20 / m,
-                    "max_inflight_microbatches": _inflight(schedule, p, m),
-                    "max_inflight_plan": _inflight(schedule, p, m), "loss": 4.2,
-                    "trace_file": "", "spans_file": "", "repeats": 3, "n_layers": 8,
-                    "d_model": 64, "n_heads": 4, "seq_len": 16, "vocab_size": 64,
-                    "batch_size": 8, "status": "ok", "error": "", "world_size": p, **METADATA,
-                    **declared_columns(schedule),  # what the experiment writes from the spec
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "schedule": schedule,
+                        "stages": p,
+                        "microbatches": m,
+                        "virtual_stages": V if "interleaved" in schedule else 1,
+                        "impl": "distbench",
+                        "util_wall": 0.85 * replayed,
+                        "util_replayed": replayed,
+                        "util_theory": theory,
+                        "bubble_fraction": 1 - replayed,
+                        "step_time_s": 0.105 * (1 + 1 / m),
+                        "replayed_makespan_s": 0.1 / replayed,
+                        "peak_activation_bytes": _inflight(schedule, p, m) * 2**20 / m,
+                        "max_inflight_microbatches": _inflight(schedule, p, m),
+                        "max_inflight_plan": _inflight(schedule, p, m),
+                        "loss": 4.2,
+                        "trace_file": "",
+                        "spans_file": "",
+                        "repeats": 3,
+                        "n_layers": 8,
+                        "d_model": 64,
+                        "n_heads": 4,
+                        "seq_len": 16,
+                        "vocab_size": 64,
+                        "batch_size": 8,
+                        "status": "ok",
+                        "error": "",
+                        "world_size": p,
+                        **METADATA,
+                        **declared_columns(schedule),  # what the experiment writes from the spec
+                    }
+                )
         for schedule in ["torch_gpipe", "torch_1f1b", "torch_interleaved_1f1b"]:
             for m in MICROBATCHES:
                 if _applies(schedule, p, m):
-                    rows.append({
-                        "schedule": schedule, "stages": p, "microbatches": m,
-                        "virtual_stages": V if "interleaved" in schedule else 1,
-                        "impl": "torch", "step_time_s": 0.1 * (1 + 1 / m), "loss": 4.2,
-                        "status": "ok", "error": "", "world_size": p, **METADATA,
-                        **declared_columns(schedule),
-                    })  # fmt: skip
+                    rows.append(
+                        {
+                            "schedule": schedule,
+                            "stages": p,
+                            "microbatches": m,
+                            "virtual_stages": V if "interleaved" in schedule else 1,
+                            "impl": "torch",
+                            "step_time_s": 0.1 * (1 + 1 / m),
+                            "loss": 4.2,
+                            "status": "ok",
+                            "error": "",
+                            "world_size": p,
+                            **METADATA,
+                            **declared_columns(schedule),
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -103,7 +138,10 @@ def write_spans(report_dir: Path, df: pd.DataFrame, schedule: str, p: int, m: in
                 rows.append([timeline, r, f"{r}F{k}", r, "F", k, r + k, r + k + 1.0])
                 start = m + p - 1 + 2 * (p - 1 - r) + 2 * k
                 rows.append([timeline, r, f"{r}B{k}", r, "B", k, start, start + 2.0])
-    spans = pd.DataFrame(rows, columns=["timeline", "rank", "action", "stage", "kind", "microbatch", "start_s", "end_s"])  # fmt: skip
+    spans = pd.DataFrame(
+        rows,
+        columns=["timeline", "rank", "action", "stage", "kind", "microbatch", "start_s", "end_s"],
+    )
     name = f"traces/{schedule}_p{p}_m{m}"
     (report_dir / "traces").mkdir(parents=True, exist_ok=True)
     spans.to_csv(report_dir / f"{name}_spans.csv", index=False)
@@ -123,14 +161,25 @@ def traced(tmp_path):
 def test_every_artefact_is_written(traced):
     df, report_dir = traced
     headline = write_report(df, report_dir)
-    for name in ["report.md", "headline.json", "utilization_vs_m.png", "activation_memory.png",
-                 "gantt_naive_vs_gpipe.png"]:  # fmt: skip
+    for name in [
+        "report.md",
+        "headline.json",
+        "utilization_vs_m.png",
+        "activation_memory.png",
+        "gantt_naive_vs_gpipe.png",
+    ]:
         assert (report_dir / name).stat().st_size > 0, name
     assert json.loads((report_dir / "headline.json").read_text()) == headline
     text = (report_dir / "report.md").read_text()
     assert text.index("lecture's figure") < text.index("Utilization against micro-batches")
-    for needle in ["replayed", "wall clock", "Narayanan et al. 2021", "Qi et al. 2024",
-                   "gantt_naive_vs_gpipe.png", "traces/gpipe_p4_m4.json"]:  # fmt: skip
+    for needle in [
+        "replayed",
+        "wall clock",
+        "Narayanan et al. 2021",
+        "Qi et al. 2024",
+        "gantt_naive_vs_gpipe.png",
+        "traces/gpipe_p4_m4.json",
+    ]:
         assert needle in text, needle
 
 
@@ -205,18 +254,38 @@ def test_paired_ratio_is_preferred_to_separate_cells(traced):
     df.loc[gpipe, "step_time_vs_torch"] = 0.9  # the side-by-side ratio, measured in-cell
     df.loc[gpipe, "torch_step_time_s"] = df.loc[gpipe, "step_time_s"] / 0.9
     ratios = write_report(df, report_dir)["step_time_vs_torch"]
-    assert ratios["gpipe"] == {"stages": 2, "ratio": pytest.approx(0.9),
-                               "microbatches": [1, 2, 4, 8], "basis": "paired"}  # fmt: skip
+    assert ratios["gpipe"] == {
+        "stages": 2,
+        "ratio": pytest.approx(0.9),
+        "microbatches": [1, 2, 4, 8],
+        "basis": "paired",
+    }
     assert ratios["1f1b"]["ratio"] == pytest.approx(1.05)  # no paired column: cells
 
 
 def test_failed_cells_are_listed(traced):
     df, report_dir = traced
-    failed = pd.DataFrame([{"schedule": "zero_bubble_h1", "stages": 4, "microbatches": 8,
-                            "virtual_stages": 1, "status": "failed",
-                            "error": "RankFailure: rank 2 timed out"}])  # fmt: skip
-    df = pd.concat([df[~((df["schedule"] == "zero_bubble_h1") & (df["microbatches"] == 8))
-                       & ~((df["schedule"] == "zero_bubble_h1") & (df["stages"] == 2))], failed])  # fmt: skip
+    failed = pd.DataFrame(
+        [
+            {
+                "schedule": "zero_bubble_h1",
+                "stages": 4,
+                "microbatches": 8,
+                "virtual_stages": 1,
+                "status": "failed",
+                "error": "RankFailure: rank 2 timed out",
+            }
+        ]
+    )
+    df = pd.concat(
+        [
+            df[
+                ~((df["schedule"] == "zero_bubble_h1") & (df["microbatches"] == 8))
+                & ~((df["schedule"] == "zero_bubble_h1") & (df["stages"] == 2))
+            ],
+            failed,
+        ]
+    )
     headline = write_report(df, report_dir)
     assert headline["failed_cells"] == 1
     assert headline["failures"][0]["error"] == "RankFailure: rank 2 timed out"
@@ -230,8 +299,18 @@ def test_without_traces_or_cells_the_report_says_so(tmp_path):
     assert headline["figures"][0]["measured"] == "not measured"
     assert not (tmp_path / "gantt_naive_vs_gpipe.png").exists()
     assert "No traced naive/GPipe cell" in (tmp_path / "report.md").read_text()
-    every_failed = pd.DataFrame([{"schedule": "gpipe", "stages": 4, "microbatches": 4,
-                                  "virtual_stages": 1, "status": "failed", "error": "boom"}])  # fmt: skip
+    every_failed = pd.DataFrame(
+        [
+            {
+                "schedule": "gpipe",
+                "stages": 4,
+                "microbatches": 4,
+                "virtual_stages": 1,
+                "status": "failed",
+                "error": "boom",
+            }
+        ]
+    )
     headline = write_report(every_failed, tmp_path / "failed")
     assert headline["failed_cells"] == 1 and (tmp_path / "failed" / "report.md").exists()
 
@@ -252,8 +331,9 @@ REPORT_MODULES = ("report.py", "schedules_report.py", "plots.py", "names.py")
 def test_writer_reads_results_only():
     """The report's modules import no `impls`, and importing them loads no `impls` module
     beyond what the harness's own package already does (`bench.experiments`)."""
-    assert_source_imports_none(FOLDER, REPORT_MODULES, ("impls", "torch"),
-                               (".ranks", ".experiment"))  # fmt: skip
+    assert_source_imports_none(
+        FOLDER, REPORT_MODULES, ("impls", "torch"), (".ranks", ".experiment")
+    )
     assert_import_loads_none("bench.experiments.pipeline_utilization.report", ("impls",))
 
 
@@ -266,8 +346,9 @@ def test_claims_that_do_not_hold_reach_the_index(traced):
     df.loc[zb, "replayed_makespan_s"] = 1.0
     gpipe = (df["schedule"] == "gpipe") & (df["stages"] == 4) & (df["microbatches"] == 8)
     df.loc[gpipe, "util_replayed"] = 0.5  # bound 8/11 = 72.7%
-    failed = {f["claim"]: f["detail"] for f in write_report(df, report_dir)["findings"]
-              if not f["holds"]}  # fmt: skip
+    failed = {
+        f["claim"]: f["detail"] for f in write_report(df, report_dir)["findings"] if not f["holds"]
+    }
     zb_claim = next(c for c in failed if c.startswith("ZB-H1 finishes"))
     assert "P=2, M=4" in failed[zb_claim]
     bound_claim = next(c for c in failed if c.startswith("GPipe reaches its bubble bound"))
@@ -280,8 +361,16 @@ def test_claims_that_do_not_hold_reach_the_index(traced):
 @pytest.mark.parametrize("fill", [0.0, np.nan], ids=["zero", "nan"])
 def test_report_survives_figures_all_zero_or_nan(traced, fill):
     df, report_dir = traced
-    keep = {"schedule", "stages", "microbatches", "virtual_stages", "status", "error", "world_size",
-            "host_cores"}  # fmt: skip
+    keep = {
+        "schedule",
+        "stages",
+        "microbatches",
+        "virtual_stages",
+        "status",
+        "error",
+        "world_size",
+        "host_cores",
+    }
     for column in df.columns:
         if column not in keep and pd.api.types.is_numeric_dtype(df[column]):
             df[column] = fill
@@ -295,9 +384,15 @@ def _with_pair(df: pd.DataFrame, alpa_layers: str, alpa_replayed: float) -> pd.D
     costs = {"embedding_s": 0.1, "block_s": 1.0, "head_s": 0.2}
     df = df.assign(slicing="equal", stage_layers="2/2/2/2")
     equal = (df["schedule"] == "gpipe") & (df["stages"] == 4) & (df["microbatches"] == 4)
-    alpa = df[equal].iloc[0].to_dict() | costs | {
-        "slicing": "alpa", "stage_layers": alpa_layers, "replayed_makespan_s": alpa_replayed,
-    }  # fmt: skip
+    alpa = (
+        df[equal].iloc[0].to_dict()
+        | costs
+        | {
+            "slicing": "alpa",
+            "stage_layers": alpa_layers,
+            "replayed_makespan_s": alpa_replayed,
+        }
+    )
     df.loc[equal, "replayed_makespan_s"] = 1.0
     return pd.concat([df, pd.DataFrame([alpa])], ignore_index=True)
 
@@ -365,13 +460,30 @@ def test_zero_bubble_targets_read_the_1f1b_twin_and_the_worst_stage():
     same P and M; a stage without costs leaves the ratio unjudged rather than flattered."""
     costs = {"0": {"F": 1.0, "B": 2.0}, "1": {"F": 1.0, "B": 2.0}}
     split = {"0": {"F": 1.0, "I": 1.2, "W": 0.8}, "1": {"F": 1.0, "I": 1.4, "W": 0.9}}
-    base = {"stages": 2, "microbatches": 4, "virtual_stages": 1, "slicing": "equal",
-            "status": "ok", "step_time_s": 1.0}  # fmt: skip
-    df = pd.DataFrame([
-        {**base, "schedule": "1f1b", "replayed_makespan_s": 2.0, "stage_costs": json.dumps(costs)},
-        {**base, "schedule": "zero_bubble_h1", "replayed_makespan_s": 1.8,
-         "stage_costs": json.dumps(split)},
-    ])  # fmt: skip
+    base = {
+        "stages": 2,
+        "microbatches": 4,
+        "virtual_stages": 1,
+        "slicing": "equal",
+        "status": "ok",
+        "step_time_s": 1.0,
+    }
+    df = pd.DataFrame(
+        [
+            {
+                **base,
+                "schedule": "1f1b",
+                "replayed_makespan_s": 2.0,
+                "stage_costs": json.dumps(costs),
+            },
+            {
+                **base,
+                "schedule": "zero_bubble_h1",
+                "replayed_makespan_s": 1.8,
+                "stage_costs": json.dumps(split),
+            },
+        ]
+    )
     zb = prepare(df).iloc[1]
     assert zb["m_at_least_p"]  # M = 4 ≥ P = 2: the ZB-H1 target's cells
     assert zb["replayed_vs_1f1b"] == pytest.approx(0.9)
@@ -387,15 +499,32 @@ def test_zero_bubble_ratio_prefers_the_cells_own_paired_twin():
     cell_costs = {"0": {"F": 1.0, "B": 2.0}}
     twin_costs = {"0": {"F": 1.0, "B": 2.5}}
     split = {"0": {"F": 1.0, "I": 1.2, "W": 0.8}}
-    base = {"stages": 2, "microbatches": 4, "virtual_stages": 1, "slicing": "equal",
-            "status": "ok", "step_time_s": 1.0}  # fmt: skip
-    df = pd.DataFrame([
-        {**base, "schedule": "1f1b", "replayed_makespan_s": 1.5,
-         "stage_costs": json.dumps(cell_costs)},
-        {**base, "schedule": "zero_bubble_h1", "replayed_makespan_s": 1.8,
-         "stage_costs": json.dumps(split), "twin_1f1b_replayed_s": 2.0,
-         "twin_1f1b_stage_costs": json.dumps(twin_costs)},
-    ])  # fmt: skip
+    base = {
+        "stages": 2,
+        "microbatches": 4,
+        "virtual_stages": 1,
+        "slicing": "equal",
+        "status": "ok",
+        "step_time_s": 1.0,
+    }
+    df = pd.DataFrame(
+        [
+            {
+                **base,
+                "schedule": "1f1b",
+                "replayed_makespan_s": 1.5,
+                "stage_costs": json.dumps(cell_costs),
+            },
+            {
+                **base,
+                "schedule": "zero_bubble_h1",
+                "replayed_makespan_s": 1.8,
+                "stage_costs": json.dumps(split),
+                "twin_1f1b_replayed_s": 2.0,
+                "twin_1f1b_stage_costs": json.dumps(twin_costs),
+            },
+        ]
+    )
     zb = prepare(df).iloc[1]
     assert zb["vs_1f1b_basis"] == "paired"
     assert zb["replayed_vs_1f1b"] == pytest.approx(0.9)  # against the twin's 2.0, not 1.5
@@ -414,10 +543,17 @@ def test_zb_h2_is_judged_against_zb_h1_only_where_its_bound_holds():
 
     findings = []
     ctx = SimpleNamespace(finding=lambda claim, holds, detail="": findings.append((holds, detail)))
-    h1 = pd.DataFrame({"stages": [4, 4], "microbatches": [4, 8],
-                       "replayed_makespan_s_zb": [1.0, 2.0]})  # fmt: skip
-    h2 = pd.DataFrame({"stages": [4, 4], "microbatches": [4, 8],
-                       "replayed_makespan_s": [1.2, 1.9], "util_theory": [np.nan, 0.9]})  # fmt: skip
+    h1 = pd.DataFrame(
+        {"stages": [4, 4], "microbatches": [4, 8], "replayed_makespan_s_zb": [1.0, 2.0]}
+    )
+    h2 = pd.DataFrame(
+        {
+            "stages": [4, 4],
+            "microbatches": [4, 8],
+            "replayed_makespan_s": [1.2, 1.9],
+            "util_theory": [np.nan, 0.9],
+        }
+    )
     _beats_h1(ctx, h1, h2, "ZB-H2")
     assert findings[-1][0] is True and "1 cells outside" in findings[-1][1]
     h2.loc[1, "replayed_makespan_s"] = 2.1  # slower inside its bound: the claim fails

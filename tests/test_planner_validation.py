@@ -21,25 +21,44 @@ from bench.experiments.planner_validation.report import prepare, spearman
 from impls.costmodel.activations import activation_bytes
 from impls.models import GPT, GPTConfig
 
-MODEL = {"d_model": 128, "n_layers": 8, "n_heads": 8, "seq_len": 64, "vocab_size": 256,
-         "bias": False}  # fmt: skip
-CAL = {"threads": 1, "peak_fp32_flops": 1e11, "peak_bf16_flops": 4e11,
-       "gemm_table": ((1e5, 0.5), (1e8, 1.0)), "memory_bandwidth": 5e10,
-       "kernel_overhead_s": 2e-6}  # fmt: skip
+MODEL = {
+    "d_model": 128,
+    "n_layers": 8,
+    "n_heads": 8,
+    "seq_len": 64,
+    "vocab_size": 256,
+    "bias": False,
+}
+CAL = {
+    "threads": 1,
+    "peak_fp32_flops": 1e11,
+    "peak_bf16_flops": 4e11,
+    "gemm_table": ((1e5, 0.5), (1e8, 1.0)),
+    "memory_bandwidth": 5e10,
+    "kernel_overhead_s": 2e-6,
+}
 LINK = (5e-5, 3e-10)
 
 
 @pytest.mark.parametrize(
     ("values", "key"),
-    [({"sources": ["allreduce_scaling"]}, "sources"), ({"sources": ["zero_memory"] * 2}, "sources"),
-     ({"sources": []}, "sources"), ({"reports_root": " "}, "reports_root"),
-     ({"max_rows": 0}, "max_rows"), ({"gemm_sizes": [0, 8]}, "gemm_sizes"),
-     ({"gemm_sizes": [64]}, "gemm_sizes"), ({"copy_mib": 0}, "copy_mib"),
-     ({"repeats": -1}, "repeats"), ({"timeout_s": math.nan}, "timeout_s"),
-     ({"reference_window_s": -0.1}, "reference_window_s"),
-     ({"held_out": ["at_scale"]}, "held_out"), ({"held_out": []}, "held_out"),
-     ({"held_out": ["zero_memory"] * 2}, "held_out")],
-)  # fmt: skip
+    [
+        ({"sources": ["allreduce_scaling"]}, "sources"),
+        ({"sources": ["zero_memory"] * 2}, "sources"),
+        ({"sources": []}, "sources"),
+        ({"reports_root": " "}, "reports_root"),
+        ({"max_rows": 0}, "max_rows"),
+        ({"gemm_sizes": [0, 8]}, "gemm_sizes"),
+        ({"gemm_sizes": [64]}, "gemm_sizes"),
+        ({"copy_mib": 0}, "copy_mib"),
+        ({"repeats": -1}, "repeats"),
+        ({"timeout_s": math.nan}, "timeout_s"),
+        ({"reference_window_s": -0.1}, "reference_window_s"),
+        ({"held_out": ["at_scale"]}, "held_out"),
+        ({"held_out": []}, "held_out"),
+        ({"held_out": ["zero_memory"] * 2}, "held_out"),
+    ],
+)
 def test_config_refuses_naming_the_key(values, key):
     with pytest.raises(ValueError, match=key):
         PlannerValidationConfig(**values)
@@ -67,34 +86,96 @@ def _write(root: Path, name: str, rows: list[dict]) -> None:
 def _sources(root: Path) -> None:
     shape = {k: str(v) for k, v in MODEL.items()}
     common = {**shape, "status": "ok", "git_sha": "abc1234", "host_cores": "2"}
-    _write(root, "parallelism_comparison", [
-        {**common, "world_size": "4", "dp": "2", "tp": "1", "pp": "2", "layout": "dp2×pp2",
-         "schedule": "1f1b", "batch_size": "32", "microbatches": "4", "step_time_s": "0.2",
-         "replayed_step_time_s": "0.1", "memory_per_rank_bytes": "3e7",
-         "link_alpha_s": "5e-5", "link_beta_s_per_byte": "3e-10", "host_probe_s": "0.03",
-         "host_probe_before_s": "0.035", "host_probe_after_s": "0.025"},
-        {**common, "world_size": "2", "dp": "2", "tp": "1", "pp": "1", "layout": "dp2",
-         "schedule": "1f1b", "batch_size": "32", "microbatches": "4", "step_time_s": "0.2",
-         "replayed_step_time_s": "0.1", "memory_per_rank_bytes": "3e7",
-         "link_alpha_s": "7e-5", "link_beta_s_per_byte": "2e-10"},
-    ])  # fmt: skip
-    zero = {**common, "impl": "distbench", "precision": "fp32", "batch_size": "32",
-            "step_time_s": "0.3", "peak_bytes": "2e7"}  # fmt: skip
-    _write(root, "zero_memory", [
-        {**zero, "method": "zero3", "world_size": "8"},
-        {**zero, "method": "torch_fsdp", "world_size": "8", "impl": "torch"},
-        {**zero, "method": "dp", "world_size": "1", "status": "failed"},
-    ])  # fmt: skip
-    _write(root, "pipeline_utilization", [
-        {**common, "impl": "distbench", "schedule": "interleaved_1f1b", "stages": "4",
-         "microbatches": "8", "virtual_stages": "2", "microbatch_size": "4",
-         "world_size": "4", "step_time_s": "0.5", "replayed_makespan_s": "0.25",
-         "peak_activation_bytes": "1e7"},
-        {**common, "impl": "distbench", "schedule": "zero_bubble_v", "stages": "4",
-         "microbatches": "8", "virtual_stages": "2", "microbatch_size": "4",
-         "world_size": "4", "step_time_s": "0.5", "replayed_makespan_s": "0.2",
-         "peak_activation_bytes": "1e7"},
-    ])  # fmt: skip
+    _write(
+        root,
+        "parallelism_comparison",
+        [
+            {
+                **common,
+                "world_size": "4",
+                "dp": "2",
+                "tp": "1",
+                "pp": "2",
+                "layout": "dp2×pp2",
+                "schedule": "1f1b",
+                "batch_size": "32",
+                "microbatches": "4",
+                "step_time_s": "0.2",
+                "replayed_step_time_s": "0.1",
+                "memory_per_rank_bytes": "3e7",
+                "link_alpha_s": "5e-5",
+                "link_beta_s_per_byte": "3e-10",
+                "host_probe_s": "0.03",
+                "host_probe_before_s": "0.035",
+                "host_probe_after_s": "0.025",
+            },
+            {
+                **common,
+                "world_size": "2",
+                "dp": "2",
+                "tp": "1",
+                "pp": "1",
+                "layout": "dp2",
+                "schedule": "1f1b",
+                "batch_size": "32",
+                "microbatches": "4",
+                "step_time_s": "0.2",
+                "replayed_step_time_s": "0.1",
+                "memory_per_rank_bytes": "3e7",
+                "link_alpha_s": "7e-5",
+                "link_beta_s_per_byte": "2e-10",
+            },
+        ],
+    )
+    zero = {
+        **common,
+        "impl": "distbench",
+        "precision": "fp32",
+        "batch_size": "32",
+        "step_time_s": "0.3",
+        "peak_bytes": "2e7",
+    }
+    _write(
+        root,
+        "zero_memory",
+        [
+            {**zero, "method": "zero3", "world_size": "8"},
+            {**zero, "method": "torch_fsdp", "world_size": "8", "impl": "torch"},
+            {**zero, "method": "dp", "world_size": "1", "status": "failed"},
+        ],
+    )
+    _write(
+        root,
+        "pipeline_utilization",
+        [
+            {
+                **common,
+                "impl": "distbench",
+                "schedule": "interleaved_1f1b",
+                "stages": "4",
+                "microbatches": "8",
+                "virtual_stages": "2",
+                "microbatch_size": "4",
+                "world_size": "4",
+                "step_time_s": "0.5",
+                "replayed_makespan_s": "0.25",
+                "peak_activation_bytes": "1e7",
+            },
+            {
+                **common,
+                "impl": "distbench",
+                "schedule": "zero_bubble_v",
+                "stages": "4",
+                "microbatches": "8",
+                "virtual_stages": "2",
+                "microbatch_size": "4",
+                "world_size": "4",
+                "step_time_s": "0.5",
+                "replayed_makespan_s": "0.2",
+                "peak_activation_bytes": "1e7",
+            },
+        ],
+    )
 
 
 def test_ground_truth_rows_labels_and_link(tmp_path):
@@ -103,8 +184,12 @@ def test_ground_truth_rows_labels_and_link(tmp_path):
     by_config = {t["config"]: t for t in truths}
     # torch's own and failed rows are left out, and ZB-V (the simulator has no V
     # placement); one cell per distbench row
-    assert sorted(by_config) == ["dp2, M=4", "dp2×pp2, M=4", "interleaved_1f1b, P=4, M=8, V=2",
-                                 "zero3, N=8, fp32"]  # fmt: skip
+    assert sorted(by_config) == [
+        "dp2, M=4",
+        "dp2×pp2, M=4",
+        "interleaved_1f1b, P=4, M=8, V=2",
+        "zero3, N=8, fp32",
+    ]
     assert by_config["dp2, M=4"]["ground_truth"] == "wall clock"  # 2 ranks on 2 cores
     assert by_config["dp2, M=4"]["measured_step_time_s"] == 0.2
     assert by_config["dp2×pp2, M=4"]["ground_truth"] == "replayed"
@@ -116,22 +201,34 @@ def test_ground_truth_rows_labels_and_link(tmp_path):
     assert by_config["interleaved_1f1b, P=4, M=8, V=2"]["optimizer"] is False
     # pipeline_utilization's replay prices actions at their fastest; the rest are medians
     assert {c: t["statistic"] for c, t in by_config.items()} == {
-        "dp2, M=4": "median", "dp2×pp2, M=4": "median",
-        "interleaved_1f1b, P=4, M=8, V=2": "fastest", "zero3, N=8, fp32": "median"}  # fmt: skip
+        "dp2, M=4": "median",
+        "dp2×pp2, M=4": "median",
+        "interleaved_1f1b, P=4, M=8, V=2": "fastest",
+        "zero3, N=8, fp32": "median",
+    }
     for t in truths:  # no ring fits here: every row on this run's own probe, none on the
         assert t["link"] is None and t["link_source"] == PROBE_LINK  # sources' link columns
     assert all(t["source_git_sha"] == "abc1234" for t in truths)
     # the default split: pipeline_utilization held out, the other sources developed on
     assert {c: t["split"] for c, t in by_config.items()} == {
-        "dp2, M=4": "development", "dp2×pp2, M=4": "development",
-        "interleaved_1f1b, P=4, M=8, V=2": "held_out", "zero3, N=8, fp32": "development"}  # fmt: skip
-    flipped = experiment.ground_truth(PlannerValidationConfig(
-        reports_root=str(tmp_path), held_out=["zero_memory", "parallelism_comparison"]))  # fmt: skip
+        "dp2, M=4": "development",
+        "dp2×pp2, M=4": "development",
+        "interleaved_1f1b, P=4, M=8, V=2": "held_out",
+        "zero3, N=8, fp32": "development",
+    }
+    flipped = experiment.ground_truth(
+        PlannerValidationConfig(
+            reports_root=str(tmp_path), held_out=["zero_memory", "parallelism_comparison"]
+        )
+    )
     assert {t["source"]: t["split"] for t in flipped} == {
-        "parallelism_comparison": "held_out", "zero_memory": "held_out",
-        "pipeline_utilization": "development"}  # fmt: skip
-    limited = experiment.ground_truth(PlannerValidationConfig(reports_root=str(tmp_path),
-                                                              max_rows=1))  # fmt: skip
+        "parallelism_comparison": "held_out",
+        "zero_memory": "held_out",
+        "pipeline_utilization": "development",
+    }
+    limited = experiment.ground_truth(
+        PlannerValidationConfig(reports_root=str(tmp_path), max_rows=1)
+    )
     assert len(limited) == 3
 
 
@@ -141,14 +238,29 @@ def test_wall_clock_rows_use_the_ring_fitted_at_their_rank_count(tmp_path):
     (or an N the grid lacks) on the two-rank probe; ZeRO rows are split into their units."""
     _sources(tmp_path)
     alpha, beta = 2e-3, 5e-10
-    rows = [{"algorithm": algorithm, "world_size": str(n), "message_bytes": str(m),
-             "time_s": repr(2 * (n - 1) * alpha + 2 * (n - 1) / n * m * beta * scale),
-             "status": status}
-            for n in (2, 8) for m in (4096, 1 << 20, 64 << 20)
-            for algorithm, status, scale in (("ring", "ok", 1), ("tree", "ok", 9),
-                                             ("ring", "failed", 9))]  # fmt: skip
-    one_size = {"algorithm": "ring", "world_size": "4", "message_bytes": "4096",
-                "time_s": "0.01", "status": "ok"}  # fmt: skip
+    rows = [
+        {
+            "algorithm": algorithm,
+            "world_size": str(n),
+            "message_bytes": str(m),
+            "time_s": repr(2 * (n - 1) * alpha + 2 * (n - 1) / n * m * beta * scale),
+            "status": status,
+        }
+        for n in (2, 8)
+        for m in (4096, 1 << 20, 64 << 20)
+        for algorithm, status, scale in (
+            ("ring", "ok", 1),
+            ("tree", "ok", 9),
+            ("ring", "failed", 9),
+        )
+    ]
+    one_size = {
+        "algorithm": "ring",
+        "world_size": "4",
+        "message_bytes": "4096",
+        "time_s": "0.01",
+        "status": "ok",
+    }
     rows.append(one_size)  # one size: no fit at N = 4
     _write(tmp_path, "allreduce_scaling", rows)
     links = experiment.ring_links(tmp_path)
@@ -168,8 +280,10 @@ def test_wall_clock_rows_use_the_ring_fitted_at_their_rank_count(tmp_path):
     assert math.isnan(by_config["dp2, M=4"]["host_probe_s"])
     assert math.isnan(zero3["host_probe_s"])  # a source row without one: not scaled
     # per row the faster of the two around the cell, not their mean
-    assert experiment._host_probe({"host_probe_before_s": "0.035",
-                                   "host_probe_after_s": "0.025"}) == 0.025  # fmt: skip
+    assert (
+        experiment._host_probe({"host_probe_before_s": "0.035", "host_probe_after_s": "0.025"})
+        == 0.025
+    )
     assert experiment._host_probe({"host_probe_s": "0.02"}) == 0.02  # only the mean recorded
     for config in ("dp2×pp2, M=4", "interleaved_1f1b, P=4, M=8, V=2"):  # replayed
         assert by_config[config]["link_source"] == PROBE_LINK
@@ -196,8 +310,9 @@ def test_params_per_stage_match_the_model_and_the_tp_hand_count():
     assert ranks.params_per_stage(MODEL, 1, 1) == [sum(p.numel() for p in GPT(cfg).parameters())]
     # tp = 4: blocks 8 × (196608/4 + 256 LayerNorm) + embedding 32768/4 + positions 8192
     # + final LayerNorm 128 + head 32768/4 = 419,968 (parallelism_comparison's rank_params_max)
-    assert ranks.params_per_stage(MODEL, 1, 4) == [8 * (196608 / 4 + 256) + 8192 + 8192 + 128
-                                                   + 8192]  # fmt: skip
+    assert ranks.params_per_stage(MODEL, 1, 4) == [
+        8 * (196608 / 4 + 256) + 8192 + 8192 + 128 + 8192
+    ]
     assert ranks.params_per_stage(MODEL, 1, 4) == [419968]
     two = ranks.params_per_stage(MODEL, 2, 1)
     assert two == [4 * 196864 + 32768 + 8192, 4 * 196864 + 128 + 32768]
@@ -241,9 +356,15 @@ def test_reference_fit_recovers_known_scale_and_overhead():
 def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatch):
     """The ground-truth rows are medians of timed steps; fitting the fastest repeat priced
     every row short. Each reference timing here is a known spread around its median."""
-    median = {("fp32", 1): 8e-3, ("fp32", 16): 8e-2, ("bf16", 1): 9e-3, ("bf16", 16): 7e-2,
-              rounds.PROBE: 2e-2,
-              ("executor", 1): 1e-3, ("ledger", 1): 0.5e-3}  # paired excess  # fmt: skip
+    median = {
+        ("fp32", 1): 8e-3,
+        ("fp32", 16): 8e-2,
+        ("bf16", 1): 9e-3,
+        ("bf16", 16): 7e-2,
+        rounds.PROBE: 2e-2,
+        ("executor", 1): 1e-3,
+        ("ledger", 1): 0.5e-3,
+    }  # paired excess
 
     def fake_rounds(count, window_s):  # fastest 0.7 m; the jitter of one window of three
         return {key: [1.3 * m, 0.7 * m, m] for key, m in median.items()}, [0.7, 1.0, 1.3]
@@ -263,8 +384,15 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
     monkeypatch.setattr(calibration.pool_probes, "measure", fake_pool)
     monkeypatch.setattr(calibration.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(calibration, "_CALIBRATIONS", {})
-    cfg = SimpleNamespace(gemm_sizes=[8, 16], copy_mib=1, repeats=1, reference_window_s=0.0,
-                          meeting_segment_s=1e-3, meeting_rounds=2, timeout_s=60.0)  # fmt: skip
+    cfg = SimpleNamespace(
+        gemm_sizes=[8, 16],
+        copy_mib=1,
+        repeats=1,
+        reference_window_s=0.0,
+        meeting_segment_s=1e-3,
+        meeting_rounds=2,
+        timeout_s=60.0,
+    )
     cal = calibration.calibrate(cfg, 1)
     assert probed == [("link", 2, True), (2, 1e-3, 2)]  # this run's own two-rank link
     assert cal["meeting"]["after_compute_s"] == 2e-3 and cal["link"] == LINK
@@ -284,7 +412,8 @@ def test_reference_fit_reads_the_median_step_as_the_ground_truth_does(monkeypatc
         assert calibration.fit_for(cal, dtype, "median") is cal[f"fit_{dtype}"]
         fastest = {b: 0.7 * v for b, v in want.items()}
         assert calibration.fit_for(cal, dtype, "fastest") == calibration.fit_reference(
-            cal, dtype, fastest)  # fmt: skip
+            cal, dtype, fastest
+        )
 
 
 def test_reference_rounds_take_turns_and_fill_their_windows(monkeypatch):
@@ -304,9 +433,15 @@ def test_reference_rounds_take_turns_and_fill_their_windows(monkeypatch):
     samples, jitter = rounds.reference_rounds(14, 0.0)  # 7 configurations: a design of 14
     assert {k: len(v) for k, v in samples.items()} == dict.fromkeys(samples, 14)
     assert jitter == [1.0] * 14  # one step a window: its own median
-    configs = {("fp32", 1), ("fp32", 16), ("bf16", 1), ("bf16", 16),
-               rounds.PROBE,  # the host probe's step among them
-               ("executor", 1), ("ledger", 1)}  # and each runtime's  # fmt: skip
+    configs = {
+        ("fp32", 1),
+        ("fp32", 16),
+        ("bf16", 1),
+        ("bf16", 16),
+        rounds.PROBE,  # the host probe's step among them
+        ("executor", 1),
+        ("ledger", 1),
+    }  # and each runtime's
     assert set(samples) == configs
     # after the seven warm-ups, nine steps a round: each runtime's paired with a plain one
     steps = [order[7 + 9 * r : 16 + 9 * r] for r in range(14)]
@@ -315,8 +450,9 @@ def test_reference_rounds_take_turns_and_fill_their_windows(monkeypatch):
             at = round_.index((runtime, 1))
             assert round_[at + 1] == ("fp32", 1)  # the plain b = 1 step right after it
     # the seven configurations of a round, the pairing's plain steps left out
-    turns = [[s for i, s in enumerate(r) if i == 0 or r[i - 1][0] not in rounds.RUNTIMES]
-             for r in steps]  # fmt: skip
+    turns = [
+        [s for i, s in enumerate(r) if i == 0 or r[i - 1][0] not in rounds.RUNTIMES] for r in steps
+    ]
     assert all(set(t) == configs for t in turns)
     firsts = Counter(t[0] for t in turns)
     assert len(firsts) == 7 and set(firsts.values()) == {2}  # each first in two rounds
@@ -332,9 +468,20 @@ def test_single_rank_prediction_is_the_sum_of_the_calibrated_layer_costs():
     from impls.costmodel.compute import TransformerSpec
     from impls.simulator import ParallelPlan, layer_costs
 
-    truth = {"model": MODEL, "dp": 1, "tp": 1, "pp": 1, "zero_stage": 0, "precision": "fp32",
-             "schedule": "1f1b", "microbatches": 1, "virtual_stages": 1, "microbatch_size": 4,
-             "optimizer": False, "memory_includes_states": True}  # fmt: skip
+    truth = {
+        "model": MODEL,
+        "dp": 1,
+        "tp": 1,
+        "pp": 1,
+        "zero_stage": 0,
+        "precision": "fp32",
+        "schedule": "1f1b",
+        "microbatches": 1,
+        "virtual_stages": 1,
+        "microbatch_size": 4,
+        "optimizer": False,
+        "memory_includes_states": True,
+    }
     hw = calibration.host_hardware(CAL, LINK)
     got = ranks.predict(truth, hw)
     spec = TransformerSpec(n_layers=8, d_model=128, n_heads=8, vocab_size=256, seq_len=64)
@@ -349,30 +496,48 @@ def test_single_rank_prediction_is_the_sum_of_the_calibrated_layer_costs():
     assert got["predicted_peak_bytes"] == 16 * params + saved
 
 
-RUN_CAL = {**CAL, "reference_fp32_s": {1: 1e-3, 16: 1e-2},
-           "reference_bf16_s": {1: 1e-3, 16: 1e-2},
-           "reference_fp32_fastest_s": {1: 9e-4, 16: 9e-3},
-           "reference_bf16_fastest_s": {1: 9e-4, 16: 9e-3},
-           "fit_fp32": {"scale": 1.5, "overhead_s": 4e-6, "kernels": 1.0, "two_point": True},
-           "fit_bf16": {"scale": 1.0, "overhead_s": 1e-6, "kernels": 1.0, "two_point": True},
-           "fit_fp32_fastest": {"scale": 1.2, "overhead_s": 3e-6, "kernels": 1.0,
-                                "two_point": True},
-           "fit_bf16_fastest": {"scale": 0.8, "overhead_s": 1e-6, "kernels": 1.0,
-                                "two_point": True}}  # fmt: skip
+RUN_CAL = {
+    **CAL,
+    "reference_fp32_s": {1: 1e-3, 16: 1e-2},
+    "reference_bf16_s": {1: 1e-3, 16: 1e-2},
+    "reference_fp32_fastest_s": {1: 9e-4, 16: 9e-3},
+    "reference_bf16_fastest_s": {1: 9e-4, 16: 9e-3},
+    "fit_fp32": {"scale": 1.5, "overhead_s": 4e-6, "kernels": 1.0, "two_point": True},
+    "fit_bf16": {"scale": 1.0, "overhead_s": 1e-6, "kernels": 1.0, "two_point": True},
+    "fit_fp32_fastest": {"scale": 1.2, "overhead_s": 3e-6, "kernels": 1.0, "two_point": True},
+    "fit_bf16_fastest": {"scale": 0.8, "overhead_s": 1e-6, "kernels": 1.0, "two_point": True},
+}
 
 
 def _local(threads: int, adamw: float = 3e-9, one: float = 0.08, at: float = 0.05) -> dict:
     many = threads > 1
-    return {"threads": threads, "adamw_s_per_param": adamw,
-            **{f"reference_{d}_one_thread_s": one if many else None for d in ("fp32", "bf16")},
-            **{f"reference_{d}_at_threads_s": at if many else None for d in ("fp32", "bf16")}}  # fmt: skip
+    return {
+        "threads": threads,
+        "adamw_s_per_param": adamw,
+        **{f"reference_{d}_one_thread_s": one if many else None for d in ("fp32", "bf16")},
+        **{f"reference_{d}_at_threads_s": at if many else None for d in ("fp32", "bf16")},
+    }
 
 
 def _truth(ranks_: int, zero_stage: int = 0, label: str = "wall clock") -> dict:
-    return {"model": MODEL, "dp": ranks_, "tp": 1, "pp": 1, "zero_stage": zero_stage,
-            "precision": "fp32", "schedule": "1f1b", "microbatches": 1, "virtual_stages": 1,
-            "microbatch_size": 4, "optimizer": True, "memory_includes_states": True,
-            "ranks": ranks_, "host_cores": 2, "ground_truth": label, "link": LINK}  # fmt: skip
+    return {
+        "model": MODEL,
+        "dp": ranks_,
+        "tp": 1,
+        "pp": 1,
+        "zero_stage": zero_stage,
+        "precision": "fp32",
+        "schedule": "1f1b",
+        "microbatches": 1,
+        "virtual_stages": 1,
+        "microbatch_size": 4,
+        "optimizer": True,
+        "memory_includes_states": True,
+        "ranks": ranks_,
+        "host_cores": 2,
+        "ground_truth": label,
+        "link": LINK,
+    }
 
 
 def test_run_records_the_calibration_it_used(monkeypatch):
@@ -391,11 +556,18 @@ def test_pipeline_sends_block_on_the_wall_clock_and_not_in_a_replay(monkeypatch)
     held to a replay keeps sends as latencies (the replay's convention), so it is sooner."""
     monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: RUN_CAL)
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
-    pipe = {**_truth(2), "dp": 1, "pp": 2, "microbatches": 8, "optimizer": False,
-            "link": (1e-3, 1e-9)}  # fmt: skip
+    pipe = {
+        **_truth(2),
+        "dp": 1,
+        "pp": 2,
+        "microbatches": 8,
+        "optimizer": False,
+        "link": (1e-3, 1e-9),
+    }
     wall = ranks.run(SimpleNamespace(), SimpleNamespace(carry=pipe))
-    replayed = ranks.run(SimpleNamespace(), SimpleNamespace(
-        carry={**pipe, "ground_truth": "replayed"}))  # fmt: skip
+    replayed = ranks.run(
+        SimpleNamespace(), SimpleNamespace(carry={**pipe, "ground_truth": "replayed"})
+    )
     assert (wall["p2p_blocking"], replayed["p2p_blocking"]) == (True, False)
     assert wall["predicted_compute_s"] == replayed["predicted_compute_s"]
     assert wall["predicted_pp_s"] > replayed["predicted_pp_s"] > 0
@@ -406,8 +578,10 @@ def test_each_row_is_predicted_on_the_fit_to_its_own_statistic(monkeypatch):
     fit to the reference's fastest step; every other row on the fit to its median."""
     monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: RUN_CAL)
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
-    rows = {stat: ranks.run(SimpleNamespace(), SimpleNamespace(
-        carry={**_truth(2), "statistic": stat})) for stat in ("median", "fastest")}  # fmt: skip
+    rows = {
+        stat: ranks.run(SimpleNamespace(), SimpleNamespace(carry={**_truth(2), "statistic": stat}))
+        for stat in ("median", "fastest")
+    }
     assert (rows["median"]["fit_scale"], rows["fastest"]["fit_scale"]) == (1.5, 1.2)
     assert rows["fastest"]["fit_median_scale"] == 1.5 and rows["median"]["fit_fastest_scale"] == 1.2
     # the faster fit predicts a shorter step
@@ -503,13 +677,22 @@ def test_a_replayed_tp_row_pays_the_call_work_this_run_measured(monkeypatch):
 def test_this_runs_own_link_and_call_work_are_priced_at_the_source_hosts_speed(monkeypatch):
     """Measured in this run, the link probe and the TP call work are scaled like compute to
     the host speed of the row's source run; a ring fit read from a report is kept."""
-    monkeypatch.setattr(calibration, "calibrate",
-                        lambda cfg, threads: {**RUN_CAL, "host_probe_s": 0.02, "link": LINK})  # fmt: skip
+    monkeypatch.setattr(
+        calibration,
+        "calibrate",
+        lambda cfg, threads: {**RUN_CAL, "host_probe_s": 0.02, "link": LINK},
+    )
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
     monkeypatch.setattr(calibration, "tp_call_work", lambda cfg, tp, numel: 4e-4)
     tp = 4
-    replayed = {**_truth(4, label="replayed"), "dp": 1, "tp": tp, "tp_call_numel": 1 << 15,
-                "link": None, "host_probe_s": 0.03}  # fmt: skip
+    replayed = {
+        **_truth(4, label="replayed"),
+        "dp": 1,
+        "tp": tp,
+        "tp_call_numel": 1 << 15,
+        "link": None,
+        "host_probe_s": 0.03,
+    }
     row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=replayed))
     assert row["link_scale"] == pytest.approx(1.5)
     assert row["round_alpha_s"] == pytest.approx(1.5 * (LINK[0] + 4e-4 / (2 * (tp - 1))))
@@ -533,8 +716,9 @@ def test_a_row_is_predicted_at_the_host_speed_of_its_source_run(monkeypatch):
     it too. A host 1.5× slower during the source's run gets 1.5× the compute and optimizer
     time (its link, read from a report, kept); without a probe on either side nothing is
     scaled."""
-    monkeypatch.setattr(calibration, "calibrate",
-                        lambda cfg, threads: {**RUN_CAL, "host_probe_s": 0.02})  # fmt: skip
+    monkeypatch.setattr(
+        calibration, "calibrate", lambda cfg, threads: {**RUN_CAL, "host_probe_s": 0.02}
+    )
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
     truth = {**_truth(2), "zero_stage": 3}
     slow = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**truth, "host_probe_s": 0.03}))
@@ -544,8 +728,7 @@ def test_a_row_is_predicted_at_the_host_speed_of_its_source_run(monkeypatch):
     for part in ("predicted_compute_s", "predicted_optimizer_s"):
         assert slow[part] == pytest.approx(1.5 * plain[part]), part
     assert slow["predicted_dp_s"] == pytest.approx(plain["predicted_dp_s"])  # the link's
-    assert slow["predicted_unscaled_step_time_s"] == pytest.approx(
-        plain["predicted_step_time_s"])  # fmt: skip
+    assert slow["predicted_unscaled_step_time_s"] == pytest.approx(plain["predicted_step_time_s"])
     assert plain["predicted_unscaled_step_time_s"] == plain["predicted_step_time_s"]
     for source, cal in ((math.nan, 0.02), (0.03, math.nan), (0.0, 0.02)):
         assert ranks.host_slowdown(source, cal) == 1.0
@@ -554,8 +737,10 @@ def test_a_row_is_predicted_at_the_host_speed_of_its_source_run(monkeypatch):
 def _runtime_steps_run() -> list[float]:
     """Each runtime's reference step, timed once after a warm-up (on a one-rank world,
     which the executor's needs)."""
-    return [calibration._timings(rounds.runtime_step(runtime, 1)[0], 1)[0]
-            for runtime in rounds.RUNTIMES]  # fmt: skip
+    return [
+        calibration._timings(rounds.runtime_step(runtime, 1)[0], 1)[0]
+        for runtime in rounds.RUNTIMES
+    ]
 
 
 def test_each_runtime_step_runs_the_reference_under_its_runtime():
@@ -575,15 +760,17 @@ def test_a_row_pays_its_runtime_once_per_compute_action(monkeypatch):
     cal = {**RUN_CAL, "action_overhead_ledger_s": extra, "action_overhead_executor_s": 0.0}
     monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: cal)
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
-    for truth, stretch in ((_truth(2), 1.0),
-                           (_truth(8, label="wall clock, 8 ranks on 2 cores (modelled core "
-                                            "sharing)"), 4.0)):  # fmt: skip
+    for truth, stretch in (
+        (_truth(2), 1.0),
+        (_truth(8, label="wall clock, 8 ranks on 2 cores (modelled core sharing)"), 4.0),
+    ):
         plain = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
         ledger = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**truth, "runtime": "ledger"}))
         assert (plain["action_overhead_s"], ledger["action_overhead_s"]) == (0.0, extra)
         assert ledger["runtime"] == "ledger" and plain["runtime"] is None
         assert ledger["predicted_step_time_s"] - plain["predicted_step_time_s"] == pytest.approx(
-            2 * extra * stretch)  # one F and one B  # fmt: skip
+            2 * extra * stretch
+        )  # one F and one B
 
 
 def test_straggler_is_the_order_statistic_of_the_measured_spread():
@@ -602,19 +789,22 @@ def test_wall_clock_rows_of_several_ranks_pay_the_straggler_and_replays_do_not(m
     """A wall-clock row of N ≥ 2 ranks has its rank's compute × the straggler factor; the
     same rank replayed, or alone, has none; the links are not scaled."""
     jitter = tuple(1 + 0.2 * i / 100 for i in range(101))
-    monkeypatch.setattr(calibration, "calibrate",
-                        lambda cfg, threads: {**RUN_CAL, "step_jitter": jitter})  # fmt: skip
+    monkeypatch.setattr(
+        calibration, "calibrate", lambda cfg, threads: {**RUN_CAL, "step_jitter": jitter}
+    )
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
     wall = ranks.run(SimpleNamespace(), SimpleNamespace(carry=_truth(2)))
-    replayed = ranks.run(SimpleNamespace(), SimpleNamespace(
-        carry={**_truth(2), "ground_truth": "replayed"}))  # fmt: skip
+    replayed = ranks.run(
+        SimpleNamespace(), SimpleNamespace(carry={**_truth(2), "ground_truth": "replayed"})
+    )
     single = ranks.run(SimpleNamespace(), SimpleNamespace(carry=_truth(1)))
     factor = calibration.straggler({"step_jitter": jitter}, 2)
     assert wall["straggler"] == pytest.approx(factor) and factor > 1
     assert replayed["straggler"] == 1.0 and single["straggler"] == 1.0
     assert wall["predicted_compute_s"] == pytest.approx(factor * replayed["predicted_compute_s"])
     assert wall["predicted_without_straggler_step_time_s"] == pytest.approx(
-        replayed["predicted_step_time_s"])  # the same rank, alone  # fmt: skip
+        replayed["predicted_step_time_s"]
+    )  # the same rank, alone
     assert wall["predicted_dp_s"] == pytest.approx(replayed["predicted_dp_s"])  # links kept
 
 
@@ -623,9 +813,14 @@ def test_a_runtime_cost_floored_at_zero_says_so_in_the_table():
     noise, not a measured cost of nothing."""
     from bench.experiments.planner_validation.report_calibration import _runtimes
 
-    ok = pd.DataFrame({"runtime": ["executor", "ledger"], "source": ["pc", "zm"],
-                       "cal_action_overhead_executor_s": [0.0, 0.0],
-                       "cal_action_overhead_ledger_s": [2.3e-4, 2.3e-4]})  # fmt: skip
+    ok = pd.DataFrame(
+        {
+            "runtime": ["executor", "ledger"],
+            "source": ["pc", "zm"],
+            "cal_action_overhead_executor_s": [0.0, 0.0],
+            "cal_action_overhead_ledger_s": [2.3e-4, 2.3e-4],
+        }
+    )
     ctx = SimpleNamespace(headline={})
     table = _runtimes(ctx, ok)
     assert "0 (median excess ≤ 0: under the noise)" in table and "230 µs" in table
@@ -639,7 +834,8 @@ def test_collective_meeting_is_the_probe_call_less_the_links_price_of_it():
     cal = {"meeting": {"after_compute_s": 3e-3, "world_size": 2}}
     alpha, beta = LINK
     assert calibration.collective_meeting(cal, 2, LINK) == pytest.approx(
-        3e-3 - (2 * alpha + 4 * beta))  # fmt: skip
+        3e-3 - (2 * alpha + 4 * beta)
+    )
     assert calibration.collective_meeting(cal, 2, (2e-3, beta)) == 0.0  # a link dearer than it
     assert calibration.collective_meeting(cal, 4, LINK) == 0.0
     assert calibration.collective_meeting({}, 2, LINK) == 0.0
@@ -649,8 +845,10 @@ def test_a_wall_clock_zero_row_on_two_ranks_pays_each_meeting(monkeypatch):
     """A ZeRO-3 row of 2 ranks on 2 cores, on the wall clock: each unit meets at its forward
     and its backward gather, each meeting priced at the probe's excess over the link. The
     same row replayed, or one rank, or more ranks than cores, pays none."""
-    cal = {**RUN_CAL, "meeting": {"after_compute_s": 5e-3, "call_s": 1e-4,
-                                  "segment_s": 4e-3, "world_size": 2}}  # fmt: skip
+    cal = {
+        **RUN_CAL,
+        "meeting": {"after_compute_s": 5e-3, "call_s": 1e-4, "segment_s": 4e-3, "world_size": 2},
+    }
     monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: cal)
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
     units = MODEL["n_layers"] + 1
@@ -664,8 +862,10 @@ def test_a_wall_clock_zero_row_on_two_ranks_pays_each_meeting(monkeypatch):
     assert row["predicted_dp_s"] - without["predicted_dp_s"] == pytest.approx(2 * units * meet)
     monkeypatch.setattr(calibration, "collective_meeting", lambda *args: 1.0)
     crowded = "wall clock, 4 ranks on 2 cores (modelled core sharing)"
-    for other in ({**truth, "ground_truth": "replayed"},
-                  {**truth, "ranks": 4, "dp": 4, "ground_truth": crowded}):  # fmt: skip
+    for other in (
+        {**truth, "ground_truth": "replayed"},
+        {**truth, "ranks": 4, "dp": 4, "ground_truth": crowded},
+    ):
         row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=other))
         assert row["collective_meeting_s"] == 0.0
 
@@ -675,12 +875,20 @@ def test_the_meetings_table_counts_the_rows_that_pay_and_names_the_probe():
     the text gives the probe's segment, the call after it and the call back to back."""
     from bench.experiments.planner_validation.report_calibration import _meetings
 
-    probe = {"cal_meeting_after_compute_s": 2e-3, "cal_meeting_call_s": 1e-4,
-             "cal_meeting_segment_s": 4e-3, "cal_meeting_world_size": 2}  # fmt: skip
-    ok = pd.DataFrame({"link_source": ["ring, N=2"] * 3 + ["probe"],
-                       "collective_meeting_s": [1.5e-3, 1.5e-3, 1.5e-3, 0.0],
-                       "predicted_dp_s": [0.01, 0.0, 0.02, 0.0],
-                       **{k: [v] * 4 for k, v in probe.items()}})  # fmt: skip
+    probe = {
+        "cal_meeting_after_compute_s": 2e-3,
+        "cal_meeting_call_s": 1e-4,
+        "cal_meeting_segment_s": 4e-3,
+        "cal_meeting_world_size": 2,
+    }
+    ok = pd.DataFrame(
+        {
+            "link_source": ["ring, N=2"] * 3 + ["probe"],
+            "collective_meeting_s": [1.5e-3, 1.5e-3, 1.5e-3, 0.0],
+            "predicted_dp_s": [0.01, 0.0, 0.02, 0.0],
+            **{k: [v] * 4 for k, v in probe.items()},
+        }
+    )
     ctx = SimpleNamespace(headline={})
     text = _meetings(ctx, ok)
     assert "took 4 ms" in text and "added 2 ms" in text and "took 100 µs" in text

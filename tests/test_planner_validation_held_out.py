@@ -28,20 +28,36 @@ from bench.experiments.planner_validation.config import (
 )
 
 LINK = (5e-5, 3e-10)
-CAL = {"threads": 1, "peak_fp32_flops": 1e11, "peak_bf16_flops": 4e11,
-       "gemm_table": ((1e5, 0.5), (1e8, 1.0)), "memory_bandwidth": 5e10,
-       "kernel_overhead_s": 2e-6, "host_probe_s": 0.02, "link": LINK,
-       "step_jitter": (0.9, 1.0, 1.1), "action_overhead_executor_s": 1e-5,
-       "action_overhead_ledger_s": 2e-5,
-       "meeting": {"after_compute_s": 2e-3, "call_s": 1e-4, "segment_s": 4e-3,
-                   "world_size": 2},
-       **{f"reference_{d}{k}_s": {1: 1e-3, 16: 1e-2} for d in ("fp32", "bf16")
-          for k in ("", "_fastest")},
-       **{f"fit_{d}{k}": {"scale": 1.5, "overhead_s": 4e-6, "kernels": 1.0, "two_point": True}
-          for d in ("fp32", "bf16") for k in ("", "_fastest")}}  # fmt: skip
-LOCAL = {"adamw_s_per_param": 3e-9,
-         **{f"reference_{d}_{k}_s": 0.05 for d in ("fp32", "bf16")
-            for k in ("one_thread", "at_threads")}}  # fmt: skip
+CAL = {
+    "threads": 1,
+    "peak_fp32_flops": 1e11,
+    "peak_bf16_flops": 4e11,
+    "gemm_table": ((1e5, 0.5), (1e8, 1.0)),
+    "memory_bandwidth": 5e10,
+    "kernel_overhead_s": 2e-6,
+    "host_probe_s": 0.02,
+    "link": LINK,
+    "step_jitter": (0.9, 1.0, 1.1),
+    "action_overhead_executor_s": 1e-5,
+    "action_overhead_ledger_s": 2e-5,
+    "meeting": {"after_compute_s": 2e-3, "call_s": 1e-4, "segment_s": 4e-3, "world_size": 2},
+    **{
+        f"reference_{d}{k}_s": {1: 1e-3, 16: 1e-2}
+        for d in ("fp32", "bf16")
+        for k in ("", "_fastest")
+    },
+    **{
+        f"fit_{d}{k}": {"scale": 1.5, "overhead_s": 4e-6, "kernels": 1.0, "two_point": True}
+        for d in ("fp32", "bf16")
+        for k in ("", "_fastest")
+    },
+}
+LOCAL = {
+    "adamw_s_per_param": 3e-9,
+    **{
+        f"reference_{d}_{k}_s": 0.05 for d in ("fp32", "bf16") for k in ("one_thread", "at_threads")
+    },
+}
 READ = (*SOURCES, "allreduce_scaling")
 
 
@@ -103,8 +119,9 @@ def _predict(root: Path, want: set[tuple[str, str]]) -> dict[tuple[str, str], tu
 
 def _patch_calibration(monkeypatch) -> None:
     monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: CAL)
-    monkeypatch.setattr(calibration, "rank_calibration",
-                        lambda cfg, threads: {**LOCAL, "threads": threads})  # fmt: skip
+    monkeypatch.setattr(
+        calibration, "rank_calibration", lambda cfg, threads: {**LOCAL, "threads": threads}
+    )
     monkeypatch.setattr(calibration, "tp_call_work", lambda cfg, tp, numel: 1e-7 * numel / tp)
 
 
@@ -116,11 +133,14 @@ def _chosen(root: Path) -> list[tuple[str, int, tuple[str, str]]]:
     for source in SOURCES:
         truths = [t for t in experiment.ground_truth(cfg) if t["source"] == source]
         picks = {0, len(truths) // 2, len(truths) - 1}
-        picks |= {i for i, t in enumerate(truths)
-                  if t["tp"] > 1 and t["ground_truth"] == "replayed"}  # fmt: skip
+        picks |= {
+            i for i, t in enumerate(truths) if t["tp"] > 1 and t["ground_truth"] == "replayed"
+        }
         positions = _positions(root, source)
-        chosen += [(source, positions[truths[i]["config"]], (source, truths[i]["config"]))
-                   for i in sorted(picks)]  # fmt: skip
+        chosen += [
+            (source, positions[truths[i]["config"]], (source, truths[i]["config"]))
+            for i in sorted(picks)
+        ]
     return chosen
 
 
@@ -170,8 +190,14 @@ def test_the_split_is_by_source_and_fixed_in_the_config(tmp_path):
         PlannerValidationConfig(held_out=["zero"])
 
 
-PARTS = ("predicted_compute_s", "predicted_bubble_s", "predicted_tp_s", "predicted_pp_s",
-         "predicted_dp_s", "predicted_optimizer_s")  # fmt: skip
+PARTS = (
+    "predicted_compute_s",
+    "predicted_bubble_s",
+    "predicted_tp_s",
+    "predicted_pp_s",
+    "predicted_dp_s",
+    "predicted_optimizer_s",
+)
 
 
 def _rows(split_of: dict[str, str], errors: dict[str, list[float]]) -> pd.DataFrame:
@@ -179,16 +205,30 @@ def _rows(split_of: dict[str, str], errors: dict[str, list[float]]) -> pd.DataFr
     rows = []
     for source, values in errors.items():
         for i, error in enumerate(values):
-            rows.append({"source": source, "config": f"c{i}", "split": split_of[source],
-                         "status": "ok", "error": "", "git_sha": "abc1234",
-                         "host_cores": 2, "world_size": 1, "ranks": 1,
-                         "measured_step_time_s": 0.1 * (i + 1),
-                         "predicted_step_time_s": 0.1 * (i + 1) * (1 + error),
-                         "step_error": error, "measured_peak_bytes": 1e6,
-                         "predicted_peak_bytes": 1e6, "memory_error": 0.0,
-                         "ground_truth": "wall clock", "statistic": "median",
-                         "source_git_sha": "abc1234", "memory_measure": "activations",
-                         **dict.fromkeys(PARTS, 0.01)})  # fmt: skip
+            rows.append(
+                {
+                    "source": source,
+                    "config": f"c{i}",
+                    "split": split_of[source],
+                    "status": "ok",
+                    "error": "",
+                    "git_sha": "abc1234",
+                    "host_cores": 2,
+                    "world_size": 1,
+                    "ranks": 1,
+                    "measured_step_time_s": 0.1 * (i + 1),
+                    "predicted_step_time_s": 0.1 * (i + 1) * (1 + error),
+                    "step_error": error,
+                    "measured_peak_bytes": 1e6,
+                    "predicted_peak_bytes": 1e6,
+                    "memory_error": 0.0,
+                    "ground_truth": "wall clock",
+                    "statistic": "median",
+                    "source_git_sha": "abc1234",
+                    "memory_measure": "activations",
+                    **dict.fromkeys(PARTS, 0.01),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -196,10 +236,16 @@ def test_the_target_is_judged_on_the_held_out_half_alone(tmp_path):
     """A development half far off and a held-out half within 15%: the step target and the
     finding are met, judged on the held-out rows only; both halves appear side by side,
     with their signs. Swap which half is off and the target fails."""
-    split_of = {"parallelism_comparison": "development", "zero_memory": "development",
-                "pipeline_utilization": "held_out"}  # fmt: skip
-    errors = {"parallelism_comparison": [0.5, -0.6, 0.7], "zero_memory": [-0.4, 0.45],
-              "pipeline_utilization": [-0.05, 0.1, -0.12, 0.02]}  # fmt: skip
+    split_of = {
+        "parallelism_comparison": "development",
+        "zero_memory": "development",
+        "pipeline_utilization": "held_out",
+    }
+    errors = {
+        "parallelism_comparison": [0.5, -0.6, 0.7],
+        "zero_memory": [-0.4, 0.45],
+        "pipeline_utilization": [-0.05, 0.1, -0.12, 0.02],
+    }
     headline = experiment.EXPERIMENT.report_on(_rows(split_of, errors), tmp_path, None)
     (step, memory) = headline["targets"]
     assert step["where"] == {"split": "held_out"} and step["cells"] == 4 and step["met"]
@@ -216,8 +262,7 @@ def test_the_target_is_judged_on_the_held_out_half_alone(tmp_path):
     assert "| development" in report and "| held_out" in report
     assert "held out only from then on" in report  # which half development looked at
     assert not [f for f in headline["findings"] if not f["holds"] and "held-out" in f["claim"]]
-    swapped = {s: "held_out" if h == "development" else "development"
-               for s, h in split_of.items()}  # fmt: skip
+    swapped = {s: "held_out" if h == "development" else "development" for s, h in split_of.items()}
     headline = experiment.EXPERIMENT.report_on(_rows(swapped, errors), tmp_path, None)
     assert not headline["targets"][0]["met"] and not headline["held_out_step_target"]["met"]
     assert math.isclose(headline["held_out_step_target"]["median_abs_step_error"], 0.5)
@@ -230,13 +275,16 @@ def test_the_pool_probes_take_medians_over_ranks_and_keep_a_finite_link(monkeypa
     import bench.kit.host
     from bench.experiments.planner_validation import pool_probes
 
-    per_rank = [{"tp_call_cpu_s": {64: t}, "link": (a, 1e-10)}
-                for t, a in ((1e-4, 3e-5), (3e-4, 5e-5), (2e-4, 4e-5))]  # fmt: skip
+    per_rank = [
+        {"tp_call_cpu_s": {64: t}, "link": (a, 1e-10)}
+        for t, a in ((1e-4, 3e-5), (3e-4, 5e-5), (2e-4, 4e-5))
+    ]
     merged = pool_probes._merge(per_rank, [64])
     assert merged == {"world_size": 3, "tp_call_cpu_s": {64: 2e-4}, "link": (4e-5, 1e-10)}
     times = {1: 2e-3, 1 << 18: 1e-3}  # by float32 elements: 4 bytes, 1 MiB
-    monkeypatch.setattr(bench.kit.host, "probe_pairs",
-                        lambda tensor, exchange, trials: times[tensor.numel()])  # fmt: skip
+    monkeypatch.setattr(
+        bench.kit.host, "probe_pairs", lambda tensor, exchange, trials: times[tensor.numel()]
+    )
     assert pool_probes.probe_link() == (2e-3, 1e-15)
     times[1 << 18] = 2e-3 + (1 << 20) * 1e-9
     assert pool_probes.probe_link() == pytest.approx((2e-3, 1e-9 * (1 << 20) / ((1 << 20) - 4)))

@@ -17,7 +17,8 @@ def test_the_parts_add_up_to_the_step_under_both_namings(prediction):
     row = prediction_row(prediction)
     assert list(row)[-len(STEP_PARTS) :] == list(STEP_PARTS.values())
     assert sum(row[name] for name in STEP_PARTS.values()) == pytest.approx(
-        row["predicted_step_time_s"])  # fmt: skip
+        row["predicted_step_time_s"]
+    )
     short = prediction_row(prediction, parts="predicted_{part}_s", summary=False)
     assert set(short) == {"predicted_step_time_s"} | {f"predicted_{p}_s" for p in STEP_PARTS}
     assert short["predicted_tp_s"] == row["exposed_tp_s"] == prediction.exposed_tp_s

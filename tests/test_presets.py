@@ -69,16 +69,22 @@ def test_each_file_reads_back_as_its_preset():
         assert cfg.cluster() == hw and cfg.hardware_name() == name
 
 
-@pytest.mark.parametrize("model, hardware", [("llama2_70b", "h100_sxm"),
-                                             ("small_gpt", "v100_summit")])  # fmt: skip
+@pytest.mark.parametrize(
+    "model, hardware", [("llama2_70b", "h100_sxm"), ("small_gpt", "v100_summit")]
+)
 def test_a_group_choice_composes_to_its_preset(plan, model, hardware):
     cfg = plan(f"model={model}", f"hardware={hardware}", "dtype=fp16", "gpus=[24]")
     assert cfg.spec() == MODELS[model] and cfg.cluster() == HARDWARE[hardware]
 
 
 def test_fields_override_without_a_plus(plan):
-    cfg = plan("model=llama2_70b", "model.seq_len=8192", "hardware=h100_sxm",
-               "hardware.intra.bandwidth=1e12", "gpus=[512]")  # fmt: skip
+    cfg = plan(
+        "model=llama2_70b",
+        "model.seq_len=8192",
+        "hardware=h100_sxm",
+        "hardware.intra.bandwidth=1e12",
+        "gpus=[512]",
+    )
     assert cfg.spec() == dataclasses.replace(MODELS["llama2_70b"], seq_len=8192)
     assert cfg.cluster().intra.bandwidth == 1e12
     assert cfg.cluster().inter == HARDWARE["h100_sxm"].inter
@@ -89,8 +95,9 @@ def test_the_spellings_before_the_groups_still_work(plan, tmp_path):
     # `model.preset=NAME`: the fields follow the preset, an overridden one stays.
     cfg = plan("model.preset=llama2_7b", "model.seq_len=1024")
     assert cfg.spec() == dataclasses.replace(MODELS["llama2_7b"], seq_len=1024)
-    assert plan("+model.n_layers=48").spec() == dataclasses.replace(MODELS["gpt3_175b"],
-                                                                    n_layers=48)  # fmt: skip
+    assert plan("+model.n_layers=48").spec() == dataclasses.replace(
+        MODELS["gpt3_175b"], n_layers=48
+    )
     path = dump_hardware(HARDWARE["h100_sxm"], tmp_path / "my_gpu.yaml")
     cfg = plan(f"hardware={path}")
     assert cfg.cluster() == HARDWARE["h100_sxm"] and cfg.hardware_name() == str(path)
@@ -105,15 +112,18 @@ def test_a_profile_grid_preset_is_followed_and_the_command_line_wins(plan):
     assert cfg.model["preset"] == "llama2_7b"
 
 
-@pytest.mark.parametrize("argv, needles", [
-    (["model=gpt5"], ["model='gpt5' is unknown", "llama2_70b", "tinyllama_1_1b"]),
-    (["-m", "model=llama2_7b,gpt5"], ["model='gpt5'", "gpt3_175b"]),
-    (["hardware=tpu_v4"], ["hardware='tpu_v4'", "h100_sxm", "preset file"]),
-    (["model.width=4"], ["model.width", "model=gpt3_175b", "n_layers, d_model"]),
-    (["model=llama2_7b", "model.kv_head=2"], ["model.kv_head", "model=llama2_7b", "kv_heads"]),
-    (["hardware.intra.bw=1"], ["hardware.intra.bw", "name, alpha_s, bandwidth"]),
-    (["hardware=a.yaml", "hardware.sms=1"], ["hardware.sms", "hardware=file", "path"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["model=gpt5"], ["model='gpt5' is unknown", "llama2_70b", "tinyllama_1_1b"]),
+        (["-m", "model=llama2_7b,gpt5"], ["model='gpt5'", "gpt3_175b"]),
+        (["hardware=tpu_v4"], ["hardware='tpu_v4'", "h100_sxm", "preset file"]),
+        (["model.width=4"], ["model.width", "model=gpt3_175b", "n_layers, d_model"]),
+        (["model=llama2_7b", "model.kv_head=2"], ["model.kv_head", "model=llama2_7b", "kv_heads"]),
+        (["hardware.intra.bw=1"], ["hardware.intra.bw", "name, alpha_s, bandwidth"]),
+        (["hardware=a.yaml", "hardware.sms=1"], ["hardware.sms", "hardware=file", "path"]),
+    ],
+)
 def test_an_unknown_preset_or_field_is_one_line_naming_it_and_what_exists(argv, needles):
     line = presets.check_groups(presets.normalize(argv, "auto_parallel"), "auto_parallel")
     assert line is not None and line.startswith("bad config: ") and "\n" not in line
@@ -128,5 +138,7 @@ def test_experiments_without_the_groups_are_left_alone():
     assert presets.check_groups(argv, "sequence_parallel").startswith(
         "bad config: hardware=x.yaml: experiment sequence_parallel takes no hardware preset"
     )
-    assert presets.experiment_groups("auto_parallel") == {"model": "gpt3_175b",
-                                                          "hardware": "a100_80gb"}  # fmt: skip
+    assert presets.experiment_groups("auto_parallel") == {
+        "model": "gpt3_175b",
+        "hardware": "a100_80gb",
+    }

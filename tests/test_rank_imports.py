@@ -47,8 +47,13 @@ PROBE = (
 
 
 def _probe(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", PROBE, str(path)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, str(path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -104,8 +104,11 @@ def allreduce_frame(world_sizes=(2, 4, 8), failed: bool = True) -> pd.DataFrame:
         for column in ("time_s", "algbw_gbps", "busbw_gbps", "rounds", "wrong", "messages"):
             broken[column] = np.nan
         broken.update(status="failed", error="TimeoutError: rank 3 hung past timeout_s=60")
-        rows = [r for r in rows if (r["algorithm"], r["world_size"], r["message_bytes"])
-                != ("parallel", 8, 64 * 2**20)] + [broken]  # fmt: skip
+        rows = [
+            r
+            for r in rows
+            if (r["algorithm"], r["world_size"], r["message_bytes"]) != ("parallel", 8, 64 * 2**20)
+        ] + [broken]
     return pd.DataFrame(rows)
 
 
@@ -119,8 +122,13 @@ def write_collectives(frame: pd.DataFrame, report_dir: Path) -> dict:
 
 def test_allreduce_report_files_and_headline(tmp_path: Path) -> None:
     headline = write_allreduce(allreduce_frame(), tmp_path)
-    for name in ("report.md", "headline.json", "busbw_vs_n.png", "traffic_vs_n.png",
-                 "time_vs_size.png"):  # fmt: skip
+    for name in (
+        "report.md",
+        "headline.json",
+        "busbw_vs_n.png",
+        "traffic_vs_n.png",
+        "time_vs_size.png",
+    ):
         assert (tmp_path / name).stat().st_size > 0, name
     assert json.loads((tmp_path / "headline.json").read_text()) == headline
     target, auto = headline["targets"]  # ring ≥ 0.9× torch at 64 MiB, judged on every N
@@ -222,16 +230,26 @@ def collectives_frame() -> pd.DataFrame:
                     time = ALPHA_S * n + BETA_S_PER_BYTE * m * factor(n)
                     time *= 1.0 if impl == "distbench" else 0.5  # torch twice as fast
                     algbw = m / time / 1e9
-                    rows.append({
-                        "collective": collective, "impl": impl, "world_size": n,
-                        "message_bytes": m, "time_s": time, "algbw_gbps": algbw,
-                        "busbw_gbps": algbw * factor(n), "bus_factor": factor(n),
-                        "rounds": np.nan if impl == "torch" else n - 1,
-                        "max_rank_bytes_sent": np.nan if impl == "torch" else m,
-                        "total_bytes_sent": np.nan if impl == "torch" else m * n,
-                        "busbw_vs_torch": np.nan if impl == "torch" else 0.5,
-                        "wrong": 0, "status": "ok", "error": "", **METADATA,
-                    })  # fmt: skip
+                    rows.append(
+                        {
+                            "collective": collective,
+                            "impl": impl,
+                            "world_size": n,
+                            "message_bytes": m,
+                            "time_s": time,
+                            "algbw_gbps": algbw,
+                            "busbw_gbps": algbw * factor(n),
+                            "bus_factor": factor(n),
+                            "rounds": np.nan if impl == "torch" else n - 1,
+                            "max_rank_bytes_sent": np.nan if impl == "torch" else m,
+                            "total_bytes_sent": np.nan if impl == "torch" else m * n,
+                            "busbw_vs_torch": np.nan if impl == "torch" else 0.5,
+                            "wrong": 0,
+                            "status": "ok",
+                            "error": "",
+                            **METADATA,
+                        }
+                    )
     rows[-1].update(status="failed", error="RuntimeError: gloo connection reset", time_s=np.nan)
     rows[-1].update(algbw_gbps=np.nan, busbw_gbps=np.nan, wrong=np.nan)
     return pd.DataFrame(rows)
@@ -275,7 +293,9 @@ ALLREDUCE_REPORT_MODULES = ("report.py", "auto.py", "fits.py", "paired_rounds.py
 def test_allreduce_writer_reads_results_only():
     """The allreduce_scaling report's modules import no `impls` or torch, and importing the
     report loads neither (each algorithm's orders and place reach it as result columns)."""
-    assert_source_imports_none(ALLREDUCE_FOLDER, ALLREDUCE_REPORT_MODULES, ("impls", "torch"),
-                               (".config", ".experiment"))  # fmt: skip
-    assert_import_loads_none("bench.experiments.allreduce_scaling.report", ("impls", "torch"),
-                             absent=("torch",))  # fmt: skip
+    assert_source_imports_none(
+        ALLREDUCE_FOLDER, ALLREDUCE_REPORT_MODULES, ("impls", "torch"), (".config", ".experiment")
+    )
+    assert_import_loads_none(
+        "bench.experiments.allreduce_scaling.report", ("impls", "torch"), absent=("torch",)
+    )

@@ -82,8 +82,12 @@ def degenerate(df: pd.DataFrame, key_columns, fill: float) -> pd.DataFrame:
 @pytest.mark.parametrize("name", NAMES)
 def test_report_artefacts_are_written(reports, name):
     module = checks_of(name)
-    for artefact in ["report.md", "results.csv", "headline.json",
-                     *(f"{p}.png" for p in module.ARTEFACTS)]:  # fmt: skip
+    for artefact in [
+        "report.md",
+        "results.csv",
+        "headline.json",
+        *(f"{p}.png" for p in module.ARTEFACTS),
+    ]:
         assert (reports / name / artefact).stat().st_size > 0, f"{name}/{artefact}"
     assert f"[{name}]({name}/report.md)" in (reports / "README.md").read_text()
 

@@ -66,8 +66,20 @@ def test_commit_and_id_columns_stay_text(tmp_path: Path) -> None:
     # "8e25226" reads as the float 8e25226 (inf) and "1234567" as an int unless these
     # columns are read as text; the report would then say git_sha "inf".
     store = ResultStore(tmp_path, KEYS)
-    store.write([row(2, "ring", 0.1, git_sha="8e25226", source_git_sha="1234567",
-                     run_id="0012", settings_hash="1e5", time_s=1.5)])  # fmt: skip
+    store.write(
+        [
+            row(
+                2,
+                "ring",
+                0.1,
+                git_sha="8e25226",
+                source_git_sha="1234567",
+                run_id="0012",
+                settings_hash="1e5",
+                time_s=1.5,
+            )
+        ]
+    )
     for table in (store.read(), read_results(store.path)):
         got = table.iloc[0]
         assert (got["git_sha"], got["source_git_sha"]) == ("8e25226", "1234567")

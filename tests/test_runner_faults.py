@@ -37,8 +37,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 5.0
 
 
-def run_grid(report_dir: Path, marker_dir: Path, cells: list[str], *, resume: bool = False,
-             **options):  # fmt: skip
+def run_grid(
+    report_dir: Path, marker_dir: Path, cells: list[str], *, resume: bool = False, **options
+):
     marker_dir.mkdir(parents=True, exist_ok=True)
     cfg = FakeConfig(cells=cells, marker_dir=str(marker_dir), timeout_s=TIMEOUT_S)
     return run_experiment(
@@ -177,7 +178,7 @@ def test_resume_reruns_failed_and_missing_cells_and_no_resume_reruns_all(tmp_pat
                 "status": "failed",
                 "error": "rank 1: exited with code 9",
                 "settings_hash": same,
-            },  # fmt: skip
+            },
             {"cell": "d", "pids": "1 2", "status": "ok", "error": "", "settings_hash": same},
         ]
     )
@@ -237,17 +238,30 @@ def test_host_probe_brackets_each_cell_when_the_experiment_asks(tmp_path, monkey
 
     ticks = iter(range(1, 100))
     monkeypatch.setattr(bench.kit.host, "host_probe", lambda: float(next(ticks)))
-    cfg = FakeConfig(cells=["a:ok", "b:ok", "c:raise"], marker_dir=str(tmp_path / "m"),
-                     timeout_s=TIMEOUT_S)  # fmt: skip
+    cfg = FakeConfig(
+        cells=["a:ok", "b:ok", "c:raise"], marker_dir=str(tmp_path / "m"), timeout_s=TIMEOUT_S
+    )
     (tmp_path / "m").mkdir()
     probed = dataclasses.replace(fake_experiment(), host_probe=True)
-    df = run_experiment(probed, cfg, report_dir=tmp_path / "probed", cluster=LOCAL,
-                        resume=False, wandb_cfg=WandbConfig(mode="disabled")).set_index("cell")  # fmt: skip
+    df = run_experiment(
+        probed,
+        cfg,
+        report_dir=tmp_path / "probed",
+        cluster=LOCAL,
+        resume=False,
+        wandb_cfg=WandbConfig(mode="disabled"),
+    ).set_index("cell")
     assert list(df["host_probe_before_s"]) == [1.0, 2.0, 3.0]
     assert list(df["host_probe_after_s"]) == [2.0, 3.0, 4.0]
     assert list(df["host_probe_s"]) == [1.5, 2.5, 3.5]
     assert df.loc["c", "status"] == "failed"  # a failed cell is bracketed all the same
-    plain = run_experiment(fake_experiment(), cfg, report_dir=tmp_path / "plain", cluster=LOCAL,
-                           resume=False, wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
+    plain = run_experiment(
+        fake_experiment(),
+        cfg,
+        report_dir=tmp_path / "plain",
+        cluster=LOCAL,
+        resume=False,
+        wandb_cfg=WandbConfig(mode="disabled"),
+    )
     assert "host_probe_s" not in plain.columns
     assert next(ticks) == 5  # the plain grid timed no probe

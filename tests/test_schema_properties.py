@@ -63,10 +63,14 @@ def keys_of(schema: type) -> list[str]:
 
 CASES = [(name, key) for name, exp in experiments().items() for key in keys_of(exp.schema)]
 CASES += [("allreduce_scaling", key) for key in keys_of(RunConfig)]
-CASES += [("allreduce_scaling", f"cluster.{key}") for key in ("max_ranks", "memory_gb",
-                                                              "timeout_min", "requeues")]  # fmt: skip
-CASES += [("auto_parallel", f"model.{key}") for key in ("n_layers", "d_model", "n_heads",
-                                                        "seq_len", "d_ff", "kv_heads")]  # fmt: skip
+CASES += [
+    ("allreduce_scaling", f"cluster.{key}")
+    for key in ("max_ranks", "memory_gb", "timeout_min", "requeues")
+]
+CASES += [
+    ("auto_parallel", f"model.{key}")
+    for key in ("n_layers", "d_model", "n_heads", "seq_len", "d_ff", "kv_heads")
+]
 CASES += [("zero_memory", f"model.{key}") for key in ("n_layers", "d_model", "bias")]
 
 
@@ -75,16 +79,27 @@ def composed():
     """Each experiment's config as the command line composes it, once (composing is most of
     a refusal's cost); an example overrides one key of a copy, as Hydra's override would."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        yield {name: compose("config", overrides=[f"experiment={name}", "cluster.memory_gb=32"],
-                             return_hydra_config=True) for name in experiments()}  # fmt: skip
+        yield {
+            name: compose(
+                "config",
+                overrides=[f"experiment={name}", "cluster.memory_gb=32"],
+                return_hydra_config=True,
+            )
+            for name in experiments()
+        }
 
 
 @pytest.mark.parametrize("name, key", CASES, ids=[f"{n}:{k}" for n, k in CASES])
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(value=VALUES)
-def test_a_generated_value_is_refused_naming_its_key_or_accepted(composed, tmp_path, name, key,
-                                                                 value):  # fmt: skip
+def test_a_generated_value_is_refused_naming_its_key_or_accepted(
+    composed, tmp_path, name, key, value
+):
     cfg = composed[name].copy()
     override = f"{key}={hydra_text(value)}"
     try:  # what Hydra does with the override: its type checked against the schema
@@ -136,15 +151,19 @@ def test_every_numeric_key_declares_its_range():
     ends (`bench.config.bounded` and its kin), so `--help` shows them and `check_types`
     refuses a value past them before any rank starts, naming the key."""
     assert len(NUMERIC) > 100, len(NUMERIC)
-    missing = [f"{name}:{key}" for name, key, _, f in NUMERIC
-               if f.metadata.get("ge") is None or f.metadata.get("le") is None]  # fmt: skip
+    missing = [
+        f"{name}:{key}"
+        for name, key, _, f in NUMERIC
+        if f.metadata.get("ge") is None or f.metadata.get("le") is None
+    ]
     assert not missing, f"numeric keys without a declared range: {missing}"
 
 
 @pytest.mark.parametrize("side", ["above", "below"])
 @pytest.mark.parametrize("name, key, kind, f", NUMERIC, ids=[f"{n}:{k}" for n, k, _, _ in NUMERIC])
-def test_a_value_past_its_declared_bound_is_refused_naming_the_key(composed, tmp_path, name,
-                                                                    key, kind, f, side):  # fmt: skip
+def test_a_value_past_its_declared_bound_is_refused_naming_the_key(
+    composed, tmp_path, name, key, kind, f, side
+):
     """Just past either end of the declared range: refused in one line naming the key and
     the range (what `--help` shows), before any rank or file."""
     bound = f.metadata["le"] if side == "above" else f.metadata["ge"]

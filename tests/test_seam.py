@@ -91,8 +91,14 @@ def test_an_in_process_grid_starts_no_rank_pool_and_a_raising_cell_fails_its_row
 
     monkeypatch.setattr(bench.runner, "RankPool", no_pool)
     experiment = _arithmetic()
-    df = run_experiment(experiment, _Config(), report_dir=tmp_path, cluster=ClusterConfig(),
-                        resume=False, wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
+    df = run_experiment(
+        experiment,
+        _Config(),
+        report_dir=tmp_path,
+        cluster=ClusterConfig(),
+        resume=False,
+        wandb_cfg=WandbConfig(mode="disabled"),
+    )
     rows = df.set_index("cell")
     assert list(rows["status"]) == ["ok", "failed", "ok"]
     assert "ArithmeticError: no such plan" in rows.loc["b", "error"]
@@ -104,8 +110,14 @@ def test_an_in_process_grid_starts_no_rank_pool_and_a_raising_cell_fails_its_row
 def test_an_in_process_cell_past_its_timeout_fails_and_the_grid_goes_on(tmp_path):
     experiment = _arithmetic()
     cfg = _Config(fail="", hang="a", timeout_s=0.5)
-    df = run_experiment(experiment, cfg, report_dir=tmp_path, cluster=ClusterConfig(),
-                        resume=False, wandb_cfg=WandbConfig(mode="disabled"))  # fmt: skip
+    df = run_experiment(
+        experiment,
+        cfg,
+        report_dir=tmp_path,
+        cluster=ClusterConfig(),
+        resume=False,
+        wandb_cfg=WandbConfig(mode="disabled"),
+    )
     rows = df.set_index("cell")
     assert list(rows["status"]) == ["failed", "ok", "ok"]
     assert "timed out after 0.5 s" in rows.loc["a", "error"]

@@ -47,12 +47,18 @@ def test_registered():
         ({"sp_degrees": [0, 2]}, ["sp_degrees", "≥ 1"]),
         ({"seq_lens": [16, 0]}, ["seq_lens", "≥ 1"]),
         ({"seq_lens": [True]}, ["seq_lens"]),
-        ({"methods": ["ulysses"], "sp_degrees": [1, 3]},
-         ["sp_degrees=[3]", "model.n_heads=4", "ulysses", "allowed sp_degrees: [1, 2, 4]"]),
-        ({"methods": ["megatron_sp"], "model": {**TINY, "n_heads": 2}, "sp_degrees": [4]},
-         ["sp_degrees=[4]", "model.n_heads=2", "megatron_sp"]),
-        ({"methods": ["megatron_sp"], "model": {**TINY, "d_ff": 30}, "sp_degrees": [4]},
-         ["sp_degrees=[4]", "model.d_ff=30", "megatron_sp"]),
+        (
+            {"methods": ["ulysses"], "sp_degrees": [1, 3]},
+            ["sp_degrees=[3]", "model.n_heads=4", "ulysses", "allowed sp_degrees: [1, 2, 4]"],
+        ),
+        (
+            {"methods": ["megatron_sp"], "model": {**TINY, "n_heads": 2}, "sp_degrees": [4]},
+            ["sp_degrees=[4]", "model.n_heads=2", "megatron_sp"],
+        ),
+        (
+            {"methods": ["megatron_sp"], "model": {**TINY, "d_ff": 30}, "sp_degrees": [4]},
+            ["sp_degrees=[4]", "model.d_ff=30", "megatron_sp"],
+        ),
         ({"model": {**TINY, "seq_len": 64}}, ["model.seq_len", "seq_lens"]),
         ({"model": {**TINY, "dropout": 0.1}}, ["model.dropout", "0.0"]),
         ({"model": {**TINY, "n_heads": 3}}, ["model", "n_heads"]),
@@ -61,7 +67,7 @@ def test_registered():
         ({"timeout_s": 0}, ["timeout_s"]),
         ({"tp_degrees": [2]}, ["tp_degrees", "sp_degrees"]),
     ],
-)  # fmt: skip
+)
 def test_bad_config_is_refused_naming_the_key(values, needles):
     with pytest.raises(ValueError) as error:
         EXPERIMENT.parse({"model": TINY, **values})
@@ -78,8 +84,9 @@ def test_lengths_p_does_not_divide_and_any_ring_degree_are_accepted():
 
 
 def test_grid_is_every_method_degree_and_length_by_ascending_degree():
-    cfg = SequenceParallelConfig(sp_degrees=[4, 1, 2], seq_lens=[9, 8], model=TINY,
-                                 memory_budget_bytes=1 << 20)  # fmt: skip
+    cfg = SequenceParallelConfig(
+        sp_degrees=[4, 1, 2], seq_lens=[9, 8], model=TINY, memory_budget_bytes=1 << 20
+    )
     grid = cells(cfg)
     assert len(grid) == 3 * 3 * 2
     sizes = [c.world_size for c in grid]
@@ -91,9 +98,14 @@ def test_grid_is_every_method_degree_and_length_by_ascending_degree():
 
         def modelled(s, c=c):
             return implementation_activation_bytes(
-                c.key["method"], sp=c.key["sp"], batch=cfg.batch_size, seq_len=s,
-                d_model=16, n_heads=4, d_ff=64,
-            )  # fmt: skip
+                c.key["method"],
+                sp=c.key["sp"],
+                batch=cfg.batch_size,
+                seq_len=s,
+                d_model=16,
+                n_heads=4,
+                d_ff=64,
+            )
 
         assert c.carry.longest == longest_seq_len(modelled, 1 << 20, TINY["n_layers"]) > 0
     assert {(c.key["method"], c.key["seq_len"]) for c in grid if c.world_size == 2} == {
@@ -123,8 +135,13 @@ def test_implementation_model_keeps_megatron_sp_gathered_inputs_whole():
 
 
 def _rank(rank: int, sent: tuple[int, int], wrong: int = 0) -> dict:
-    traffic = {"bytes_sent": 0, "bytes_recv": 0, "messages_sent": 0, "messages_recv": 0,
-               "rounds": 4}  # fmt: skip
+    traffic = {
+        "bytes_sent": 0,
+        "bytes_recv": 0,
+        "messages_sent": 0,
+        "messages_recv": 0,
+        "rounds": 4,
+    }
     return {
         "rank": rank,
         "fwd": {**traffic, "bytes_sent": sent[0], "bytes_recv": sent[0]},
@@ -141,8 +158,15 @@ def _rank(rank: int, sent: tuple[int, int], wrong: int = 0) -> dict:
 
 
 def _cell(method: str, sp: int, seq_len: int):
-    cfg = SequenceParallelConfig(methods=[method], sp_degrees=[sp], seq_lens=[seq_len],
-                                 model=TINY, batch_size=1, warmup=0, repeats=1)  # fmt: skip
+    cfg = SequenceParallelConfig(
+        methods=[method],
+        sp_degrees=[sp],
+        seq_lens=[seq_len],
+        model=TINY,
+        batch_size=1,
+        warmup=0,
+        repeats=1,
+    )
     (cell,) = cells(cfg)
     return cfg, cell
 

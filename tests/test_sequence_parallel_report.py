@@ -46,35 +46,61 @@ def _per_link(method: str, sp: int, seq_len: int) -> int:
     }[method]
 
 
-def _row(method: str, sp: int, seq_len: int, *, comm_off: float = 1.0,
-         activation_off: float = 1.0, wrong: int = 0) -> dict:  # fmt: skip
+def _row(
+    method: str,
+    sp: int,
+    seq_len: int,
+    *,
+    comm_off: float = 1.0,
+    activation_off: float = 1.0,
+    wrong: int = 0,
+) -> dict:
     predicted = _per_link(method, sp, seq_len)
     counted = int(predicted * comm_off)
     model = 17 * B * -(-seq_len // sp) * H * E
     paper = 34 * seq_len * B * H // sp
     return {
-        "method": method, "sp": sp, "seq_len": seq_len, "world_size": sp, "batch_size": B,
-        "d_model": H, "n_heads": A, "d_ff": 4 * H, "local_seq_len": -(-seq_len // sp),
+        "method": method,
+        "sp": sp,
+        "seq_len": seq_len,
+        "world_size": sp,
+        "batch_size": B,
+        "d_model": H,
+        "n_heads": A,
+        "d_ff": 4 * H,
+        "local_seq_len": -(-seq_len // sp),
         "padded_positions": -(-seq_len // sp) * sp - seq_len,
         "comm_bytes_per_link_per_layer": counted,
         "predicted_comm_bytes_per_link_per_layer": predicted,
         "comm_vs_predicted": counted / predicted if predicted else np.nan,
         "comm_bytes_recv_per_link_per_layer": counted,
-        "comm_bytes_fwd": counted // 2, "predicted_comm_bytes_fwd": predicted // 2,
-        "comm_bytes_bwd": counted - counted // 2, "predicted_comm_bytes_bwd": predicted // 2,
-        "comm_rounds": 8 if sp > 1 else 0, "predicted_comm_rounds": 8 if sp > 1 else 0,
+        "comm_bytes_fwd": counted // 2,
+        "predicted_comm_bytes_fwd": predicted // 2,
+        "comm_bytes_bwd": counted - counted // 2,
+        "predicted_comm_bytes_bwd": predicted // 2,
+        "comm_rounds": 8 if sp > 1 else 0,
+        "predicted_comm_rounds": 8 if sp > 1 else 0,
         "grad_sync_bytes_per_step": 1000 * (sp > 1),
         "activation_bytes_per_rank": model * activation_off,
         "model_activation_bytes_per_rank": model,
         "activation_vs_model": activation_off,
         "predicted_activation_bytes_per_rank": paper,
         "activation_vs_predicted": model * activation_off / paper,
-        "param_bytes": 50_000, "grad_bytes": 50_000, "peak_bytes": 100_000 + model,
-        "memory_budget_bytes": 1 << 30, "budget_layers": 4,
-        "max_seq_len_in_budget": LONGEST[method] * sp, "paper_max_seq_len_in_budget": 500 * sp,
-        "step_time_s": 0.01 * sp, "max_error": 3e-7 if not wrong else 0.5,
-        "tolerance": 1e-4, "wrong": wrong, "status": "ok", "error": "", **METADATA,
-    }  # fmt: skip
+        "param_bytes": 50_000,
+        "grad_bytes": 50_000,
+        "peak_bytes": 100_000 + model,
+        "memory_budget_bytes": 1 << 30,
+        "budget_layers": 4,
+        "max_seq_len_in_budget": LONGEST[method] * sp,
+        "paper_max_seq_len_in_budget": 500 * sp,
+        "step_time_s": 0.01 * sp,
+        "max_error": 3e-7 if not wrong else 0.5,
+        "tolerance": 1e-4,
+        "wrong": wrong,
+        "status": "ok",
+        "error": "",
+        **METADATA,
+    }
 
 
 def results() -> pd.DataFrame:
@@ -85,13 +111,22 @@ def results() -> pd.DataFrame:
     for method in LONGEST:
         for sp in (1, 2, 4):
             for seq_len in (16, 27):
-                off = {("ring_attention", 4, 27): {"comm_off": 1.1},
-                       ("ulysses", 2, 27): {"activation_off": 1.03},
-                       ("ulysses", 4, 16): {"wrong": 1}}.get((method, sp, seq_len), {})  # fmt: skip
+                off = {
+                    ("ring_attention", 4, 27): {"comm_off": 1.1},
+                    ("ulysses", 2, 27): {"activation_off": 1.03},
+                    ("ulysses", 4, 16): {"wrong": 1},
+                }.get((method, sp, seq_len), {})
                 rows.append(_row(method, sp, seq_len, **off))
     failed = {k: np.nan for k in rows[0]}
-    failed.update(method="megatron_sp", sp=8, seq_len=16, world_size=8, status="failed",
-                  error="RankFailure: rank 5 timed out after 300 s", **METADATA)  # fmt: skip
+    failed.update(
+        method="megatron_sp",
+        sp=8,
+        seq_len=16,
+        world_size=8,
+        status="failed",
+        error="RankFailure: rank 5 timed out after 300 s",
+        **METADATA,
+    )
     return pd.DataFrame([*rows, failed])
 
 
@@ -104,8 +139,13 @@ def report(tmp_path_factory):
 
 def test_files_and_headline_round_trip(report):
     headline, _, out = report
-    for name in ("report.md", "headline.json", "comm_per_link.png", "ulysses_vs_megatron.png",
-                 "activation_per_rank.png"):  # fmt: skip
+    for name in (
+        "report.md",
+        "headline.json",
+        "comm_per_link.png",
+        "ulysses_vs_megatron.png",
+        "activation_per_rank.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     assert json.loads((out / "headline.json").read_text()) == headline
 
@@ -136,8 +176,9 @@ def test_activation_model_error_is_the_worst_row_and_longest_is_per_method(repor
     assert longest["megatron_sp"]["1"]["model"] == 1000
     assert "+3.00%" in text and "1 GiB" in text
     figures = {f["figure"]: f for f in headline["figures"]}
-    figure = figures["Ulysses: longest s within 1 GiB per rank, 4 layers, P = 4 "
-                     "(validated implementation model)"]  # fmt: skip
+    figure = figures[
+        "Ulysses: longest s within 1 GiB per rank, 4 layers, P = 4 (validated implementation model)"
+    ]
     assert figure["model"] == "8,000" and figure["measured"] == "—"  # a model's output
     assert figure["theory"] == "2,000 (paper formula)" and figure["gap"] == "4.00×"
 
@@ -180,8 +221,9 @@ def test_single_rank_and_empty_runs(tmp_path):
 def test_degenerate_figures_hold_no_claim(tmp_path, fill):
     frame = results()
     keep = {*EXPERIMENT.key_columns, "world_size", "host_cores"}
-    measured = [c for c in frame.columns
-                if c not in keep and pd.api.types.is_numeric_dtype(frame[c])]  # fmt: skip
+    measured = [
+        c for c in frame.columns if c not in keep and pd.api.types.is_numeric_dtype(frame[c])
+    ]
     frame[measured] = fill
     headline = EXPERIMENT.report_on(frame, tmp_path, None)
     assert headline["findings"] and not any(f["holds"] for f in headline["findings"])

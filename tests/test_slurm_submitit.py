@@ -55,8 +55,9 @@ def sweep_command(tmp_path: Path, grid: list[str], *overrides: str) -> tuple[lis
 def sweep(tmp_path: Path, grid: list[str], *overrides: str):
     """Run a submitit_local multirun; return results.csv, the jobs' logs and the output."""
     command, env = sweep_command(tmp_path, grid, *overrides)
-    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=240)  # fmt: skip
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240
+    )
     logs = sorted((tmp_path / "sweep" / ".submitit").glob("*/*_log.*"))
     detail = done.stdout[-3000:] + done.stderr[-3000:]
     detail += "".join(f"\n--- {p.name} ---\n{p.read_text()[-3000:]}" for p in logs)
@@ -76,12 +77,18 @@ def test_time_limit_partition_and_requeues_are_cluster_keys():
     keys = ["cluster.timeout_min=7", "cluster.partition=gpu", "cluster.requeues=5"]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         slurm = compose("config", [*TINY_GRID, "cluster=slurm", *keys], return_hydra_config=True)
-        local = compose("config", [*TINY_GRID, "cluster=slurm", "hydra/launcher=submitit_local",
-                                   *keys], return_hydra_config=True)  # fmt: skip
+        local = compose(
+            "config",
+            [*TINY_GRID, "cluster=slurm", "hydra/launcher=submitit_local", *keys],
+            return_hydra_config=True,
+        )
     launcher = OmegaConf.to_container(slurm.hydra.launcher, resolve=True)
     assert launcher["_target_"].endswith("SlurmLauncher")
     assert (launcher["timeout_min"], launcher["partition"], launcher["max_num_timeout"]) == (
-        7, "gpu", 5)  # fmt: skip
+        7,
+        "gpu",
+        5,
+    )
     assert OmegaConf.to_container(local.hydra.launcher, resolve=True)["timeout_min"] == 7
     assert (slurm.cluster.kind, slurm.cluster.backend) == ("slurm", "auto")
 
@@ -129,13 +136,23 @@ def test_preempted_job_is_requeued_and_resumes_its_grid(tmp_path):
     # executor. Signalled after its second cell, the job must come back and measure only
     # the cells it had not finished.
     sizes = [4096 * k for k in range(1, 13)]
-    grid = [*TINY_GRID[:2], f"message_bytes=[{','.join(map(str, sizes))}]", "algorithms=[ring]",
-            "paired=false", "repeats=2", "warmup=0", "window_s=0.3", "max_iters=100000",
-            "timeout_s=60", "wandb.mode=disabled"]  # fmt: skip
+    grid = [
+        *TINY_GRID[:2],
+        f"message_bytes=[{','.join(map(str, sizes))}]",
+        "algorithms=[ring]",
+        "paired=false",
+        "repeats=2",
+        "warmup=0",
+        "window_s=0.3",
+        "max_iters=100000",
+        "timeout_s=60",
+        "wandb.mode=disabled",
+    ]
     command, env = sweep_command(tmp_path, grid)
     results = tmp_path / "report" / "results.csv"
-    with subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True) as proc:  # fmt: skip
+    with subprocess.Popen(
+        command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
         deadline = time.monotonic() + 120
         while not (results.exists() and len(pd.read_csv(results)) >= 2):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()

@@ -43,13 +43,17 @@ def _write(path: Path, rows: list[dict[str, str]]) -> None:
 
 def _zero_row(rows: list[dict[str, str]]) -> int:
     """The pandas index of a zero_memory row planner_validation reads as ground truth."""
-    return next(i for i, r in enumerate(rows) if r["status"] == "ok"
-                and r["impl"] == "distbench" and r["method"] == "zero2")  # fmt: skip
+    return next(
+        i
+        for i, r in enumerate(rows)
+        if r["status"] == "ok" and r["impl"] == "distbench" and r["method"] == "zero2"
+    )
 
 
 def _ground_truth(root: Path, source: str = "zero_memory") -> list[dict]:
-    return experiment.ground_truth(PlannerValidationConfig(reports_root=str(root),
-                                                           sources=[source]))  # fmt: skip
+    return experiment.ground_truth(
+        PlannerValidationConfig(reports_root=str(root), sources=[source])
+    )
 
 
 def test_unmodified_copy_is_accepted(tmp_path):
@@ -58,11 +62,19 @@ def test_unmodified_copy_is_accepted(tmp_path):
     assert truths and all(t["measured_peak_bytes"] > 0 for t in truths)
 
 
-@pytest.mark.parametrize(("column", "value"), [
-    ("peak_bytes", "nan"), ("peak_bytes", "-1"), ("peak_bytes", "abc"), ("peak_bytes", ""),
-    ("peak_bytes", "inf"), ("step_time_s", "0"), ("step_time_s", "-1"),
-    ("step_time_s", "nan"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("peak_bytes", "nan"),
+        ("peak_bytes", "-1"),
+        ("peak_bytes", "abc"),
+        ("peak_bytes", ""),
+        ("peak_bytes", "inf"),
+        ("step_time_s", "0"),
+        ("step_time_s", "-1"),
+        ("step_time_s", "nan"),
+    ],
+)
 def test_bad_measurement_is_refused_naming_file_line_column(tmp_path, column, value):
     path = _copy(tmp_path, "zero_memory")
     rows = _rows(path)
@@ -73,16 +85,18 @@ def test_bad_measurement_is_refused_naming_file_line_column(tmp_path, column, va
         _ground_truth(tmp_path)
     message = str(caught.value)
     assert "\n" not in message
-    assert message == (f"{path}:{i + 2}: column {column} is {value!r}; a measurement must be a "
-                       "finite number > 0")  # fmt: skip
+    assert message == (
+        f"{path}:{i + 2}: column {column} is {value!r}; a measurement must be a finite number > 0"
+    )
 
 
 def test_missing_column_is_refused_naming_file_and_header(tmp_path):
     path = _copy(tmp_path, "zero_memory")
     rows = [{k: v for k, v in r.items() if k != "peak_bytes"} for r in _rows(path)]
     _write(path, rows)
-    with pytest.raises(ValueError, match=re.escape(f"{path}:1: the header has no peak_bytes "
-                                                   "column")):  # fmt: skip
+    with pytest.raises(
+        ValueError, match=re.escape(f"{path}:1: the header has no peak_bytes column")
+    ):
         _ground_truth(tmp_path)
 
 
@@ -103,12 +117,19 @@ def _ground_truth_of_committed(tmp_path: Path) -> list[dict]:
 def test_pipeline_source_is_checked(tmp_path):
     path = _copy(tmp_path, "pipeline_utilization")
     rows = _rows(path)
-    i = next(i for i, r in enumerate(rows) if r["status"] == "ok" and r["impl"] == "distbench"
-             and r["slicing"] == "equal" and r["schedule"] == "1f1b")  # fmt: skip
+    i = next(
+        i
+        for i, r in enumerate(rows)
+        if r["status"] == "ok"
+        and r["impl"] == "distbench"
+        and r["slicing"] == "equal"
+        and r["schedule"] == "1f1b"
+    )
     rows[i]["replayed_makespan_s"] = "-1"
     _write(path, rows)
-    with pytest.raises(ValueError, match=re.escape(f"{path}:{i + 2}: column "
-                                                   "replayed_makespan_s is '-1'")):  # fmt: skip
+    with pytest.raises(
+        ValueError, match=re.escape(f"{path}:{i + 2}: column replayed_makespan_s is '-1'")
+    ):
         _ground_truth(tmp_path, "pipeline_utilization")
 
 
@@ -119,8 +140,7 @@ def test_alpa_slicing_checks_the_rows_it_shows(tmp_path):
     i = next(i for i, r in enumerate(rows) if r["status"] == "ok" and r["slicing"] == "alpa")
     rows[i]["step_time_s"] = "nan"
     _write(path, rows)
-    with pytest.raises(ValueError, match=re.escape(f"{path}:{i + 2}: column step_time_s is "
-                                                   "'nan'")):  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape(f"{path}:{i + 2}: column step_time_s is 'nan'")):
         report._check_pairs(path, PAIR_KEYS)
 
 
@@ -131,11 +151,22 @@ def test_app_refuses_a_bad_source_as_bad_config_before_work(tmp_path):
     rows[i]["peak_bytes"] = "nan"
     _write(path, rows)
     out = tmp_path / "out"
-    argv = ["experiment=planner_validation", "profile=ci", "wandb.mode=disabled",
-            f"reports_root={tmp_path / 'reports'}", "sources=[zero_memory]",
-            f"report_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "bench", *argv], cwd=REPO_ROOT, text=True,
-                          capture_output=True, timeout=120)  # fmt: skip
+    argv = [
+        "experiment=planner_validation",
+        "profile=ci",
+        "wandb.mode=disabled",
+        f"reports_root={tmp_path / 'reports'}",
+        "sources=[zero_memory]",
+        f"report_dir={out}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", *argv],
+        cwd=REPO_ROOT,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 2 and "Traceback" not in output, output
     assert f"bad config: {path}:{i + 2}: column peak_bytes is 'nan'" in output, output

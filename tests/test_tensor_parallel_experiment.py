@@ -90,7 +90,7 @@ def _rank(rank: int, method: str) -> dict:
             "current": {"params": 400},
             "peak": {"activations": 900 + rank},
             "peak_total": 1500 + rank,
-        },  # fmt: skip
+        },
         "step_times_s": [0.2, 0.4, 0.3],
         "twin_step_times_s": [0.1, 0.2, 0.3],
     }

@@ -20,9 +20,14 @@ import pytest
 from bench.experiments.tensor_parallel.experiment import EXPERIMENT
 
 METADATA = {
-    "git_sha": "abc1234", "torch_version": "2.13.0", "backend": "gloo", "device": "cpu",
-    "host": "testhost", "host_cores": 2, "timestamp": "2025-01-01T00:00:00",
-}  # fmt: skip
+    "git_sha": "abc1234",
+    "torch_version": "2.13.0",
+    "backend": "gloo",
+    "device": "cpu",
+    "host": "testhost",
+    "host_cores": 2,
+    "timestamp": "2025-01-01T00:00:00",
+}
 MODEL = {"d_model": 16, "n_heads": 4, "n_layers": 2, "seq_len": 8, "vocab_size": 32}
 
 
@@ -30,9 +35,17 @@ def _row(method: str, t: int, ratio: float = 0.9, **over) -> dict:
     ours = method == "distbench"
     predicted = 0 if t == 1 else 2 * 2 * (t - 1) * 256 // t * 4
     row = {
-        "method": method, "tp": t, "impl": "distbench" if ours else "torch", "params": 5000,
-        **MODEL, "batch_size": 2, "steps": 3, "loss": 2.9, "loss_diff": 1e-7,
-        "update_error": 3e-7, "wrong": 0,
+        "method": method,
+        "tp": t,
+        "impl": "distbench" if ours else "torch",
+        "params": 5000,
+        **MODEL,
+        "batch_size": 2,
+        "steps": 3,
+        "loss": 2.9,
+        "loss_diff": 1e-7,
+        "update_error": 3e-7,
+        "wrong": 0,
         "comm_bytes_per_layer_fwd": predicted if ours else math.nan,
         "comm_bytes_per_layer_bwd": predicted if ours else math.nan,
         "comm_rounds_per_layer_fwd": 4 * (t - 1) if ours else math.nan,
@@ -42,11 +55,18 @@ def _row(method: str, t: int, ratio: float = 0.9, **over) -> dict:
         "predicted_comm_bytes_per_layer_fwd": predicted,
         "predicted_comm_bytes_per_layer_bwd": predicted,
         "predicted_allreduces_per_layer": 4 if t > 1 else 0,
-        "param_bytes": 20000 // t, "activation_bytes": 90000 // t, "peak_bytes": 120000 // t,
-        "step_time_s": 0.01 * ratio if ours else 0.01, "twin_step_time_s": 0.01,
-        "step_time_vs_twin": ratio if ours else 1.0, "twin": "torch_dtensor",
-        "status": "ok", "error": "", **METADATA, "world_size": t,
-    }  # fmt: skip
+        "param_bytes": 20000 // t,
+        "activation_bytes": 90000 // t,
+        "peak_bytes": 120000 // t,
+        "step_time_s": 0.01 * ratio if ours else 0.01,
+        "twin_step_time_s": 0.01,
+        "step_time_vs_twin": ratio if ours else 1.0,
+        "twin": "torch_dtensor",
+        "status": "ok",
+        "error": "",
+        **METADATA,
+        "world_size": t,
+    }
     row["allreduces_per_layer"] = row["allreduces_per_layer_fwd"] + row["allreduces_per_layer_bwd"]
     row["collectives_per_layer"] = row["allreduces_per_layer"]
     row.update(over)
@@ -64,11 +84,19 @@ def _write(frame: pd.DataFrame, out) -> tuple[dict, str]:
 
 
 def test_report_states_the_count_the_ratio_and_writes_every_artefact(tmp_path):
-    rows = [_row(m, t, ratio=1.2 if t == 4 else 0.9) for t in (1, 2, 4)
-            for m in ("distbench", "torch_dtensor")]  # fmt: skip
+    rows = [
+        _row(m, t, ratio=1.2 if t == 4 else 0.9)
+        for t in (1, 2, 4)
+        for m in ("distbench", "torch_dtensor")
+    ]
     headline, text = _write(_frame(rows), tmp_path)
-    for name in ("report.md", "headline.json", "comm_per_layer.png", "memory_per_rank.png",
-                 "step_time.png"):  # fmt: skip
+    for name in (
+        "report.md",
+        "headline.json",
+        "comm_per_layer.png",
+        "memory_per_rank.png",
+        "step_time.png",
+    ):
         assert (tmp_path / name).stat().st_size > 0, name
     assert json.loads((tmp_path / "headline.json").read_text()) == headline
     assert "equal the analytic count at every t" in text
@@ -139,9 +167,12 @@ def test_a_single_degree_run_has_no_speed_verdict(tmp_path):
 @pytest.mark.parametrize("fill", [0.0, np.nan], ids=["zero", "nan"])
 def test_degenerate_figures_meet_no_target_and_break_the_claims(tmp_path, fill):
     frame = _frame()
-    measured = [c for c in frame.columns
-                if c not in (*EXPERIMENT.key_columns, "host_cores", "world_size")
-                and pd.api.types.is_numeric_dtype(frame[c])]  # fmt: skip
+    measured = [
+        c
+        for c in frame.columns
+        if c not in (*EXPERIMENT.key_columns, "host_cores", "world_size")
+        and pd.api.types.is_numeric_dtype(frame[c])
+    ]
     frame[measured] = fill
     headline, text = _write(frame, tmp_path)
     assert not headline["targets"][0]["met"]

@@ -55,20 +55,31 @@ def test_a_paired_collective_cell_gives_both_sides_one_count_and_a_balanced_orde
         seen.update(iters=dict(iters), balanced=balanced, sides=list(sides))
         return {name: timing.Timed(seconds=[1e-3] * repeats) for name in sides}
 
-    bufs = SimpleNamespace(run_distbench=lambda: None, run_torch=lambda: None, expected=None,
-                           run_algorithm=None, fill=lambda pattern: None)  # fmt: skip
+    bufs = SimpleNamespace(
+        run_distbench=lambda: None,
+        run_torch=lambda: None,
+        expected=None,
+        run_algorithm=None,
+        fill=lambda pattern: None,
+    )
     spec = SimpleNamespace(build=lambda comm, numel, dtype, algorithm: bufs)
-    comm = SimpleNamespace(group=None, reset_counters=lambda: None,
-                           counters=SimpleNamespace(as_dict=lambda: {}))  # fmt: skip
+    comm = SimpleNamespace(
+        group=None, reset_counters=lambda: None, counters=SimpleNamespace(as_dict=lambda: {})
+    )
     monkeypatch.setattr(kit, "Communicator", lambda: comm)
     monkeypatch.setitem(kit.COLLECTIVES, "all_reduce", spec)
     monkeypatch.setattr(kit, "calibrate_iters", lambda step, window_s, top, group: next(counts))
     monkeypatch.setattr(kit, "alternate", spy_alternate)
-    cfg = AllReduceScalingConfig(algorithms=["ring"], world_sizes=[2], message_bytes=[4 << 20],
-                                 repeats=5, warmup=0)  # fmt: skip
-    cell = SimpleNamespace(carry=kit.CollectiveCall("all_reduce", "distbench", "ring"),
-                           key={"message_bytes": 4 << 20})  # fmt: skip
+    cfg = AllReduceScalingConfig(
+        algorithms=["ring"], world_sizes=[2], message_bytes=[4 << 20], repeats=5, warmup=0
+    )
+    cell = SimpleNamespace(
+        carry=kit.CollectiveCall("all_reduce", "distbench", "ring"), key={"message_bytes": 4 << 20}
+    )
     row = kit.measure_collective(cfg, cell)
-    assert seen == {"iters": {"time_s": 6, "torch_time_s": 6}, "balanced": True,
-                    "sides": ["time_s", "torch_time_s"]}  # fmt: skip
+    assert seen == {
+        "iters": {"time_s": 6, "torch_time_s": 6},
+        "balanced": True,
+        "sides": ["time_s", "torch_time_s"],
+    }
     assert row["iters"] == 6 and row["time_s"] == row["torch_time_s"] == 1e-3

@@ -267,9 +267,14 @@ RESULTS = REPO_ROOT / "reports" / "gradient_compression"
 def curves_process(tmp_path_factory):
     """The CURVES logger, started at once so that it runs beside the CLI's grid."""
     root = tmp_path_factory.mktemp("curves")
-    process = subprocess.Popen([sys.executable, "-c", CURVES, str(RESULTS)], cwd=REPO_ROOT,
-                               env=_offline_env(root, "http://127.0.0.1:9"), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-c", CURVES, str(RESULTS)],
+        cwd=REPO_ROOT,
+        env=_offline_env(root, "http://127.0.0.1:9"),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     yield root, process
     if process.poll() is None:
         process.kill()
@@ -348,8 +353,15 @@ def test_every_headline_chart_is_a_native_wandb_chart(name):
 
 
 def test_table_columns_keep_types_and_encode_only_what_must_be():
-    df = pd.DataFrame({"n": [1, 2], "x": [0.5, float("nan")], "ok": [True, False],
-                       "name": ["a", None], "curve": [[1, 2], {"a": 1}]})  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "n": [1, 2],
+            "x": [0.5, float("nan")],
+            "ok": [True, False],
+            "name": ["a", None],
+            "curve": [[1, 2], {"a": 1}],
+        }
+    )
     columns, rows = table_columns(df)
     assert columns == ["n", "x", "ok", "name", "curve"]
     assert rows == [[1, 0.5, True, "a", "[1, 2]"], [2, None, False, None, '{"a": 1}']]
@@ -365,7 +377,8 @@ def test_disabled_never_imports_wandb(tmp_path):
         "logger.finish()\n"
         "print('wandb' in sys.modules, threading.active_count())\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "1"]

@@ -38,8 +38,14 @@ def test_registered_before_max_model_size_which_reads_its_results():
 def test_defaults_are_the_runs_users_made():
     """The schema is the one source of defaults: the values the YAML used to list."""
     cfg = EXPERIMENT.parse({})
-    assert cfg.model == {"d_model": 128, "n_layers": 6, "n_heads": 4, "seq_len": 64,
-                         "vocab_size": 256, "bias": False}  # fmt: skip
+    assert cfg.model == {
+        "d_model": 128,
+        "n_layers": 6,
+        "n_heads": 4,
+        "seq_len": 64,
+        "vocab_size": 256,
+        "bias": False,
+    }
     assert (cfg.batch_size, cfg.warmup, cfg.repeats, cfg.timeout_s) == (32, 2, 15, 900.0)
     assert cfg.precision == ["fp32", "bf16"] and cfg.world_sizes == [1, 2, 4, 8]
 
@@ -99,8 +105,9 @@ def test_ranks_train_like_one_process_and_count_what_the_cost_model_predicts(ran
     the parameters land on the single-process reference, ZeRO-3's ledger and counters
     equal the cost model to the byte, and the twins (torch's, and DDP without overlap)
     were timed beside the cell's own steps."""
-    cfg = ZeroMemoryConfig(stages=[3], world_sizes=[2], precision="fp32", warmup=0, repeats=2,
-                           methods=["ddp"], **SMALL)  # fmt: skip
+    cfg = ZeroMemoryConfig(
+        stages=[3], world_sizes=[2], precision="fp32", warmup=0, repeats=2, methods=["ddp"], **SMALL
+    )
     cell = next(c for c in cells(cfg) if c.key["method"] == method and c.world_size == 2)
     fn, args = EXPERIMENT.rank_call(cfg, cell)
     per_rank = ranks2.run(fn, *args)
@@ -155,8 +162,7 @@ def test_row_holds_what_the_ranks_measured_beside_the_prediction():
 
 
 def test_row_of_a_method_without_a_ledger_leaves_memory_empty():
-    cfg = ZeroMemoryConfig(stages=[0], world_sizes=[2], precision="fp32", methods=["ddp"],
-                           **SMALL)  # fmt: skip
+    cfg = ZeroMemoryConfig(stages=[0], world_sizes=[2], precision="fp32", methods=["ddp"], **SMALL)
     ddp = next(c for c in cells(cfg) if c.key["method"] == "ddp")
     per_rank = [_rank(r, None, 4000.0, None) for r in range(2)]
     per_rank[0]["no_overlap_step_times_s"] = [0.4, 0.6, 0.5]  # timed beside it, paired
@@ -178,11 +184,19 @@ def test_a_parameter_far_from_the_reference_marks_the_row_wrong():
 
 
 def test_command_line_refuses_a_stage_outside_0_to_3(tmp_path):
-    command = [sys.executable, "-m", "bench", "experiment=zero_memory", "stages=[1,5]",
-               f"report_dir={tmp_path / 'report'}", f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "experiment=zero_memory",
+        "stages=[1,5]",
+        f"report_dir={tmp_path / 'report'}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+    ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode != 0
     assert "stages" in done.stderr + done.stdout and "0, 1, 2, 3" in done.stderr + done.stdout
     assert not (tmp_path / "report" / "results.csv").exists()

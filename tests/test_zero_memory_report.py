@@ -34,10 +34,14 @@ METADATA = {
     "timestamp": "2025-01-01T00:00:00",
 }
 STAGE = {"dp": 0, "ddp": 0, "ddp_no_overlap": 0, "zero1": 1, "zero2": 2, "zero3": 3}
-TWIN = {"dp": "torch_ddp", "ddp": "torch_ddp", "ddp_no_overlap": "torch_ddp",
-        "zero1": "torch_zero_redundancy", "zero3": "torch_fsdp2"}  # fmt: skip
-TORCH_STEP_S = {"torch_ddp": 0.010, "torch_zero_redundancy": 0.020,
-                "torch_fsdp2": 0.030}  # fmt: skip
+TWIN = {
+    "dp": "torch_ddp",
+    "ddp": "torch_ddp",
+    "ddp_no_overlap": "torch_ddp",
+    "zero1": "torch_zero_redundancy",
+    "zero3": "torch_fsdp2",
+}
+TORCH_STEP_S = {"torch_ddp": 0.010, "torch_zero_redundancy": 0.020, "torch_fsdp2": 0.030}
 # Step time / twin's: the overlapped DDP beats torch DDP and its own no-overlap variant.
 DEFAULT_RATIO = {"ddp": 0.9, "ddp_no_overlap": 1.2}
 
@@ -58,30 +62,56 @@ def _ours(method: str, n: int, error: float = 0.0, ratio: float | None = None) -
     twin = TWIN.get(method, "")  # ZeRO-2 has none: torch has no ZeRO-2 proper
     torch_s = TORCH_STEP_S[twin] if twin else np.nan
     return {
-        "impl": "distbench", "method": method, "stage": stage, "world_size": n,
-        "precision": "fp32", "params": PSI, **measured,
+        "impl": "distbench",
+        "method": method,
+        "stage": stage,
+        "world_size": n,
+        "precision": "fp32",
+        "params": PSI,
+        **measured,
         "model_state_bytes": sum(measured.values()),
         "gathered_peak_bytes": 4 * PSI / 2 if stage == 3 else 0,
-        "activation_peak_bytes": 50_000, "peak_bytes": sum(measured.values()) + 50_000,
+        "activation_peak_bytes": 50_000,
+        "peak_bytes": sum(measured.values()) + 50_000,
         **{f"predicted_{k}": v for k, v in predicted.items()},
         "predicted_model_state_bytes": sum(predicted.values()),
         "model_state_error": error,
         "comm_bytes_per_step": multiple * PSI * 4,
         "predicted_comm_bytes_per_step": multiple * PSI * 4,
         "comm_psi_multiple": multiple,
-        "step_time_s": torch_s * ratio if twin else 0.02, "torch_step_time_s": torch_s,
-        "step_time_vs_torch": ratio if twin else np.nan, "twin": twin,
-        "loss": 2.5, "max_param_diff": 1e-7, "wrong": 0, "status": "ok", "error": "", **METADATA,
-    }  # fmt: skip
+        "step_time_s": torch_s * ratio if twin else 0.02,
+        "torch_step_time_s": torch_s,
+        "step_time_vs_torch": ratio if twin else np.nan,
+        "twin": twin,
+        "loss": 2.5,
+        "max_param_diff": 1e-7,
+        "wrong": 0,
+        "status": "ok",
+        "error": "",
+        **METADATA,
+    }
 
 
 def _torch(method: str, n: int) -> dict:
     """A torch baseline row: only time, loss and correctness are observable."""
     row = {k: np.nan for k in _ours("dp", 1)}
     stage = {"torch_ddp": 0, "torch_zero_redundancy": 1}.get(method, 3)
-    row.update(impl="torch", method=method, stage=stage, world_size=n, precision="fp32",
-               params=PSI, step_time_s=TORCH_STEP_S[method], twin="", loss=2.5,
-               max_param_diff=1e-7, wrong=0, status="ok", error="", **METADATA)  # fmt: skip
+    row.update(
+        impl="torch",
+        method=method,
+        stage=stage,
+        world_size=n,
+        precision="fp32",
+        params=PSI,
+        step_time_s=TORCH_STEP_S[method],
+        twin="",
+        loss=2.5,
+        max_param_diff=1e-7,
+        wrong=0,
+        status="ok",
+        error="",
+        **METADATA,
+    )
     return row
 
 
@@ -89,13 +119,23 @@ def results(errors: dict | None = None, ratios: dict | None = None) -> pd.DataFr
     """Every method at N = 1, 2, 4, 8 and a failed ZeRO-3 cell at N = 16; `errors` and
     `ratios` override single (method, N) cells."""
     errors, ratios = errors or {}, ratios or {}
-    rows = [_ours(m, n, errors.get((m, n), 0.0), ratios.get((m, n))) for m in STAGE
-            for n in (1, 2, 4, 8)]  # fmt: skip
+    rows = [
+        _ours(m, n, errors.get((m, n), 0.0), ratios.get((m, n)))
+        for m in STAGE
+        for n in (1, 2, 4, 8)
+    ]
     rows += [_torch(m, n) for m in TORCH_STEP_S for n in (1, 2, 4, 8)]
     failed = {k: np.nan for k in rows[0]}
-    failed.update(impl="distbench", method="zero3", stage=3, world_size=16, precision="fp32",
-                  status="failed", error="RankFailure: rank 5 timed out after 300 s",
-                  **METADATA)  # fmt: skip
+    failed.update(
+        impl="distbench",
+        method="zero3",
+        stage=3,
+        world_size=16,
+        precision="fp32",
+        status="failed",
+        error="RankFailure: rank 5 timed out after 300 s",
+        **METADATA,
+    )
     return pd.DataFrame([*rows, failed])
 
 
@@ -111,8 +151,10 @@ def target(headline: dict, prefix: str) -> dict:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("zero_memory")
-    frame = results(errors={("zero2", 8): 0.03, ("zero1", 4): -0.01},
-                    ratios={("zero3", 2): 1.4, ("zero3", 8): 1.9, ("dp", 2): 0.95})  # fmt: skip
+    frame = results(
+        errors={("zero2", 8): 0.03, ("zero1", 4): -0.01},
+        ratios={("zero3", 2): 1.4, ("zero3", 8): 1.9, ("dp", 2): 0.95},
+    )
     headline = write(frame, tmp_path)
     return headline, (tmp_path / "report.md").read_text(), tmp_path
 
@@ -172,8 +214,10 @@ def test_speed_targets_are_judged_on_every_world_size(report) -> None:
     assert zero3["worst"] == pytest.approx(1.9) and zero3["median"] == pytest.approx(1.2)
     assert zero3["worst_key"] == "method=zero3, world_size=8, precision=fp32"
     assert zero3["worst_crowded"] is True and zero3["met"] is False
-    assert zero3["missing"] == ["method=zero3, world_size=2, precision=fp32",
-                                "method=zero3, world_size=8, precision=fp32"]  # fmt: skip
+    assert zero3["missing"] == [
+        "method=zero3, world_size=2, precision=fp32",
+        "method=zero3, world_size=8, precision=fp32",
+    ]
     assert zero3["status"] == "not met in 2 of 4 cells (1 with more ranks than cores)"
     ddp = target(headline, "overlapped DDP step time ÷ torch DDP")
     assert ddp["where"]["method"] == "ddp"  # the overlapped DDP's target, not plain DP's
@@ -188,9 +232,16 @@ def test_speed_targets_are_judged_on_every_world_size(report) -> None:
 def test_step_time_ratios_take_the_worst_cell_of_every_n(report) -> None:
     headline, text, _ = report
     ratios = headline["step_time_vs_torch"]
-    assert ratios["zero3"] == {"ratio": pytest.approx(1.9), "median": pytest.approx(1.2),
-                               "cells": 4, "world_size": 8, "precision": "fp32",
-                               "basis": "paired", "crowded": True, "twin": "torch_fsdp2"}  # fmt: skip
+    assert ratios["zero3"] == {
+        "ratio": pytest.approx(1.9),
+        "median": pytest.approx(1.2),
+        "cells": 4,
+        "world_size": 8,
+        "precision": "fp32",
+        "basis": "paired",
+        "crowded": True,
+        "twin": "torch_fsdp2",
+    }
     assert ratios["dp"]["ratio"] == pytest.approx(1.0) and ratios["dp"]["cells"] == 4
     assert "zero2" not in ratios  # torch has no ZeRO-2 proper: no twin, no ratio
     assert ratios["ddp_vs_no_overlap"]["ratio"] == pytest.approx(0.75)
@@ -209,10 +260,15 @@ def test_unpaired_ratio_falls_back_to_the_torch_rows(tmp_path: Path) -> None:
     headline = write(frame, tmp_path)
     # 0.03 s against torch DDP's 0.01 s in its own cell at N = 2.
     assert headline["step_time_vs_torch"]["dp"] == {
-        "ratio": pytest.approx(3.0), "median": pytest.approx(1.0), "cells": 4,
-        "world_size": 2, "precision": "fp32", "basis": "separate cells", "crowded": False,
+        "ratio": pytest.approx(3.0),
+        "median": pytest.approx(1.0),
+        "cells": 4,
+        "world_size": 2,
+        "precision": "fp32",
+        "basis": "separate cells",
+        "crowded": False,
         "twin": "torch_ddp",
-    }  # fmt: skip
+    }
     assert "zero2" not in headline["step_time_vs_torch"]
 
 

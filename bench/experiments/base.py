@@ -100,5 +100,11 @@ class Experiment(Generic[C]):
         from bench.report.skeleton import write_report
 
         settings = asdict(cfg) if cfg is not None else {}
-        return write_report(self.report, df, report_dir, experiment=self.name,
-                            key_columns=self.key_columns, settings=settings)  # fmt: skip
+        return write_report(
+            self.report,
+            df,
+            report_dir,
+            experiment=self.name,
+            key_columns=self.key_columns,
+            settings=settings,
+        )

@@ -149,8 +149,9 @@ def measure_collective(cfg: TimedGridConfig, cell: Cell) -> dict[str, Any]:
     # fall on each side alike. With their own counts and a fixed order, ring ÷ torch at
     # N = 2, 4 MiB read 0.36x in CI and 0.65x here; 0.79–1.04x in seven runs after.
     iters = dict.fromkeys(sides, common_count(iters.values()))
-    timed = alternate(sides, warmup=0, repeats=repeats, group=comm.group, iters=iters,
-                      balanced=len(sides) > 1)  # fmt: skip
+    timed = alternate(
+        sides, warmup=0, repeats=repeats, group=comm.group, iters=iters, balanced=len(sides) > 1
+    )
     bufs.fill(True)
     comm.reset_counters()
     own()
@@ -160,8 +161,12 @@ def measure_collective(cfg: TimedGridConfig, cell: Cell) -> dict[str, Any]:
     auto = {}
     if call.algorithm == "auto" and call.impl == "distbench":
         choice = comm.tuner.last_choice
-        auto = {"auto_choice": choice, "auto_predicted_s": comm.tuner.predict(
-            choice, cell.key["message_bytes"], comm.world_size)}  # fmt: skip
+        auto = {
+            "auto_choice": choice,
+            "auto_predicted_s": comm.tuner.predict(
+                choice, cell.key["message_bytes"], comm.world_size
+            ),
+        }
         if auto_sides:
             auto["round_times_s"] = json.dumps({name: t.seconds for name, t in timed.items()})
     return {
@@ -201,9 +206,14 @@ def calibrated_tuner(cfg: TimedGridConfig, comm: Communicator) -> AllReduceTuner
     key = (comm.world_size, cfg.dtype, sizes, window_s, repeats)
     if key not in _TUNERS:
         _TUNERS[key] = AllReduceTuner().calibrate(
-            comm, sizes, dtype=getattr(torch, cfg.dtype), warmup=max(1, cfg.warmup),
-            repeats=max(5, repeats), window_s=window_s, max_iters=cfg.max_iters,
-        )  # fmt: skip
+            comm,
+            sizes,
+            dtype=getattr(torch, cfg.dtype),
+            warmup=max(1, cfg.warmup),
+            repeats=max(5, repeats),
+            window_s=window_s,
+            max_iters=cfg.max_iters,
+        )
     return _TUNERS[key]
 
 

@@ -25,8 +25,9 @@ __all__ = ["FIT_METHODS", "fit_alpha_beta", "fit_ring"]
 FIT_METHODS = ("median", "least_squares")
 
 
-def fit_alpha_beta(rounds: Sequence[float], nbytes: Sequence[float], times: Sequence[float],
-                   method: str = "median") -> tuple[float, float]:  # fmt: skip
+def fit_alpha_beta(
+    rounds: Sequence[float], nbytes: Sequence[float], times: Sequence[float], method: str = "median"
+) -> tuple[float, float]:
     """(α s per round, β s per byte) ≥ 0 of t ≈ α·rounds + β·nbytes, on relative error.
 
     Raises ValueError on fewer than two rows, a time that is not finite and positive, or
@@ -35,8 +36,10 @@ def fit_alpha_beta(rounds: Sequence[float], nbytes: Sequence[float], times: Sequ
         raise ValueError(f"method={method!r}; allowed: {', '.join(FIT_METHODS)}")
     r, m, t = (np.asarray(v, dtype=float) for v in (rounds, nbytes, times))
     if not (r.shape == m.shape == t.shape) or t.size < 2:
-        raise ValueError(f"an α–β fit needs ≥ 2 rows of rounds, bytes and times; got "
-                         f"{r.size}, {m.size} and {t.size}")  # fmt: skip
+        raise ValueError(
+            f"an α–β fit needs ≥ 2 rows of rounds, bytes and times; got "
+            f"{r.size}, {m.size} and {t.size}"
+        )
     if not (np.all(np.isfinite(t)) and np.all(t > 0)):
         raise ValueError(f"an α–β fit needs finite positive times; got {list(t)}")
     design = np.stack([r, m], axis=1) / t[:, None]
@@ -62,17 +65,21 @@ def fit_alpha_beta(rounds: Sequence[float], nbytes: Sequence[float], times: Sequ
     return float(alpha), float(beta)
 
 
-def fit_ring(n: int, sizes: Sequence[float], times: Sequence[float], *,
-             robust: bool = True) -> tuple[float, float]:  # fmt: skip
+def fit_ring(
+    n: int, sizes: Sequence[float], times: Sequence[float], *, robust: bool = True
+) -> tuple[float, float]:
     """(α, β) of a ring all-reduce on `n` ranks timed at ≥ 2 message sizes: 2(n − 1) rounds
     carrying 2(n − 1)/n · M bytes per rank (as `impls.costmodel.comm` prices it). `robust`: the median
     regression, else least squares. Floors α at 1 ns and β at 1e-15 s/B, so the link a
     preset builds from them has a finite bandwidth."""
     m = np.asarray(sizes, dtype=float)
     if n < 2 or len(set(m.tolist())) < 2:
-        raise ValueError(f"a ring fit needs N ≥ 2 and positive times at ≥ 2 sizes; got N={n}, "
-                         f"sizes={list(m)}, times={list(times)}")  # fmt: skip
+        raise ValueError(
+            f"a ring fit needs N ≥ 2 and positive times at ≥ 2 sizes; got N={n}, "
+            f"sizes={list(m)}, times={list(times)}"
+        )
     rounds = np.full_like(m, 2.0 * (n - 1))
-    alpha, beta = fit_alpha_beta(rounds, 2.0 * (n - 1) / n * m, times,
-                                 "median" if robust else "least_squares")  # fmt: skip
+    alpha, beta = fit_alpha_beta(
+        rounds, 2.0 * (n - 1) / n * m, times, "median" if robust else "least_squares"
+    )
     return max(alpha, 1e-9), max(beta, 1e-15)

@@ -84,8 +84,11 @@ def probe(segment_s: float = MEETING_SEGMENT_S, rounds: int = 12, per_round: int
             segment()
             call()
 
-        loops: dict[str, Callable[[], None]] = {"segment": segment, "meeting": meeting,
-                                                "call": call}  # fmt: skip
+        loops: dict[str, Callable[[], None]] = {
+            "segment": segment,
+            "meeting": meeting,
+            "call": call,
+        }
         for loop in loops.values():  # warm-up, and the all-reduce's first connection
             loop()
         names = list(loops)
@@ -101,20 +104,34 @@ def probe(segment_s: float = MEETING_SEGMENT_S, rounds: int = 12, per_round: int
         torch.set_num_threads(before)
     seg, met, one = (times[names.index(n)].tolist() for n in ("segment", "meeting", "call"))
     after = [m - s for s, m in zip(seg, met, strict=True)]  # paired within each round
-    return {"after_compute_s": statistics.median(after), "segment_s": statistics.median(seg),
-            "iteration_s": statistics.median(met), "call_s": statistics.median(one),
-            "call": CALL, "gemms": gemms, "rounds": rounds, "per_round": per_round,
-            "world_size": comm.world_size}  # fmt: skip
+    return {
+        "after_compute_s": statistics.median(after),
+        "segment_s": statistics.median(seg),
+        "iteration_s": statistics.median(met),
+        "call_s": statistics.median(one),
+        "call": CALL,
+        "gemms": gemms,
+        "rounds": rounds,
+        "per_round": per_round,
+        "world_size": comm.world_size,
+    }
 
 
 def _check(segment_s: float, rounds: int, per_round: int) -> None:
     if not segment_s > 0 or rounds < 1 or per_round < 1:
-        raise ValueError(f"segment_s={segment_s}, rounds={rounds}, per_round={per_round}: "
-                         "need segment_s > 0 and at least one round of one iteration")  # fmt: skip
+        raise ValueError(
+            f"segment_s={segment_s}, rounds={rounds}, per_round={per_round}: "
+            "need segment_s > 0 and at least one round of one iteration"
+        )
 
 
-def measure(world_size: int = 2, segment_s: float = MEETING_SEGMENT_S, rounds: int = 12,
-            per_round: int = 20, timeout_s: float = 300.0) -> dict:  # fmt: skip
+def measure(
+    world_size: int = 2,
+    segment_s: float = MEETING_SEGMENT_S,
+    rounds: int = 12,
+    per_round: int = 20,
+    timeout_s: float = 300.0,
+) -> dict:
     """`probe` on a fresh pool of `world_size` gloo ranks, in a child interpreter.
 
     `measure` runs the probe on a fresh pool in a child interpreter (`python -m
@@ -124,9 +141,15 @@ def measure(world_size: int = 2, segment_s: float = MEETING_SEGMENT_S, rounds: i
     if world_size < 2:
         raise ValueError(f"world_size={world_size}: a meeting needs at least 2 ranks")
     _check(segment_s, rounds, per_round)
-    args = [sys.executable, "-m", "bench.kit.meeting", f"--world-size={world_size}",
-            f"--segment-s={segment_s}", f"--rounds={rounds}",
-            f"--per-round={per_round}"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "bench.kit.meeting",
+        f"--world-size={world_size}",
+        f"--segment-s={segment_s}",
+        f"--rounds={rounds}",
+        f"--per-round={per_round}",
+    ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]

@@ -22,11 +22,26 @@ import torch
 from bench.kit.fit import fit_ring
 from bench.kit.timing import alternate, calibrate_iters
 
-__all__ = ["GEMM_DTYPES", "TOLERANCE", "Step", "copy_step", "device_name", "device_memory_bytes", "fit_ring",
-           "gemm_step", "launch_step", "resolve_device", "timed"]  # fmt: skip
+__all__ = [
+    "GEMM_DTYPES",
+    "TOLERANCE",
+    "Step",
+    "copy_step",
+    "device_name",
+    "device_memory_bytes",
+    "fit_ring",
+    "gemm_step",
+    "launch_step",
+    "resolve_device",
+    "timed",
+]
 
-GEMM_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-               "fp16": torch.float16}  # fmt: skip
+GEMM_DTYPES = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
 """The GEMM dtypes a profile times, by the names `Hardware.peak_flops` uses."""
 
 
@@ -131,8 +146,17 @@ def launch_step(device: str) -> Step:
     return step, lambda: int(x.item() != calls[0])
 
 
-def timed(fn: Callable[[], Any], *, device: str, warmup: int, repeats: int, window_s: float,
-          max_iters: int, per_call: int = 1, group: Any = None) -> dict[str, float]:  # fmt: skip
+def timed(
+    fn: Callable[[], Any],
+    *,
+    device: str,
+    warmup: int,
+    repeats: int,
+    window_s: float,
+    max_iters: int,
+    per_call: int = 1,
+    group: Any = None,
+) -> dict[str, float]:
     """Seconds per `fn` call: `per_call` calls and a device synchronisation make a step,
     timed as every experiment times one (`bench.kit.timing`: `warmup` untimed steps, then
     `repeats` barrier-opened windows of as many steps as fill `window_s`, each the slowest
@@ -151,7 +175,11 @@ def timed(fn: Callable[[], Any], *, device: str, warmup: int, repeats: int, wind
     for _ in range(warmup):
         step()
     iters = calibrate_iters(step, window_s, max_iters, group)
-    timing = alternate({"step": step}, warmup=0, repeats=repeats, group=group,
-                       iters={"step": iters})["step"]  # fmt: skip
-    return {"seconds": timing.median / per_call, "fastest_s": min(timing.seconds) / per_call,
-            "iters": iters * per_call}  # fmt: skip
+    timing = alternate(
+        {"step": step}, warmup=0, repeats=repeats, group=group, iters={"step": iters}
+    )["step"]
+    return {
+        "seconds": timing.median / per_call,
+        "fastest_s": min(timing.seconds) / per_call,
+        "iters": iters * per_call,
+    }

@@ -64,15 +64,27 @@ def build_task(name: str, batch_size: int, seed: int) -> Task:
     if name == "digits":
         data = digits()
         model = Classifier(data.n_features, (256, 256), data.n_classes, seed=seed)
-        return Task(name, model, Classifier.loss, Batches(data, batch_size, seed=seed),
-                    data.x_test, data.y_test)  # fmt: skip
+        return Task(
+            name,
+            model,
+            Classifier.loss,
+            Batches(data, batch_size, seed=seed),
+            data.x_test,
+            data.y_test,
+        )
     if name == "chargpt":
         corpus = char_corpus()
         cfg = GPTConfig(vocab_size=corpus.vocab_size, **CHAR_CFG)
         held_out = Batches(corpus.test, EVAL_WINDOWS, seq_len=cfg.seq_len, seed=12345)
         x, y = held_out(0)
-        return Task(name, GPT(cfg, seed=seed), GPT.loss,
-                    Batches(corpus.train, batch_size, seq_len=cfg.seq_len, seed=seed), x, y)  # fmt: skip
+        return Task(
+            name,
+            GPT(cfg, seed=seed),
+            GPT.loss,
+            Batches(corpus.train, batch_size, seq_len=cfg.seq_len, seed=seed),
+            x,
+            y,
+        )
     raise ValueError(f"task={name!r} is unknown; allowed values: {', '.join(TASKS)}")
 
 

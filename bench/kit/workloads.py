@@ -17,13 +17,26 @@ import torch.distributed as dist
 from impls.data_parallel import shard_batch
 from impls.models import GPT, GPTConfig
 
-__all__ = ["REFERENCE_GPT", "gpt", "lm_loss", "rank_shard", "reference_step", "seeded_batch",
-           "seeded_gpt_and_batch"]  # fmt: skip
+__all__ = [
+    "REFERENCE_GPT",
+    "gpt",
+    "lm_loss",
+    "rank_shard",
+    "reference_step",
+    "seeded_batch",
+    "seeded_gpt_and_batch",
+]
 
 lm_loss = GPT.loss
 
-REFERENCE_GPT = {"d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 64, "vocab_size": 256,
-                 "bias": False}  # fmt: skip
+REFERENCE_GPT = {
+    "d_model": 128,
+    "n_layers": 4,
+    "n_heads": 4,
+    "seq_len": 64,
+    "vocab_size": 256,
+    "bias": False,
+}
 """A small GPT timed on one process to measure this host itself (no experiment trains
 it): `planner_validation`'s calibration and the host probe (`bench.kit.host.host_probe`)."""
 

@@ -23,8 +23,9 @@ def save_figure(fig: Any, path: Path) -> Path:
     """Save a `matplotlib.figure.Figure` (built without pyplot, so no global state) through
     a temporary file renamed over `path`, as every report file is written."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format=Path(path).suffix.lstrip(".") or "png", dpi=PLOT_DPI,
-                bbox_inches="tight")  # fmt: skip
+    fig.savefig(
+        buffer, format=Path(path).suffix.lstrip(".") or "png", dpi=PLOT_DPI, bbox_inches="tight"
+    )
     write_bytes_atomic(Path(path), buffer.getvalue())
     return path
 

@@ -51,8 +51,9 @@ def prose(package: str, macro: str, /, **fields: Any) -> str:
 def _unwrap(text: str) -> str:
     blocks = re.split(r"\n\s*\n", text)
     joined = [
-        block if any(_STRUCTURE.match(line) for line in block.splitlines()) else
-        " ".join(line.strip() for line in block.splitlines())
+        block
+        if any(_STRUCTURE.match(line) for line in block.splitlines())
+        else " ".join(line.strip() for line in block.splitlines())
         for block in blocks
-    ]  # fmt: skip
+    ]
     return "\n\n".join(joined)

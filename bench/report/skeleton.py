@@ -113,8 +113,16 @@ class Context:
     ) -> None:
         """An index row: a measured value (`measured`) or a model's output (`model`, never
         in the measured column) beside the lecture's or theory's value and its source."""
-        self.figures.append({"figure": figure, "theory": theory, "source": source,
-                             "measured": measured, "model": model, "gap": gap})  # fmt: skip
+        self.figures.append(
+            {
+                "figure": figure,
+                "theory": theory,
+                "source": source,
+                "measured": measured,
+                "model": model,
+                "gap": gap,
+            }
+        )
 
     def finding(self, claim: str, holds: bool, detail: str = "") -> None:
         """A claim the run checked; the index lists the ones that do not hold."""
@@ -177,13 +185,17 @@ def _setup(ctx: Context) -> str:
         )
     hashes = _settings_hashes(df)
     if len(hashes) > 1:
-        lines.append(f"**Mixed settings:** the rows were measured with {len(hashes)} sets of "
-                     f"settings (`settings_hash` {', '.join(hashes)}).")  # fmt: skip
+        lines.append(
+            f"**Mixed settings:** the rows were measured with {len(hashes)} sets of "
+            f"settings (`settings_hash` {', '.join(hashes)})."
+        )
     if "earlier" in df.columns and df["earlier"].any():
         earlier = df[df["earlier"].astype(bool)]
         cells = "; ".join(ctx.key(r) for _, r in earlier.iterrows())
-        lines.append(f"**Earlier rows kept (`append=true`):** {len(earlier)} of the {len(df)} "
-                     f"cells come from earlier grids, not this run: {cells}.")  # fmt: skip
+        lines.append(
+            f"**Earlier rows kept (`append=true`):** {len(earlier)} of the {len(df)} "
+            f"cells come from earlier grids, not this run: {cells}."
+        )
     if ctx.settings:
         settings = ", ".join(f"`{k}={_setting_text(v)}`" for k, v in ctx.settings.items())
         lines.append(f"Settings: {settings}.")
@@ -234,8 +246,9 @@ def _correctness(ctx: Context, note: str) -> str:
         f"{len(ok)} checked, **{len(bad)} wrong**."
     )
     if len(bad):
-        table = pd.DataFrame({"cell": [ctx.key(r) for _, r in bad.iterrows()],
-                              "wrong": bad["wrong"].tolist()})  # fmt: skip
+        table = pd.DataFrame(
+            {"cell": [ctx.key(r) for _, r in bad.iterrows()], "wrong": bad["wrong"].tolist()}
+        )
         parts.append(markdown_table(table, numparse=False))
     return "\n\n".join(parts)
 
@@ -244,10 +257,12 @@ def _failed(df: pd.DataFrame, key_columns: Sequence[str]) -> tuple[str, list[dic
     failures = failures_list(df, key_columns)
     if not failures:
         return "## Failed cells (0)\n\nNo failed cells.", failures
-    table = pd.DataFrame({
-        "cell": [key_text(f, key_columns) for f in failures],
-        "error": [f["error"] for f in failures],
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "cell": [key_text(f, key_columns) for f in failures],
+            "error": [f["error"] for f in failures],
+        }
+    )
     return f"## Failed cells ({len(failures)})\n\n" + markdown_table(table), failures
 
 
@@ -266,17 +281,31 @@ def write_report(
     if report.prepare is not None:
         df = report.prepare(df.copy())
         _persist(report.persist, df, report_dir / "results.csv", key_columns)
-    ctx = Context(df=df, ok=ok_rows(df), report_dir=report_dir, key_columns=list(key_columns),
-                  settings=dict(settings or {}))  # fmt: skip
+    ctx = Context(
+        df=df,
+        ok=ok_rows(df),
+        report_dir=report_dir,
+        key_columns=list(key_columns),
+        settings=dict(settings or {}),
+    )
     verdicts = [target.judge(ctx.ok, ctx.key_columns) for target in report.targets]
     if ctx.ok.empty:  # no cell ran: the rows hold their keys and errors, nothing measured
-        sections = ["## Results\n\nNo cell ran, so there is nothing measured to show; the "
-                    "failed cells and their errors are listed below."]  # fmt: skip
+        sections = [
+            "## Results\n\nNo cell ran, so there is nothing measured to show; the "
+            "failed cells and their errors are listed below."
+        ]
     else:
         sections = [t for s in report.sections if (t := _section_text(s, ctx)) is not None]
     failed_text, failures = _failed(df, ctx.key_columns)
-    blocks = [f"# {report.title}", report.intro.strip(), _setup(ctx), _targets(verdicts),
-              _correctness(ctx, report.correctness), *sections, failed_text]  # fmt: skip
+    blocks = [
+        f"# {report.title}",
+        report.intro.strip(),
+        _setup(ctx),
+        _targets(verdicts),
+        _correctness(ctx, report.correctness),
+        *sections,
+        failed_text,
+    ]
     write_text_atomic(report_dir / "report.md", "\n\n".join(b for b in blocks if b) + "\n")
     headline = to_jsonable(_headline(ctx, experiment, report, verdicts, failures))
     write_text_atomic(
@@ -299,8 +328,10 @@ def _persist(columns: Sequence[str], df: pd.DataFrame, path: Path, keys: Sequenc
         return
     for column in columns:
         if column in df.columns:
-            stored[column] = [("" if v != v else repr(float(v)) if isinstance(v, float) else str(v))
-                              for v in df[column]]  # fmt: skip
+            stored[column] = [
+                ("" if v != v else repr(float(v)) if isinstance(v, float) else str(v))
+                for v in df[column]
+            ]
     write_text_atomic(path, with_row_check(stored).to_csv(index=False))
 
 

@@ -194,24 +194,26 @@ class Verdict:
 
     def as_dict(self) -> dict[str, Any]:
         t = self.target
-        return to_jsonable({
-            "figure": t.figure,
-            "column": t.column,
-            "where": dict(t.where),
-            "bound": t.bound,
-            "op": t.op,
-            "bound_text": t.bound_text,
-            "source": t.source,
-            "cells": self.cells,
-            "measured": self.measured,
-            "median": self.median,
-            "median_text": self.median_text,
-            "worst": self.worst,
-            "worst_key": self.worst_key,
-            "worst_text": self.worst_text,
-            "worst_crowded": self.worst_crowded,
-            "missing": self.missing,
-            "missing_crowded": self.missing_crowded,
-            "met": self.met,
-            "status": self.status,
-        })  # fmt: skip
+        return to_jsonable(
+            {
+                "figure": t.figure,
+                "column": t.column,
+                "where": dict(t.where),
+                "bound": t.bound,
+                "op": t.op,
+                "bound_text": t.bound_text,
+                "source": t.source,
+                "cells": self.cells,
+                "measured": self.measured,
+                "median": self.median,
+                "median_text": self.median_text,
+                "worst": self.worst,
+                "worst_key": self.worst_key,
+                "worst_text": self.worst_text,
+                "worst_crowded": self.worst_crowded,
+                "missing": self.missing,
+                "missing_crowded": self.missing_crowded,
+                "met": self.met,
+                "status": self.status,
+            }
+        )

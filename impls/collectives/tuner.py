@@ -44,8 +44,9 @@ __all__ = [
 # Used when nobody calibrated: this repo's own measurement of its gloo ranks, the
 # machine-wide α–β fit of reports/allreduce_scaling (2 cores, loopback TCP). On NCCL: the
 # A100 preset's NVLink3 link.
-GLOO_LOOPBACK = Link(name="gloo loopback (allreduce_scaling's fit)", alpha_s=161e-6,
-                     bandwidth=1.36e9)  # fmt: skip
+GLOO_LOOPBACK = Link(
+    name="gloo loopback (allreduce_scaling's fit)", alpha_s=161e-6, bandwidth=1.36e9
+)
 DEFAULT_CALIBRATION_SIZES = (4 << 10, 64 << 20)
 
 
@@ -185,8 +186,9 @@ class AllReduceTuner:
             t_small = allreduce_seconds(small, n, self.link, path)
             t_large = allreduce_seconds(large, n, self.link, path)
             beta = (t_large - t_small) / (large - small)
-            self._link_costs[(algorithm, n)] = AlgorithmCost(alpha_s=t_small - beta * small,
-                                                             beta_s_per_byte=beta)  # fmt: skip
+            self._link_costs[(algorithm, n)] = AlgorithmCost(
+                alpha_s=t_small - beta * small, beta_s_per_byte=beta
+            )
         return self._link_costs[(algorithm, n)]
 
     def predict(self, algorithm: str, nbytes: float, n: int) -> float:
@@ -249,8 +251,7 @@ class AllReduceTuner:
             raise ValueError(f"repeats={repeats}, warmup={warmup}, max_iters={max_iters}")
         counters, calls, simulated = comm.counters.copy(), comm.calls.copy(), comm.simulated_s
         try:
-            windows = torch.zeros(len(self.algorithms), len(points), repeats,
-                                  dtype=torch.float64)  # fmt: skip
+            windows = torch.zeros(len(self.algorithms), len(points), repeats, dtype=torch.float64)
             for j, nbytes in enumerate(points):
                 buf = torch.zeros(nbytes // itemsize, dtype=dtype, device=comm.device)
                 timers = [_Timer(ALGORITHMS[a].run, comm, buf, clock) for a in self.algorithms]
@@ -264,8 +265,9 @@ class AllReduceTuner:
             comm.counters, comm.simulated_s = counters, simulated
             comm.calls.clear()
             comm.calls.update(calls)
-        seconds = torch.stack([paired_times(windows[:, j].clamp_min(1e-12))
-                               for j in range(len(points))], dim=1).tolist()  # fmt: skip
+        seconds = torch.stack(
+            [paired_times(windows[:, j].clamp_min(1e-12)) for j in range(len(points))], dim=1
+        ).tolist()
         n = comm.world_size
         for name, times in zip(self.algorithms, seconds, strict=True):
             self.table[(name, n)] = MeasuredCost(tuple(map(float, points)), tuple(times))

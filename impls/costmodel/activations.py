@@ -124,8 +124,9 @@ def activation_bytes_per_layer(
     if sp not in ACTIVATION_SP:
         raise ValueError(f"sp={sp!r}: unknown; allowed values: {', '.join(ACTIVATION_SP)}")
     if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r}: unknown; allowed values: "
-                         f"{', '.join(RECOMPUTE)}")  # fmt: skip
+        raise ValueError(
+            f"recompute={recompute!r}: unknown; allowed values: {', '.join(RECOMPUTE)}"
+        )
     if spec.n_heads % tp:
         raise ValueError(f"tp={tp}: must divide n_heads={spec.n_heads}")
     if not is_number(dtype_bytes) or dtype_bytes <= 0:

@@ -217,8 +217,11 @@ def spanning_link(hw: Hardware, per_node: int) -> Link:
     NIC's when it holds one (a data-parallel group of stride 8). An all-to-all gains
     nothing from the sharing and runs at one NIC's rate."""
     bandwidth = min(per_node * hw.inter.effective_bandwidth, hw.intra.effective_bandwidth)
-    return Link(name=f"{hw.inter.name} × {per_node} NICs", alpha_s=hw.inter.alpha_s,
-                bandwidth=max(bandwidth, hw.inter.effective_bandwidth))  # fmt: skip
+    return Link(
+        name=f"{hw.inter.name} × {per_node} NICs",
+        alpha_s=hw.inter.alpha_s,
+        bandwidth=max(bandwidth, hw.inter.effective_bandwidth),
+    )
 
 
 def collective_seconds(

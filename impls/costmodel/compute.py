@@ -59,21 +59,30 @@ class TransformerSpec:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"TransformerSpec.{key}={value!r}: must be an integer ≥ 1")
         if self.d_model % self.n_heads:
-            raise ValueError(f"TransformerSpec.n_heads={self.n_heads} does not divide "
-                             f"d_model={self.d_model}")  # fmt: skip
+            raise ValueError(
+                f"TransformerSpec.n_heads={self.n_heads} does not divide d_model={self.d_model}"
+            )
         if self.kv_heads is not None and (self.kv_heads < 1 or self.n_heads % self.kv_heads):
-            raise ValueError(f"TransformerSpec.kv_heads={self.kv_heads}: must divide "
-                             f"n_heads={self.n_heads}")  # fmt: skip
+            raise ValueError(
+                f"TransformerSpec.kv_heads={self.kv_heads}: must divide n_heads={self.n_heads}"
+            )
         if self.attention not in ATTENTION:
-            raise ValueError(f"TransformerSpec.attention={self.attention!r}: allowed values "
-                             f"{', '.join(ATTENTION)}")  # fmt: skip
+            raise ValueError(
+                f"TransformerSpec.attention={self.attention!r}: allowed values "
+                f"{', '.join(ATTENTION)}"
+            )
 
     @classmethod
     def of(cls, model: Any) -> TransformerSpec:
         """The spec of a `GPTConfig` (or anything with the same fields)."""
-        return cls(n_layers=model.n_layers, d_model=model.d_model, n_heads=model.n_heads,
-                   vocab_size=model.vocab_size, seq_len=model.seq_len,
-                   d_ff=getattr(model, "d_ff", None))  # fmt: skip
+        return cls(
+            n_layers=model.n_layers,
+            d_model=model.d_model,
+            n_heads=model.n_heads,
+            vocab_size=model.vocab_size,
+            seq_len=model.seq_len,
+            d_ff=getattr(model, "d_ff", None),
+        )
 
     @property
     def ffn(self) -> int:
@@ -121,8 +130,9 @@ class StepFlops:
     """One forward pass (layers and LM head)."""
 
 
-def step_flops(spec: TransformerSpec, batch: int, *, recompute: str = "none",
-               seq_len: int | None = None) -> StepFlops:  # fmt: skip
+def step_flops(
+    spec: TransformerSpec, batch: int, *, recompute: str = "none", seq_len: int | None = None
+) -> StepFlops:
     """FLOPs of one training step (forward and backward) over `batch` sequences.
 
     Backward costs twice the forward (a gradient for the input and one for the weights). The
@@ -143,8 +153,9 @@ def step_flops(spec: TransformerSpec, batch: int, *, recompute: str = "none",
     head = 2 * batch * (seq_len or spec.seq_len) * spec.d_model * spec.vocab_size
     forward = spec.n_layers * layer + head
     extra = {"none": 0.0, "selective": parts["attention"], "full": layer}[recompute]
-    return StepFlops(model=3 * forward, hardware=3 * forward + spec.n_layers * extra,
-                     forward=forward)  # fmt: skip
+    return StepFlops(
+        model=3 * forward, hardware=3 * forward + spec.n_layers * extra, forward=forward
+    )
 
 
 def mfu(model_flops: float, step_time_s: float, devices: int, peak_flops: float) -> float:

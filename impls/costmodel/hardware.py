@@ -171,14 +171,19 @@ class Hardware:
             raise ValueError(f"{owner}.sms={self.sms!r}: must be an integer ≥ 0")
         if not isinstance(self.devices_per_node, int) or self.devices_per_node < 1:
             raise ValueError(f"{owner}.devices_per_node={self.devices_per_node!r}: must be ≥ 1")
-        _positive(owner, memory_bytes=self.memory_bytes, memory_bandwidth=self.memory_bandwidth,
-                  elementwise_efficiency=self.elementwise_efficiency)  # fmt: skip
+        _positive(
+            owner,
+            memory_bytes=self.memory_bytes,
+            memory_bandwidth=self.memory_bandwidth,
+            elementwise_efficiency=self.elementwise_efficiency,
+        )
         if not self.peak_flops:
             raise ValueError(f"{owner}.peak_flops: give at least one dtype")
         for dtype, flops in self.peak_flops.items():
             if dtype not in DTYPES:
-                raise ValueError(f"{owner}.peak_flops: unknown dtype {dtype!r}; "
-                                 f"allowed: {', '.join(DTYPES)}")  # fmt: skip
+                raise ValueError(
+                    f"{owner}.peak_flops: unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}"
+                )
             _positive(owner, **{f"peak_flops[{dtype}]": flops})
         for key in ("gemm_efficiency", "fp8_gemm_efficiency"):
             points = getattr(self, key)
@@ -198,15 +203,19 @@ class Hardware:
         points = self.attention_efficiency
         if points is None:
             return
-        if not points or any(len(p) != 3 or p[0] <= 0 or not all(0 < f <= 1 for f in p[1:])
-                             for p in points):  # fmt: skip
-            raise ValueError(f"{owner}.attention_efficiency: need (sequence length > 0, "
-                             "0 < forward ≤ 1, 0 < backward ≤ 1) points")  # fmt: skip
+        if not points or any(
+            len(p) != 3 or p[0] <= 0 or not all(0 < f <= 1 for f in p[1:]) for p in points
+        ):
+            raise ValueError(
+                f"{owner}.attention_efficiency: need (sequence length > 0, "
+                "0 < forward ≤ 1, 0 < backward ≤ 1) points"
+            )
         if [p[0] for p in points] != sorted(p[0] for p in points):
             raise ValueError(f"{owner}.attention_efficiency: points must be sorted by length")
 
-    def attention_seconds(self, flops: float, seq_len: int, dtype: str, backward: bool,
-                          kernels: int = 1) -> float:  # fmt: skip
+    def attention_seconds(
+        self, flops: float, seq_len: int, dtype: str, backward: bool, kernels: int = 1
+    ) -> float:
         """Time of a FlashAttention kernel computing `flops` (as its benchmarks count them)
         over sequences of `seq_len`, forward or backward, plus `kernels` launches."""
         if flops <= 0:
@@ -221,8 +230,7 @@ class Hardware:
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
-            raise ValueError(f"dtype={dtype!r}: {self.name} lists "
-                             f"{', '.join(self.peak_flops)}")  # fmt: skip
+            raise ValueError(f"dtype={dtype!r}: {self.name} lists {', '.join(self.peak_flops)}")
         return self.peak_flops[dtype]
 
     def efficiency(self, flops: float, dtype: str = "bf16") -> float:
@@ -231,9 +239,11 @@ class Hardware:
         if dtype != "fp8":
             return _log_interpolate(self.gemm_efficiency, flops)
         if self.fp8_gemm_efficiency is None:
-            raise ValueError(f"dtype='fp8': {self.name} has no cited fp8 GEMM efficiency "
-                             "(Hardware.fp8_gemm_efficiency); fp8 is refused rather than "
-                             "priced with the 16-bit one")  # fmt: skip
+            raise ValueError(
+                f"dtype='fp8': {self.name} has no cited fp8 GEMM efficiency "
+                "(Hardware.fp8_gemm_efficiency); fp8 is refused rather than "
+                "priced with the 16-bit one"
+            )
         return _log_interpolate(self.fp8_gemm_efficiency, flops)
 
     def gemm_seconds(self, m: int, n: int, k: int, dtype: str = "bf16", count: int = 1) -> float:

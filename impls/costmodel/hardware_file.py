@@ -56,8 +56,11 @@ def to_plain(value: Any) -> Any:
     field at its default left out: it reads back as that), mappings as dicts, tuples as
     lists."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if not _at_default(f, getattr(value, f.name))}  # fmt: skip
+        return {
+            f.name: to_plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not _at_default(f, getattr(value, f.name))
+        }
     if isinstance(value, Mapping):
         return {str(k): to_plain(v) for k, v in value.items()}
     if isinstance(value, tuple | list):
@@ -81,8 +84,7 @@ def dump_hardware(hw: Hardware, path: str | Path) -> Path:
     default left out); the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.dump(to_plain(hw), Dumper=_Dumper, sort_keys=False, allow_unicode=True,
-                     width=100)  # fmt: skip
+    text = yaml.dump(to_plain(hw), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
@@ -129,8 +131,7 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
         return _number(value, key, hint)
     if hint in (str, bool):
         if not isinstance(value, hint):
-            raise _Bad(key, f"expected {'text' if hint is str else 'true or false'}, "
-                            f"got {value!r}")  # fmt: skip
+            raise _Bad(key, f"expected {'text' if hint is str else 'true or false'}, got {value!r}")
         return value
     if origin is Mapping or origin is dict:
         if not isinstance(value, dict):
@@ -157,11 +158,15 @@ def _build(cls: type, data: Any, prefix: str = "") -> Any:
     dotted = (lambda name: f"{prefix}.{name}") if prefix else (lambda name: name)
     unknown = sorted(str(k) for k in data if k not in fields)
     if unknown:
-        raise _Bad(dotted(unknown[0]), f"unknown field of {cls.__name__}; allowed: "
-                                       f"{', '.join(fields)}")  # fmt: skip
+        raise _Bad(
+            dotted(unknown[0]), f"unknown field of {cls.__name__}; allowed: {', '.join(fields)}"
+        )
     required = (dataclasses.MISSING,)
-    missing = [name for name, f in fields.items() if name not in data
-               and f.default in required and f.default_factory in required]  # fmt: skip
+    missing = [
+        name
+        for name, f in fields.items()
+        if name not in data and f.default in required and f.default_factory in required
+    ]
     if missing:
         raise _Bad(dotted(missing[0]), f"missing (a {cls.__name__} field without a default)")
     hints = _hints(cls)

@@ -51,18 +51,34 @@ class ModelCard:
 
 
 def _gpt(layers: int, width: int, heads: int, vocab: int, seq: int) -> TransformerSpec:
-    return TransformerSpec(n_layers=layers, d_model=width, n_heads=heads, vocab_size=vocab,
-                           seq_len=seq)  # fmt: skip
+    return TransformerSpec(
+        n_layers=layers, d_model=width, n_heads=heads, vocab_size=vocab, seq_len=seq
+    )
 
 
-def _llama(layers: int, width: int, heads: int, d_ff: int, seq: int,
-           kv_heads: int | None = None, vocab: int = 32000) -> TransformerSpec:  # fmt: skip
+def _llama(
+    layers: int,
+    width: int,
+    heads: int,
+    d_ff: int,
+    seq: int,
+    kv_heads: int | None = None,
+    vocab: int = 32000,
+) -> TransformerSpec:
     """A Llama-style spec with memory-efficient (flash) attention, as LLaMA was trained:
     Touvron et al. 2023 (arXiv 2302.13971) §2.4, xformers' causal attention that stores no
     attention weights and uses the backward of Dao et al. 2022 (FlashAttention)."""
-    return TransformerSpec(n_layers=layers, d_model=width, n_heads=heads, vocab_size=vocab,
-                           seq_len=seq, d_ff=d_ff, kv_heads=kv_heads, gated_mlp=True,
-                           attention="flash")  # fmt: skip
+    return TransformerSpec(
+        n_layers=layers,
+        d_model=width,
+        n_heads=heads,
+        vocab_size=vocab,
+        seq_len=seq,
+        d_ff=d_ff,
+        kv_heads=kv_heads,
+        gated_mlp=True,
+        attention="flash",
+    )
 
 
 _NARAYANAN = "Narayanan et al. 2021 (SC'21, arXiv 2104.04473), Table 1; V = 51200, s = 2048"
@@ -72,13 +88,18 @@ released params.json / HF config"
 
 
 def _megatron(layers: int, width: int, heads: int, stated: float, source: str) -> ModelCard:
-    return ModelCard(spec=_gpt(layers, width, heads, 51200, 2048), stated_params=stated,
-                     source=source, tied_embeddings=True)  # fmt: skip
+    return ModelCard(
+        spec=_gpt(layers, width, heads, 51200, 2048),
+        stated_params=stated,
+        source=source,
+        tied_embeddings=True,
+    )
 
 
 def _llama_card(spec: TransformerSpec, stated: float, source: str) -> ModelCard:
-    return ModelCard(spec=spec, stated_params=stated, source=source, biases=False,
-                     learned_positions=False)  # fmt: skip
+    return ModelCard(
+        spec=spec, stated_params=stated, source=source, biases=False, learned_positions=False
+    )
 
 
 CARDS: dict[str, ModelCard] = {
@@ -88,7 +109,7 @@ CARDS: dict[str, ModelCard] = {
         stated_params=175e9,
         source="Brown et al. 2020, GPT-3, Table 2.1 (GPT-3 175B)",
         tied_embeddings=True,
-    ),  # fmt: skip
+    ),
     # Table 2.1 lists GPT-3 XL with 24 heads *and* d_head = 128, which cannot both hold at
     # d_model = 2048; we keep d_head = 128, i.e. 16 heads (the FLOPs do not depend on it).
     "gpt3_1_3b": ModelCard(
@@ -97,7 +118,7 @@ CARDS: dict[str, ModelCard] = {
         source="Brown et al. 2020, GPT-3, Table 2.1 (GPT-3 XL; 16 heads of "
         "d_head 128, the table's '24 heads' contradicts d_model 2048)",
         tied_embeddings=True,
-    ),  # fmt: skip
+    ),
     "llama2_7b": _llama_card(_llama(32, 4096, 32, 11008, 4096), 6.74e9, _LLAMA2),
     "llama2_13b": _llama_card(_llama(40, 5120, 40, 13824, 4096), 13.0e9, _LLAMA2),
     # 8 key/value heads (grouped-query attention, Llama 2 §2.2 / Table 1: GQA for 70B).
@@ -120,7 +141,7 @@ CARDS: dict[str, ModelCard] = {
     # 128 heads, s = 2048) is the same shape as Narayanan's 529.6B model.
     "mt_nlg_530b": _megatron(
         105, 20480, 128, 530e9, "Smith et al. 2022, MT-NLG (arXiv 2201.11990), §2.1"
-    ),  # fmt: skip
+    ),
     # BigScience BLOOM: 70 layers, h = 14336, 112 heads, s = 2048, V = 250680, ALiBi (no
     # position table), tied embeddings (Le Scao et al. 2022, arXiv 2211.05100, Table 3;
     # bigscience-workshop/bigscience train/tr11-176B-ml/README.md). Stated: 176,247M.
@@ -130,7 +151,7 @@ CARDS: dict[str, ModelCard] = {
         source="Le Scao et al. 2022, BLOOM, Table 3; bigscience tr11-176B-ml README",
         tied_embeddings=True,
         learned_positions=False,
-    ),  # fmt: skip
+    ),
     # This repo's GPT (impls/models/gpt.py, GPTConfig): biases on, untied LM head, learned
     # positions. `small_gpt` is the 16-block model of the pipeline_utilization experiment
     # (bench/experiments/pipeline_utilization/config.py defaults); `small_gpt_8l` the
@@ -140,14 +161,14 @@ CARDS: dict[str, ModelCard] = {
         stated_params=3_197_184,
         source="bench/experiments/pipeline_utilization/config.py defaults; "
         "GPT(GPTConfig(...)) has 3,197,184 parameters",
-    ),  # fmt: skip
+    ),
     "small_gpt_8l": ModelCard(
         spec=_gpt(8, 128, 8, 256, 64),
         stated_params=1_648_768,
         source="bench/experiments/parallelism_comparison/config.py "
         "default model (bias=False); GPT(...) has 1,648,768 parameters",
         biases=False,
-    ),  # fmt: skip
+    ),
     # MPT as llm-foundry benchmarks it (mosaicml/llm-foundry scripts/train/yamls/pretrain/
     # mpt-7b.yaml, mpt-70b.yaml: d_model, n_heads, n_layers, expansion_ratio 4, vocab 50368,
     # attn_impl flash; MPT's defaults: biases on, learned positions, tied LM head). Not the
@@ -159,14 +180,14 @@ CARDS: dict[str, ModelCard] = {
         source="mosaicml/llm-foundry scripts/train/benchmarking/README.md, NumParams of the "
         "7b rows at SeqLen 2048; shape from scripts/train/yamls/pretrain/mpt-7b.yaml",
         tied_embeddings=True,
-    ),  # fmt: skip
+    ),
     "llm_foundry_mpt_70b": ModelCard(
         spec=_gpt(80, 8192, 64, 50368, 2048),
         stated_params=64_862_437_376,
         source="mosaicml/llm-foundry scripts/train/benchmarking/README.md, NumParams of the "
         "70b rows; shape from scripts/train/yamls/pretrain/mpt-70b.yaml",
         tied_embeddings=True,
-    ),  # fmt: skip
+    ),
     # Llama 3 70B as torchtitan builds it (torchtitan/models/llama/__init__.py at 157a12c,
     # llama3_configs["70B"]: dim 8192, 80 layers, 64 heads, 8 kv heads, ffn_dim_multiplier
     # 1.3 and multiple_of 4096 -> d_ff 28672), untied, V = 128256 (the Llama 3 tokenizer):
@@ -177,7 +198,7 @@ CARDS: dict[str, ModelCard] = {
         70e9,
         "pytorch/torchtitan torchtitan/models/llama/__init__.py llama3_configs['70B'] "
         "(commit 157a12c); vocabulary 128,256",
-    ),  # fmt: skip
+    ),
     # Llama 3 8B: the same family at 32 layers, h = 4096, 32 heads, 8 kv heads, SwiGLU 14336
     # (torchtitan llama3_configs["8B"]: ffn_dim_multiplier 1.3, multiple_of 1024), untied,
     # V = 128256: 8,030,261,248 parameters; "8B" in the model's name. NeMo's model TFLOP/s
@@ -187,7 +208,7 @@ CARDS: dict[str, ModelCard] = {
         8e9,
         "pytorch/torchtitan torchtitan/models/llama/__init__.py llama3_configs['8B'] "
         "(commit 157a12c); vocabulary 128,256",
-    ),  # fmt: skip
+    ),
     # IBM's Llama 2 34B shape in foundation-model-stack/fms-fsdp (fms_fsdp/utils/
     # config_utils.py, variant "34b": emb_dim 8192, 64 heads, 8 kv heads, 48 layers, hidden
     # 22016, vocab 32000; seq 4096, the train config's default): "34b" in fms-fsdp's table.
@@ -196,7 +217,7 @@ CARDS: dict[str, ModelCard] = {
         34e9,
         "foundation-model-stack/fms-fsdp fms_fsdp/utils/config_utils.py, model_variant "
         "'34b' (commit 5e522b4)",
-    ),  # fmt: skip
+    ),
     # TinyLlama 1.1B: 22 layers, h = 2048, 32 heads, 4 query groups, SwiGLU 5632, V = 32000,
     # s = 2048 (jzhang38/TinyLlama README, model table; lit_gpt/config.py tiny_LLaMA_1b).
     "tinyllama_1_1b": _llama_card(
@@ -204,7 +225,7 @@ CARDS: dict[str, ModelCard] = {
         1.1e9,
         "jzhang38/TinyLlama README ('Layers: 22, Heads: 32, Query Groups: 4, Embedding "
         "Size: 2048, Intermediate Size (Swiglu): 5632'); lit_gpt/config.py tiny_LLaMA_1b",
-    ),  # fmt: skip
+    ),
 }
 
 MODELS: dict[str, TransformerSpec] = {name: card.spec for name, card in CARDS.items()}
@@ -232,8 +253,13 @@ def _layer_extras(spec: TransformerSpec, biases: bool) -> int:
     return 2 * h + 2 * kv + mlp_in + h + 4 * h
 
 
-def param_count(spec: TransformerSpec, *, tied_embeddings: bool = False, biases: bool = True,
-                learned_positions: bool = True) -> int:  # fmt: skip
+def param_count(
+    spec: TransformerSpec,
+    *,
+    tied_embeddings: bool = False,
+    biases: bool = True,
+    learned_positions: bool = True,
+) -> int:
     """Every parameter of a decoder-only transformer of shape `spec` (see the module doc)."""
     h, f = spec.d_model, spec.ffn
     kv = round(h * spec.kv_fraction)
@@ -250,8 +276,12 @@ def card_params(name: str) -> int:
     if name not in CARDS:
         raise ValueError(f"model={name!r}: unknown; choose one of {_choices(CARDS)}")
     card = CARDS[name]
-    return param_count(card.spec, tied_embeddings=card.tied_embeddings, biases=card.biases,
-                       learned_positions=card.learned_positions)  # fmt: skip
+    return param_count(
+        card.spec,
+        tied_embeddings=card.tied_embeddings,
+        biases=card.biases,
+        learned_positions=card.learned_positions,
+    )
 
 
 def rule_of_thumb_params(spec: TransformerSpec) -> float:
@@ -273,8 +303,9 @@ class DataParallelModel:
 
     def __post_init__(self) -> None:
         if self.params < 1 or self.flops_per_sample <= 0:
-            raise ValueError(f"DataParallelModel {self.name!r}: params and flops_per_sample "
-                             "must be > 0")  # fmt: skip
+            raise ValueError(
+                f"DataParallelModel {self.name!r}: params and flops_per_sample must be > 0"
+            )
 
 
 RESNET50_MACS = 4.09e9
@@ -294,7 +325,7 @@ DP_MODELS: dict[str, DataParallelModel] = {
         flops_per_sample=3 * 2 * RESNET50_MACS,
         source="torchvision ResNet50_Weights.IMAGENET1K_V1 (25,557,032 params, 4.09 GMACs "
         "at 224²); training = 3 × forward at 2 FLOPs per multiply-add",
-    ),  # fmt: skip
+    ),
     # The temporal shift costs "zero computation and zero parameters" (Lin, Gan, Han 2019,
     # TSM, abstract), so a clip is 8 ResNet-50 frames; the 1000-way head becomes 400-way
     # (Kinetics-400): 25,557,032 − 600·(2048 + 1) = 24,327,632 parameters.
@@ -304,7 +335,7 @@ DP_MODELS: dict[str, DataParallelModel] = {
         flops_per_sample=3 * 2 * TSM_FRAMES * RESNET50_MACS,
         source="Lin, Gan, Han 2019 (TSM, arXiv 1811.08383): ResNet-50 per frame, 8 frames "
         "per clip, shift adds no FLOPs or parameters; Kinetics-400 head",
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -21,8 +21,10 @@ __all__ = ["HARDWARE", "hardware", "host_hardware"]
 GB = 1e9
 _MAMF = "stas00/ml-engineering compute/accelerator/README.md, MAMF comparison table"
 _SQUARE = "chsasank/device-benchmarks README.md, summary table (best square matmul / copy)"
-_WAVES = ("NVIDIA Matrix Multiplication Background User's Guide §3.2 wave quantization, "
-          "256×128 tiles (§2.3), scaled by the large-GEMM efficiency")  # fmt: skip
+_WAVES = (
+    "NVIDIA Matrix Multiplication Background User's Guide §3.2 wave quantization, "
+    "256×128 tiles (§2.3), scaled by the large-GEMM efficiency"
+)
 _NCCL_LAT = "NCCL src/graph/tuning.cc hwLatencies, ring LL128 (commit 5067397)"
 _KERNEL = "assumption: 4 µs launch + tail per kernel (no published figure used)"
 _NCCL_SMS = (
@@ -40,8 +42,14 @@ def _nccl_share(nics: int, sms: int) -> float:
 
 _FA2 = "Dao 2023, FlashAttention-2 (arXiv 2307.08691)"
 _FA3 = "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608)"
-_FA2_H100 = ((512, 191, 214), (1024, 260, 260), (2048, 298, 291), (4096, 319, 310),
-             (8192, 333, 318), (16384, 335, 322))  # fmt: skip
+_FA2_H100 = (
+    (512, 191, 214),
+    (1024, 260, 260),
+    (2048, 298, 291),
+    (4096, 319, 310),
+    (8192, 333, 318),
+    (16384, 335, 322),
+)
 """FlashAttention-2 on H100 SXM5 as the FlashAttention-3 paper measured it (§4.1, BF16,
 head dim 128): (s, forward TFLOP/s with causal mask, Fig. 5; backward TFLOP/s, Fig. 6)."""
 
@@ -138,7 +146,7 @@ def _h100() -> Hardware:
             "bf16": 989e12,
             "fp16": 989e12,
             "fp8": 1979e12,
-        },  # fmt: skip
+        },
         memory_bytes=80 * GB,
         memory_bandwidth=3.35e12,
         # 900 GB/s bidirectional = 450 GB/s per direction; NCCL gets ~370 GB/s after its
@@ -192,8 +200,16 @@ def _h100() -> Hardware:
     )
 
 
-def _v100(name: str, *, memory_gb: int, per_node: int, intra_bw: float, inter_bw: float,
-          nics: int, notes: dict[str, str]) -> Hardware:  # fmt: skip
+def _v100(
+    name: str,
+    *,
+    memory_gb: int,
+    per_node: int,
+    intra_bw: float,
+    inter_bw: float,
+    nics: int,
+    notes: dict[str, str],
+) -> Hardware:
     return Hardware(
         name=name,
         devices_per_node=per_node,
@@ -245,7 +261,7 @@ HARDWARE: dict[str, Hardware] = {
             "devices_per_node": "assumption: DGX-1 layout, 8 GPUs and 4 EDR HCAs (100 Gb/s) "
             "per node, i.e. 6.25 GB/s per GPU; not re-sourced here",
         },
-    ),  # fmt: skip
+    ),
     "v100_summit": _v100(
         "OLCF Summit node (6 × V100 SXM2 16GB, NVLink2, dual-rail EDR)",
         memory_gb=16,
@@ -261,7 +277,7 @@ HARDWARE: dict[str, Hardware] = {
             "inter.bandwidth": "dual-rail EDR InfiniBand, 2 × 100 Gb/s = 25 GB/s per node, "
             "shared by 6 GPUs (issue brief)",
         },
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -277,14 +293,23 @@ def hardware(name: str, key: str = "hardware") -> Hardware:
         except ValueError as error:  # it names the file and the key inside it
             raise ValueError(f"{key}: {error}") from None
     if name not in HARDWARE:
-        raise ValueError(f"{key}={name!r}: unknown; choose one of {', '.join(HARDWARE)}, "
-                         "or a preset file (path/to/hardware.yaml)")  # fmt: skip
+        raise ValueError(
+            f"{key}={name!r}: unknown; choose one of {', '.join(HARDWARE)}, "
+            "or a preset file (path/to/hardware.yaml)"
+        )
     return HARDWARE[name]
 
 
-def host_hardware(cal: Mapping[str, Any], link: tuple[float, float], rate: float = 1.0, *,
-                  overhead_s: float | None = None, p2p_blocking: bool = False,
-                  action_overhead_s: float = 0.0, meeting_s: float = 0.0) -> Hardware:  # fmt: skip
+def host_hardware(
+    cal: Mapping[str, Any],
+    link: tuple[float, float],
+    rate: float = 1.0,
+    *,
+    overhead_s: float | None = None,
+    p2p_blocking: bool = False,
+    action_overhead_s: float = 0.0,
+    meeting_s: float = 0.0,
+) -> Hardware:
     """A CPU host calibrated by microbenchmarks as the simulator's `Hardware`.
 
     `cal` holds what was measured: `peak_fp32_flops`, `peak_bf16_flops`,
@@ -305,7 +330,7 @@ def host_hardware(cal: Mapping[str, Any], link: tuple[float, float], rate: float
         peak_flops={
             "fp32": cal["peak_fp32_flops"] * rate,
             "bf16": cal["peak_bf16_flops"] * rate,
-        },  # fmt: skip
+        },
         memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
         memory_bandwidth=cal["memory_bandwidth"] * rate,
         intra=wire,

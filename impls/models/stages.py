@@ -119,9 +119,12 @@ def stage_layer_ranges(n_layers: int, n_stages: int, *, unit: str = "layers") ->
 
 
 def stage_ranges_of_counts(
-    layer_counts: list[int] | tuple[int, ...], n_layers: int, *, ends_hold_layers: bool = False,
+    layer_counts: list[int] | tuple[int, ...],
+    n_layers: int,
+    *,
+    ends_hold_layers: bool = False,
     unit: str = "layers",
-) -> list[range]:  # fmt: skip
+) -> list[range]:
     """Contiguous ranges of `layer_counts[i]` layers each, in model order.
 
     The counts must sum to `n_layers`; every stage needs ≥ 1 layer, except the first and
@@ -132,14 +135,17 @@ def stage_ranges_of_counts(
     if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
         raise ValueError(f"layer_counts={counts!r}: every count must be an int ≥ 0")
     if sum(counts) != n_layers:
-        raise ValueError(f"layer_counts={counts!r} sum to {sum(counts)}, not the model's "
-                         f"{n_layers} {unit}")  # fmt: skip
+        raise ValueError(
+            f"layer_counts={counts!r} sum to {sum(counts)}, not the model's {n_layers} {unit}"
+        )
     inner = counts[1:-1] if ends_hold_layers else counts
     if not counts or 0 in inner:
         where = "a middle stage" if ends_hold_layers else "a stage"
         held = " (only the first and last hold other layers)" if ends_hold_layers else ""
-        raise ValueError(f"layer_counts={counts!r}: {where} with no {unit} has nothing to "
-                         f"run{held}; every such stage needs ≥ 1")  # fmt: skip
+        raise ValueError(
+            f"layer_counts={counts!r}: {where} with no {unit} has nothing to "
+            f"run{held}; every such stage needs ≥ 1"
+        )
     ranges, start = [], 0
     for count in counts:
         ranges.append(range(start, start + count))
@@ -175,10 +181,13 @@ def split_into_stages(
     else:
         require_positive_ints("split", stages=n_stages)
         if len(layer_counts) != n_stages:
-            raise ValueError(f"layer_counts={list(layer_counts)!r}: {len(layer_counts)} "
-                             f"counts for stages={n_stages}")  # fmt: skip
-        ranges = stage_ranges_of_counts(layer_counts, n_layers, unit=unit,
-                                        ends_hold_layers=isinstance(model, GPT))  # fmt: skip
+            raise ValueError(
+                f"layer_counts={list(layer_counts)!r}: {len(layer_counts)} "
+                f"counts for stages={n_stages}"
+            )
+        ranges = stage_ranges_of_counts(
+            layer_counts, n_layers, unit=unit, ends_hold_layers=isinstance(model, GPT)
+        )
     tied = _tied_weight(model)
     stages = []
     for i, layer_ids in enumerate(ranges):
@@ -188,8 +197,9 @@ def split_into_stages(
         else:
             modules = _mlp_stage_modules(model, layer_ids)
         stage_tied = tied if first or last else None
-        stages.append(Stage(modules, index=i, n_stages=n_stages, layer_ids=layer_ids,
-                            tied_weight=stage_tied))  # fmt: skip
+        stages.append(
+            Stage(modules, index=i, n_stages=n_stages, layer_ids=layer_ids, tied_weight=stage_tied)
+        )
     return stages
 
 

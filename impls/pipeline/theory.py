@@ -153,8 +153,11 @@ def zero_bubble_max_inflight(schedule: str, stages: int, microbatches: int) -> i
     and "Pipeline Parallelism with Controllable Memory" (Qi et al. 2024) §3 state for it).
     """
     p, m = require_count("stages", stages), require_count("microbatches", microbatches)
-    limits = {"zero_bubble_h1": min(p, m), "zero_bubble_h2": min(2 * p - 1, m),
-              "zero_bubble_v": min(2 * p, 2 * m)}  # fmt: skip
+    limits = {
+        "zero_bubble_h1": min(p, m),
+        "zero_bubble_h2": min(2 * p - 1, m),
+        "zero_bubble_v": min(2 * p, 2 * m),
+    }
     if schedule not in limits:
         raise ValueError(f"schedule={schedule!r}: choose one of {', '.join(limits)}")
     return limits[schedule]

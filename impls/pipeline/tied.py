@@ -61,8 +61,10 @@ class EmbeddingGroup:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"EmbeddingGroup: {key}={value!r} must be an int")
             if not 0 <= value < comm.world_size:
-                raise ValueError(f"EmbeddingGroup: {key}={value} must be a rank of the "
-                                 f"pipeline group, 0..{comm.world_size - 1}")  # fmt: skip
+                raise ValueError(
+                    f"EmbeddingGroup: {key}={value} must be a rank of the "
+                    f"pipeline group, 0..{comm.world_size - 1}"
+                )
         self.comm, self.first_rank, self.last_rank = comm, first_rank, last_rank
         stages = _checked_stages(stage_modules)
         held = []
@@ -138,8 +140,7 @@ def _tied_weight_of(stages: dict[int, Stage], key: str, rank: int, *, last: bool
     role = "the last stage (the LM head)" if last else "the first stage (the token embedding)"
     found = [s for s in stages.values() if (s.is_last if last else s.is_first)]
     if not found:
-        raise ValueError(f"{key}={rank}, but rank {rank} holds stages {sorted(stages)}, "
-                         f"not {role}")  # fmt: skip
+        raise ValueError(f"{key}={rank}, but rank {rank} holds stages {sorted(stages)}, not {role}")
     stage = found[0]
     if stage.tied_weight is None:
         raise ValueError(

@@ -24,8 +24,16 @@ from impls.simulator.costs import DTYPE_BYTES, layer_prices, logit_gradient_byte
 from impls.simulator.memory import WORKSPACE_BYTES, bytes_per_param
 from impls.simulator.zero_comm import dp_group
 
-__all__ = ["LayerTable", "MemoryModel", "inflight", "layer_table", "memory_bound",
-           "memory_bound_any_cut", "time_bound", "time_bound_any_cut"]  # fmt: skip
+__all__ = [
+    "LayerTable",
+    "MemoryModel",
+    "inflight",
+    "layer_table",
+    "memory_bound",
+    "memory_bound_any_cut",
+    "time_bound",
+    "time_bound_any_cut",
+]
 
 
 def inflight(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> list[int]:
@@ -63,8 +71,10 @@ class LayerTable:
 
     def work(self, first: int, stop: int) -> tuple[float, float]:
         """(F, I + W) of layers [first, stop)."""
-        return (self.forward[stop] - self.forward[first],
-                self.backward[stop] - self.backward[first])  # fmt: skip
+        return (
+            self.forward[stop] - self.forward[first],
+            self.backward[stop] - self.backward[first],
+        )
 
 
 def _prefix(values) -> tuple[float, ...]:
@@ -76,13 +86,19 @@ def _prefix(values) -> tuple[float, ...]:
 
 def layer_table(spec: TransformerSpec, plan: ParallelPlan, hw: Hardware, dtype: str) -> LayerTable:
     """The simulator's pricing of the plan's (b, tp, sp, recompute), summed for screening."""
-    prices = layer_prices(spec, plan.microbatch_size, plan.tp, plan.sp, plan.recompute, hw, dtype,
-                          plan.cp)  # fmt: skip
+    prices = layer_prices(
+        spec, plan.microbatch_size, plan.tp, plan.sp, plan.recompute, hw, dtype, plan.cp
+    )
     remat = 0.0
     if plan.recompute == "full":
-        remat = activation_bytes_per_layer(local_spec(spec, plan.cp), plan.microbatch_size,
-                                           tp=plan.tp, sp=plan.sp, recompute="none",
-                                           dtype_bytes=DTYPE_BYTES[dtype])  # fmt: skip
+        remat = activation_bytes_per_layer(
+            local_spec(spec, plan.cp),
+            plan.microbatch_size,
+            tp=plan.tp,
+            sp=plan.sp,
+            recompute="none",
+            dtype_bytes=DTYPE_BYTES[dtype],
+        )
     return LayerTable(
         forward=_prefix(p.forward_s + p.tp_forward_s for p in prices),
         backward=_prefix(p.input_s + p.weight_s + p.tp_backward_s for p in prices),
@@ -169,8 +185,9 @@ def time_bound_any_cut(plan: ParallelPlan, table: LayerTable) -> float:
 class MemoryModel:
     """Bytes of a rank holding a range of layers, as `impls.simulator` counts them."""
 
-    def __init__(self, spec: TransformerSpec, plan: ParallelPlan, table: LayerTable,
-                 dtype: str) -> None:  # fmt: skip
+    def __init__(
+        self, spec: TransformerSpec, plan: ParallelPlan, table: LayerTable, dtype: str
+    ) -> None:
         bpp = bytes_per_param(dtype)
         # model_state_bytes is linear in the parameters (no padding): bytes per parameter
         self.per_param = model_state_bytes(1.0, plan.zero_stage, dp_group(plan)[0], bpp).total
@@ -193,8 +210,9 @@ class MemoryModel:
         return params * self.per_param + held * min(acts) + transient + WORKSPACE_BYTES
 
 
-def memory_bound(spec: TransformerSpec, plan: ParallelPlan, table: LayerTable, dtype: str,
-                 ranges) -> float:  # fmt: skip
+def memory_bound(
+    spec: TransformerSpec, plan: ParallelPlan, table: LayerTable, dtype: str, ranges
+) -> float:
     """The simulator's peak memory: exact with one stage per rank, a lower bound with
     interleaving (held pairs × the rank's smallest chunk).
 
@@ -214,6 +232,7 @@ def memory_bound(spec: TransformerSpec, plan: ParallelPlan, table: LayerTable, d
 def memory_bound_any_cut(plan: ParallelPlan, table: LayerTable, dtype: str) -> float:
     """Memory at least one rank needs under every cut: the average rank's model states
     and, held at least once, its largest stage's activations (≥ the average stage's)."""
-    states = model_state_bytes(table.params[-1] / plan.pp, plan.zero_stage,
-                               dp_group(plan)[0], bytes_per_param(dtype)).total  # fmt: skip
+    states = model_state_bytes(
+        table.params[-1] / plan.pp, plan.zero_stage, dp_group(plan)[0], bytes_per_param(dtype)
+    ).total
     return states + table.activation[-1] / plan.stages + WORKSPACE_BYTES

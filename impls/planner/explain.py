@@ -40,9 +40,12 @@ def explain(candidate: Candidate, winner: Candidate | None, hw: Hardware) -> str
         return "best" if winner is not None else ""
     w = winner.prediction
     slower = p.step_time_s / w.step_time_s - 1
-    term, grew = max(((name, getattr(p, name) - getattr(w, name)) for name in TERMS),
-                     key=lambda item: item[1])  # fmt: skip
+    term, grew = max(
+        ((name, getattr(p, name) - getattr(w, name)) for name in TERMS), key=lambda item: item[1]
+    )
     if grew <= 0:
         return f"{100 * slower:.1f}% slower (no single term larger than the best's)"
-    return (f"{100 * slower:.1f}% slower: {TERMS[term]} +{grew:.3g} s per step "
-            f"({getattr(p, term):.3g} s vs {getattr(w, term):.3g} s)")  # fmt: skip
+    return (
+        f"{100 * slower:.1f}% slower: {TERMS[term]} +{grew:.3g} s per step "
+        f"({getattr(p, term):.3g} s vs {getattr(w, term):.3g} s)"
+    )

@@ -72,8 +72,9 @@ class SearchResult:
 _EQUAL, _ALPA_PENDING, _ALPA_READY = 0, 1, 2
 
 
-def alpa_candidate(spec: TransformerSpec, plan: ParallelPlan, hw: Hardware, table: LayerTable,
-                   dtype: str = "bf16") -> ParallelPlan | None:  # fmt: skip
+def alpa_candidate(
+    spec: TransformerSpec, plan: ParallelPlan, hw: Hardware, table: LayerTable, dtype: str = "bf16"
+) -> ParallelPlan | None:
     """The plan with Alpa's cut (one stage per rank), or None when no cut fits.
 
     The layers are the embedding, n identical transformer layers and the head, so the
@@ -168,8 +169,15 @@ def search(
         raise ValueError(f"top_k={top_k!r}: must be an integer ≥ 1")
     start = time.perf_counter()
     hw.peak(dtype)
-    plans = plan_space(spec, hw, gpus=gpus, global_batch=global_batch, fixed=fixed,
-                       allow_cross_node_tp=allow_cross_node_tp, cps=cps)  # fmt: skip
+    plans = plan_space(
+        spec,
+        hw,
+        gpus=gpus,
+        global_batch=global_batch,
+        fixed=fixed,
+        allow_cross_node_tp=allow_cross_node_tp,
+        cps=cps,
+    )
     bar = _Progress(progress, len(plans))
     tables: dict[tuple, LayerTable] = {}
     tokens = global_batch * spec.seq_len
@@ -274,8 +282,10 @@ def _same_cut(spec: TransformerSpec, sliced: ParallelPlan, plan: ParallelPlan) -
 
 def _smallest_memory(by_memory, plans, run, simulated) -> float:
     """Simulate in increasing memory bound until the bound reaches the smallest peak seen."""
-    smallest = min((p.peak_memory_bytes for plan, p in simulated.items()
-                    if plan.stage_layers is None), default=math.inf)  # fmt: skip
+    smallest = min(
+        (p.peak_memory_bytes for plan, p in simulated.items() if plan.stage_layers is None),
+        default=math.inf,
+    )
     for need, index in sorted(by_memory):
         if need >= smallest * (1 - 1e-9):
             break

@@ -26,8 +26,9 @@ StageBytes = Callable[[int, int, int], float]
 """(first layer, last layer (inclusive), stage index) -> bytes that stage needs."""
 
 
-def pipeline_objective(layer_seconds: Sequence[float], counts: Sequence[int],
-                       microbatches: int) -> float:  # fmt: skip
+def pipeline_objective(
+    layer_seconds: Sequence[float], counts: Sequence[int], microbatches: int
+) -> float:
     """Eq. 2 of Alpa for the cut `counts` (layers per stage)."""
     times, start = [], 0
     for count in counts:
@@ -53,8 +54,10 @@ def _check(layer_seconds: Sequence[float], layer_bytes, stages: int, microbatche
     if any(not math.isfinite(t) or t < 0 for t in layer_seconds):
         raise ValueError("layer_seconds: every entry must be a finite number ≥ 0")
     if not callable(layer_bytes) and len(layer_bytes) != layers:
-        raise ValueError(f"layer_bytes: needs {layers} entries (one per layer) or a callable "
-                         "(first, last, stage) -> bytes")  # fmt: skip
+        raise ValueError(
+            f"layer_bytes: needs {layers} entries (one per layer) or a callable "
+            "(first, last, stage) -> bytes"
+        )
 
 
 _TOLERANCE = 1e-9
@@ -141,8 +144,9 @@ def alpa_stage_slicing(
 
     prefix = [0.0, *accumulate(float(t) for t in layer_seconds)]
     layers = len(layer_seconds)
-    candidates = _distinct(prefix[j] - prefix[i] for i in range(layers)
-                           for j in range(i + 1, layers + 1))  # fmt: skip
+    candidates = _distinct(
+        prefix[j] - prefix[i] for i in range(layers) for j in range(i + 1, layers + 1)
+    )
     # the smallest feasible t_max (feasibility is monotone in t_max)
     lo, hi = 0, len(candidates) - 1
     if _cut(prefix, stages, candidates[hi], fits) is None:

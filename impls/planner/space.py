@@ -13,11 +13,24 @@ from impls.simulator import PLANNER_SCHEDULES, SEQUENCE_PARALLEL, ParallelPlan
 
 __all__ = ["FIXED_KEYS", "plan_space"]
 
-FIXED_KEYS = ("dp", "tp", "pp", "sp", "zero_stage", "microbatch_size", "schedule",
-              "virtual_stages", "recompute")  # fmt: skip
+FIXED_KEYS = (
+    "dp",
+    "tp",
+    "pp",
+    "sp",
+    "zero_stage",
+    "microbatch_size",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+)
 _COUNTS = ("dp", "tp", "pp", "microbatch_size", "virtual_stages")
-_CHOICES = {"sp": SEQUENCE_PARALLEL, "schedule": PLANNER_SCHEDULES, "recompute": RECOMPUTE,
-            "zero_stage": (0, 1, 2, 3)}  # fmt: skip
+_CHOICES = {
+    "sp": SEQUENCE_PARALLEL,
+    "schedule": PLANNER_SCHEDULES,
+    "recompute": RECOMPUTE,
+    "zero_stage": (0, 1, 2, 3),
+}
 
 
 def _divisors(n: int) -> list[int]:
@@ -45,8 +58,14 @@ def _check_cps(spec: TransformerSpec, cps: tuple) -> None:
             raise ValueError(f"cps={tuple(cps)!r}: cp={cp} must divide seq_len={spec.seq_len}")
 
 
-def _check_request(spec: TransformerSpec, hw: Hardware, gpus: int, global_batch: int,
-                   fixed: dict, allow_cross_node_tp: bool) -> None:  # fmt: skip
+def _check_request(
+    spec: TransformerSpec,
+    hw: Hardware,
+    gpus: int,
+    global_batch: int,
+    fixed: dict,
+    allow_cross_node_tp: bool,
+) -> None:
     """Refusals that have one clear cause, named before anything is enumerated."""
     for key, value in (("gpus", gpus), ("global_batch", global_batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -65,8 +84,10 @@ def _check_request(spec: TransformerSpec, hw: Hardware, gpus: int, global_batch:
         if spec.kv_heads is not None and spec.kv_heads % tp:
             raise ValueError(f"tp={tp}: must divide kv_heads={spec.kv_heads}")
         if tp > hw.devices_per_node and not allow_cross_node_tp:
-            raise ValueError(f"tp={tp}: exceeds the {hw.devices_per_node} GPUs per node of "
-                             f"{hw.name} (pass allow_cross_node_tp=True to allow it)")  # fmt: skip
+            raise ValueError(
+                f"tp={tp}: exceeds the {hw.devices_per_node} GPUs per node of "
+                f"{hw.name} (pass allow_cross_node_tp=True to allow it)"
+            )
     pp = fixed.get("pp")
     if pp is not None and pp > spec.n_layers:
         raise ValueError(f"pp={pp}: exceeds n_layers={spec.n_layers}")
@@ -100,15 +121,17 @@ def _schedules(pp: int, microbatches: int, n_layers: int, fixed: dict):
             yield from ((name, v) for v in chunks if pp * v <= n_layers)
 
 
-def _enumerate(spec, hw, gpus, global_batch, fixed, allow_cross_node_tp,
-               cps=(1,)) -> Iterator[ParallelPlan]:  # fmt: skip
+def _enumerate(
+    spec, hw, gpus, global_batch, fixed, allow_cross_node_tp, cps=(1,)
+) -> Iterator[ParallelPlan]:
     for cp in cps:
         if gpus % cp == 0:
             yield from _enumerate_cp(spec, hw, gpus, global_batch, fixed, allow_cross_node_tp, cp)
 
 
-def _enumerate_cp(spec, hw, gpus, global_batch, fixed, allow_cross_node_tp,
-                  cp) -> Iterator[ParallelPlan]:  # fmt: skip
+def _enumerate_cp(
+    spec, hw, gpus, global_batch, fixed, allow_cross_node_tp, cp
+) -> Iterator[ParallelPlan]:
     def pinned(key, values):
         return [v for v in values if key not in fixed or fixed[key] == v]
 
@@ -135,10 +158,18 @@ def _enumerate_cp(spec, hw, gpus, global_batch, fixed, allow_cross_node_tp,
                         for zero in pinned("zero_stage", (0, 1, 2, 3) if dp > 1 else (0,)):
                             for recompute in pinned("recompute", RECOMPUTE):
                                 yield ParallelPlan(
-                                    dp=dp, tp=tp, pp=pp, cp=cp, sp=sp, zero_stage=zero,
-                                    microbatch_size=b, num_microbatches=m, schedule=schedule,
-                                    virtual_stages=v, recompute=recompute,
-                                )  # fmt: skip
+                                    dp=dp,
+                                    tp=tp,
+                                    pp=pp,
+                                    cp=cp,
+                                    sp=sp,
+                                    zero_stage=zero,
+                                    microbatch_size=b,
+                                    num_microbatches=m,
+                                    schedule=schedule,
+                                    virtual_stages=v,
+                                    recompute=recompute,
+                                )
 
 
 def plan_space(
@@ -192,14 +223,22 @@ def plan_space(
         return plans
     # name the pinned axis that empties the space on its own, else the model / GPU count
     for key, value in fixed.items():
-        if not any(True for _ in _enumerate(spec, hw, gpus, global_batch, {key: value},
-                                            allow_cross_node_tp, cps)):  # fmt: skip
-            raise ValueError(f"{key}={value!r}: no plan of {spec.n_layers} layers, "
-                             f"{spec.n_heads} heads on gpus={gpus} with "
-                             f"global_batch={global_batch} takes it")  # fmt: skip
+        if not any(
+            True
+            for _ in _enumerate(
+                spec, hw, gpus, global_batch, {key: value}, allow_cross_node_tp, cps
+            )
+        ):
+            raise ValueError(
+                f"{key}={value!r}: no plan of {spec.n_layers} layers, "
+                f"{spec.n_heads} heads on gpus={gpus} with "
+                f"global_batch={global_batch} takes it"
+            )
     if fixed:
         pins = ", ".join(f"{k}={v!r}" for k, v in fixed.items())
         raise ValueError(f"fixed {pins}: no plan takes these axes together")
-    raise ValueError(f"gpus={gpus}: no dp · tp · pp split fits n_heads={spec.n_heads} "
-                     f"(tp ≤ {hw.devices_per_node} per node), n_layers={spec.n_layers} "
-                     f"and global_batch={global_batch}")  # fmt: skip
+    raise ValueError(
+        f"gpus={gpus}: no dp · tp · pp split fits n_heads={spec.n_heads} "
+        f"(tp ≤ {hw.devices_per_node} per node), n_layers={spec.n_layers} "
+        f"and global_batch={global_batch}"
+    )

@@ -76,8 +76,9 @@ def layer_traffic(
         # Ring all-gather / reduce-scatter of P chunks: P − 1 rounds of one chunk each.
         per_collective, rounds = (sp - 1) * chunk, sp - 1
         bwd = 6 if regather else 4
-        return LayerTraffic(method, 4 * per_collective, bwd * per_collective, 4 * rounds,
-                            bwd * rounds)  # fmt: skip
+        return LayerTraffic(
+            method, 4 * per_collective, bwd * per_collective, 4 * rounds, bwd * rounds
+        )
     if method == "ulysses":
         # All-to-all: P − 1 of a rank's P blocks leave it, in one round.
         per_collective = (sp - 1) * chunk // sp

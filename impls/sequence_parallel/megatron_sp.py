@@ -218,8 +218,14 @@ class MegatronSPBlock(nn.Module):
 
     def replicated_parameters(self) -> list[nn.Parameter]:
         """Parameters every rank holds whole, whose gradients must be summed over ranks."""
-        held = (self.ln1.weight, self.ln1.bias, self.ln2.weight, self.ln2.bias,
-                self.attn.o_proj.bias, self.mlp.fc2.bias)  # fmt: skip
+        held = (
+            self.ln1.weight,
+            self.ln1.bias,
+            self.ln2.weight,
+            self.ln2.bias,
+            self.attn.o_proj.bias,
+            self.mlp.fc2.bias,
+        )
         return [p for p in held if p is not None]
 
     # Block's: under recompute="full", keep the input shard and run `body` again in backward

@@ -31,9 +31,16 @@ def local_spec(spec: TransformerSpec, cp: int) -> TransformerSpec:
     return spec if cp == 1 else replace(spec, seq_len=spec.seq_len // cp)
 
 
-def ring_exposed_seconds(spec: TransformerSpec, microbatch: int, tp: int, cp: int,
-                         hw: Hardware, element_bytes: float, core_forward_s: float,
-                         core_backward_s: float) -> tuple[float, float]:  # fmt: skip
+def ring_exposed_seconds(
+    spec: TransformerSpec,
+    microbatch: int,
+    tp: int,
+    cp: int,
+    hw: Hardware,
+    element_bytes: float,
+    core_forward_s: float,
+    core_backward_s: float,
+) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's ring traffic that the attention core does
     not hide: per hop max(0, transfer − one step's compute), the compute split evenly over
     the cp steps; the backward's last dK/dV hop is never hidden.

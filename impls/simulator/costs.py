@@ -63,8 +63,9 @@ def _shard(sp: str, tp: int) -> int:
     return 1 if sp == "ulysses" else tp
 
 
-def tp_collectives(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
-                   dtype: str, recompute: str = "none") -> tuple[tuple, tuple]:  # fmt: skip
+def tp_collectives(
+    spec: TransformerSpec, microbatch: int, tp: int, sp: str, dtype: str, recompute: str = "none"
+) -> tuple[tuple, tuple]:
     """(forward, backward) collectives of one transformer layer over the tp group.
 
     TP collectives per transformer layer (Korthikanti §4.2.2, Fig. 5): Megatron 2 all-reduces of
@@ -81,8 +82,12 @@ def tp_collectives(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
         forward = (("all_gather", full), ("reduce_scatter", full)) * 2
     else:
         kv = full * spec.kv_fraction / tp
-        forward = (("all_to_all", full / tp), ("all_to_all", kv), ("all_to_all", kv),
-                   ("all_to_all", full / tp))  # fmt: skip
+        forward = (
+            ("all_to_all", full / tp),
+            ("all_to_all", kv),
+            ("all_to_all", kv),
+            ("all_to_all", full / tp),
+        )
     backward = forward + (forward if recompute == "full" else ())
     return forward, backward
 
@@ -91,8 +96,9 @@ def _comm(collectives: tuple, tp: int, hw: Hardware) -> float:
     return sum(collective_seconds(kind, nbytes, tp, hw) for kind, nbytes in collectives)
 
 
-def _attention_core(spec: TransformerSpec, microbatch: int, tp: int, hw: Hardware,
-                    dtype: str, cp: int = 1) -> tuple[float, float, float, int]:  # fmt: skip
+def _attention_core(
+    spec: TransformerSpec, microbatch: int, tp: int, hw: Hardware, dtype: str, cp: int = 1
+) -> tuple[float, float, float, int]:
     """The attention core of one rank: (forward s, backward s, bytes of its element-wise
     work, element-wise kernels of the whole layer's forward).
 
@@ -126,9 +132,16 @@ def _attention_core(spec: TransformerSpec, microbatch: int, tp: int, hw: Hardwar
     return core, 2 * core, core_bytes, _FORWARD_KERNELS
 
 
-def transformer_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
-                      recompute: str, hw: Hardware, dtype: str,
-                      cp: int = 1) -> LayerPrice:  # fmt: skip
+def transformer_price(
+    spec: TransformerSpec,
+    microbatch: int,
+    tp: int,
+    sp: str,
+    recompute: str,
+    hw: Hardware,
+    dtype: str,
+    cp: int = 1,
+) -> LayerPrice:
     """One transformer layer; with cp > 1 one context-parallel rank: its s/cp tokens, and
     the ring's exposed traffic added to the layer's exposed communication
     (`context_parallel`).
@@ -194,12 +207,13 @@ def transformer_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
         params=matrix_params / shard + 4 * h,  # + two LayerNorms' gain and bias, replicated
         activation_bytes=activation_bytes_per_layer(
             spec, b, tp=tp, sp=sp, recompute=recompute, dtype_bytes=B
-        ),  # fmt: skip
+        ),
     )
 
 
-def embedding_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
-                    hw: Hardware, dtype: str) -> LayerPrice:  # fmt: skip
+def embedding_price(
+    spec: TransformerSpec, microbatch: int, tp: int, sp: str, hw: Hardware, dtype: str
+) -> LayerPrice:
     """The token embedding: a row lookup (memory-bound), vocabulary-sharded under Megatron.
 
     Each rank writes T × h (zeros for rows it does not own) and the tp group sums them with
@@ -226,8 +240,9 @@ def embedding_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
     )
 
 
-def head_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
-               hw: Hardware, dtype: str) -> LayerPrice:  # fmt: skip
+def head_price(
+    spec: TransformerSpec, microbatch: int, tp: int, sp: str, hw: Hardware, dtype: str
+) -> LayerPrice:
     """Final LayerNorm, the LM head (T × h)·(h × V/t) and the softmax cross-entropy.
 
     Megatron's vocabulary-parallel cross-entropy all-reduces 3 per-token fp32 values (the
@@ -266,8 +281,9 @@ def head_price(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
     )
 
 
-def logit_gradient_bytes(spec: TransformerSpec, microbatch: int, tp: int, sp: str,
-                         cp: int = 1) -> float:  # fmt: skip
+def logit_gradient_bytes(
+    spec: TransformerSpec, microbatch: int, tp: int, sp: str, cp: int = 1
+) -> float:
     """The fp32 gradient of the logits, alive during the head's backward (s/cp tokens)."""
     tokens = microbatch * spec.seq_len // cp
     rows = tokens / tp if sp == "ulysses" else tokens
@@ -278,8 +294,16 @@ _CACHE: dict[tuple, tuple[Hardware, tuple[LayerPrice, ...]]] = {}
 _CACHE_LIMIT = 4096
 
 
-def layer_prices(spec: TransformerSpec, microbatch: int, tp: int, sp: str, recompute: str,
-                 hw: Hardware, dtype: str, cp: int = 1) -> tuple[LayerPrice, ...]:  # fmt: skip
+def layer_prices(
+    spec: TransformerSpec,
+    microbatch: int,
+    tp: int,
+    sp: str,
+    recompute: str,
+    hw: Hardware,
+    dtype: str,
+    cp: int = 1,
+) -> tuple[LayerPrice, ...]:
     """Embedding, `n_layers` identical transformer layers and the head, priced once.
 
     Cached: the planner prices the same (spec, b, tp, sp, recompute) thousands of times.

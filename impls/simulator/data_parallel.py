@@ -67,8 +67,9 @@ def simulate_data_parallel(
     _count("weight_layers", weight_layers)
     params, per_sample = float(model.params), float(model.flops_per_sample)
     if not params > 0 or not per_sample > 0:
-        raise ValueError(f"model={getattr(model, 'name', model)!r}: params and "
-                         "flops_per_sample must be > 0")  # fmt: skip
+        raise ValueError(
+            f"model={getattr(model, 'name', model)!r}: params and flops_per_sample must be > 0"
+        )
     if optimizer not in _STATE_BYTES:
         raise ValueError(f"optimizer={optimizer!r}: allowed values {', '.join(_STATE_BYTES)}")
     peak = hw.peak(dtype)

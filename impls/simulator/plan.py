@@ -65,8 +65,15 @@ class ParallelPlan:
     """Layers per (virtual) stage, embedding and LM head counted as layers; None: equal."""
 
     def __post_init__(self) -> None:
-        for key in ("dp", "tp", "pp", "cp", "microbatch_size", "num_microbatches",
-                    "virtual_stages"):  # fmt: skip
+        for key in (
+            "dp",
+            "tp",
+            "pp",
+            "cp",
+            "microbatch_size",
+            "num_microbatches",
+            "virtual_stages",
+        ):
             _count(key, getattr(self, key))
         if self.sp not in SEQUENCE_PARALLEL:
             raise ValueError(
@@ -81,27 +88,37 @@ class ParallelPlan:
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"recompute={self.recompute!r}: choose one of {', '.join(RECOMPUTE)}")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule={self.schedule!r}: unknown; choose one of "
-                             f"{', '.join(SCHEDULES)}")  # fmt: skip
+            raise ValueError(
+                f"schedule={self.schedule!r}: unknown; choose one of {', '.join(SCHEDULES)}"
+            )
         if not SCHEDULES[self.schedule].microbatched and self.num_microbatches != 1:
-            raise ValueError(f"num_microbatches={self.num_microbatches}: schedule {self.schedule!r} "
-                             "does no micro-batching (use 'gpipe' or '1f1b')")  # fmt: skip
+            raise ValueError(
+                f"num_microbatches={self.num_microbatches}: schedule {self.schedule!r} "
+                "does no micro-batching (use 'gpipe' or '1f1b')"
+            )
         if self.schedule in INTERLEAVED:
             if self.virtual_stages < 2:
-                raise ValueError(f"virtual_stages={self.virtual_stages}: schedule "
-                                 f"{self.schedule!r} needs ≥ 2 chunks per rank")  # fmt: skip
+                raise ValueError(
+                    f"virtual_stages={self.virtual_stages}: schedule "
+                    f"{self.schedule!r} needs ≥ 2 chunks per rank"
+                )
             if self.num_microbatches % self.pp:
-                raise ValueError(f"num_microbatches={self.num_microbatches}: schedule "
-                                 f"{self.schedule!r} needs a multiple of pp={self.pp}")  # fmt: skip
+                raise ValueError(
+                    f"num_microbatches={self.num_microbatches}: schedule "
+                    f"{self.schedule!r} needs a multiple of pp={self.pp}"
+                )
         elif self.virtual_stages != 1:
-            raise ValueError(f"virtual_stages={self.virtual_stages}: only "
-                             f"{', '.join(sorted(INTERLEAVED))} takes more than 1")  # fmt: skip
+            raise ValueError(
+                f"virtual_stages={self.virtual_stages}: only "
+                f"{', '.join(sorted(INTERLEAVED))} takes more than 1"
+            )
         if self.stage_layers is not None:
             layers = tuple(self.stage_layers)
             object.__setattr__(self, "stage_layers", layers)
             if len(layers) != self.stages:
-                raise ValueError(f"stage_layers={layers}: needs pp·virtual_stages="
-                                 f"{self.stages} entries")  # fmt: skip
+                raise ValueError(
+                    f"stage_layers={layers}: needs pp·virtual_stages={self.stages} entries"
+                )
             for count in layers:
                 _count("stage_layers entry", count)
 
@@ -128,20 +145,27 @@ def validate_plan(spec: TransformerSpec, plan: ParallelPlan) -> None:
     if spec.kv_heads is not None and spec.kv_heads % plan.tp:
         raise ValueError(f"tp={plan.tp}: must divide kv_heads={spec.kv_heads}")
     if spec.seq_len % plan.cp:
-        raise ValueError(f"cp={plan.cp}: context parallelism splits the sequence, so cp "
-                         f"must divide seq_len={spec.seq_len}")  # fmt: skip
+        raise ValueError(
+            f"cp={plan.cp}: context parallelism splits the sequence, so cp "
+            f"must divide seq_len={spec.seq_len}"
+        )
     local = spec.seq_len // plan.cp
     if plan.sp != "none" and local % plan.tp:
         what = f"seq_len={spec.seq_len}" if plan.cp == 1 else f"seq_len/cp={local}"
-        raise ValueError(f"tp={plan.tp}: sp={plan.sp!r} shards the sequence, so tp must "
-                         f"divide {what}")  # fmt: skip
+        raise ValueError(
+            f"tp={plan.tp}: sp={plan.sp!r} shards the sequence, so tp must divide {what}"
+        )
     layers = spec.n_layers + 2
     if plan.stages > layers:
-        raise ValueError(f"pp={plan.pp}: pp·virtual_stages={plan.stages} exceeds the "
-                         f"{layers} layers (n_layers + embedding + LM head)")  # fmt: skip
+        raise ValueError(
+            f"pp={plan.pp}: pp·virtual_stages={plan.stages} exceeds the "
+            f"{layers} layers (n_layers + embedding + LM head)"
+        )
     if plan.stage_layers is not None and sum(plan.stage_layers) != layers:
-        raise ValueError(f"stage_layers={plan.stage_layers}: must sum to n_layers + 2 = "
-                         f"{layers} (the embedding and LM head count as layers)")  # fmt: skip
+        raise ValueError(
+            f"stage_layers={plan.stage_layers}: must sum to n_layers + 2 = "
+            f"{layers} (the embedding and LM head count as layers)"
+        )
 
 
 def stage_slices(n_layers: int, plan: ParallelPlan) -> tuple[tuple[int, int], ...]:
@@ -177,8 +201,10 @@ def megatron_stage_layers(n_layers: int, stages: int) -> tuple[int, ...]:
     _count("n_layers", n_layers)
     _count("stages", stages)
     if n_layers % stages:
-        raise ValueError(f"stages={stages}: Megatron-LM's layout needs it to divide "
-                         f"n_layers={n_layers} (L/S blocks per stage)")  # fmt: skip
+        raise ValueError(
+            f"stages={stages}: Megatron-LM's layout needs it to divide "
+            f"n_layers={n_layers} (L/S blocks per stage)"
+        )
     counts = [n_layers // stages] * stages
     counts[0] += 1  # the embedding
     counts[-1] += 1  # the LM head

@@ -166,21 +166,30 @@ def simulate(
     hw.peak(dtype)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r}: allowed values {', '.join(OPTIMIZERS)}")
-    prices = layer_prices(spec, plan.microbatch_size, plan.tp, plan.sp, plan.recompute, hw, dtype,
-                          plan.cp)  # fmt: skip
+    prices = layer_prices(
+        spec, plan.microbatch_size, plan.tp, plan.sp, plan.recompute, hw, dtype, plan.cp
+    )
     total = spec.n_layers + 2
     stages = [_stage(prices, a, b, total) for a, b in stage_slices(spec.n_layers, plan)]
     if stage_costs is not None:
         if len(stage_costs) != plan.stages:
             raise ValueError(f"stage_costs: needs {plan.stages} (F, I, W) entries")
-        stages = [replace(st, forward=f, input=i, weight=w, tp_forward=0.0, tp_backward=0.0)
-                  for st, (f, i, w) in zip(stages, stage_costs, strict=True)]  # fmt: skip
+        stages = [
+            replace(st, forward=f, input=i, weight=w, tp_forward=0.0, tp_backward=0.0)
+            for st, (f, i, w) in zip(stages, stage_costs, strict=True)
+        ]
     split = plan.schedule in SPLIT_BACKWARD
     if hw.action_overhead_s:  # one per F and per backward action (I and W when split)
         extra = hw.action_overhead_s
-        stages = [replace(st, forward=st.forward + extra, input=st.input + extra,
-                          weight=st.weight + extra if split else st.weight)
-                  for st in stages]  # fmt: skip
+        stages = [
+            replace(
+                st,
+                forward=st.forward + extra,
+                input=st.input + extra,
+                weight=st.weight + extra if split else st.weight,
+            )
+            for st in stages
+        ]
     bpp = bytes_per_param(dtype)
     dp_costs = [
         per_action(
@@ -194,7 +203,7 @@ def simulate(
             st.weight,
             split,
             dp_collectives or st.layers,
-        )  # fmt: skip
+        )
         for st in stages
     ]
     table = []
@@ -203,22 +212,35 @@ def simulate(
         i = st.input + st.tp_backward + dpc.input
         w = st.weight + dpc.weight
         table.append((f, i, w, i + w))  # the columns of timeline.KIND_INDEX
-    schedule = compile_schedule(plan.schedule, plan.pp, plan.num_microbatches,
-                                plan.virtual_stages)  # fmt: skip
+    schedule = compile_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
     free = evaluate(schedule, table)
     send_f, send_b = _transfers(plan, spec, hw, dtype)
     if hw.p2p_blocking:  # the sender waits out its send; the receiver has it at that end
-        table = [(f + sf, i + sb, w, b + sb)  # F sends forward, I (or B) sends backward
-                 for (f, i, w, b), sf, sb in zip(table, send_f, send_b, strict=True)]  # fmt: skip
+        table = [
+            (f + sf, i + sb, w, b + sb)  # F sends forward, I (or B) sends backward
+            for (f, i, w, b), sf, sb in zip(table, send_f, send_b, strict=True)
+        ]
         real = evaluate(schedule, table)
     else:
         real = evaluate(schedule, table, send_f, send_b)
-    return _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule.plan, free, real,
-                     workspace_bytes, dp_collectives)  # fmt: skip
+    return _assemble(
+        spec,
+        plan,
+        hw,
+        dtype,
+        stages,
+        dp_costs,
+        schedule.plan,
+        free,
+        real,
+        workspace_bytes,
+        dp_collectives,
+    )
 
 
-def _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule, free, real,
-              workspace_bytes, dp_collectives) -> Prediction:  # fmt: skip
+def _assemble(
+    spec, plan, hw, dtype, stages, dp_costs, schedule, free, real, workspace_bytes, dp_collectives
+) -> Prediction:
     """Breakdown of the critical rank, end-of-step DP and optimizer, memory, rates."""
     m, bpp = plan.num_microbatches, bytes_per_param(dtype)
     per_rank = [[s for s in range(plan.stages) if s % plan.pp == r] for r in range(plan.pp)]
@@ -231,11 +253,15 @@ def _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule, free, real,
     for r, own in enumerate(per_rank):
         params = sum(stages[s].params for s in own)
         after = real.ends[r] + end_of_step(
-            plan, hw, params, bpp.weights, bpp.gradients,
+            plan,
+            hw,
+            params,
+            bpp.weights,
+            bpp.gradients,
             sum(stages[s].forward for s in own),
             sum(stages[s].input + stages[s].weight for s in own),
             dp_collectives or sum(stages[s].layers for s in own),
-        )  # fmt: skip
+        )
         dp_end = max(dp_end, after)
         step = max(step, after + _optimizer_seconds(params, plan, hw, dtype))
     memory = _peak_memory(spec, plan, dtype, stages, schedule, per_rank, workspace_bytes)
@@ -259,7 +285,7 @@ def _assemble(spec, plan, hw, dtype, stages, dp_costs, schedule, free, real,
         memory_breakdown=memory,
         stage_times=tuple(
             st.forward + st.input + st.weight + st.tp_forward + st.tp_backward for st in stages
-        ),  # fmt: skip
+        ),
     )
 
 
@@ -274,9 +300,13 @@ def _peak_memory(spec, plan, dtype, stages, schedule, per_rank, workspace_bytes)
     rematerialised = 0.0
     if plan.recompute == "full":
         rematerialised = activation_bytes_per_layer(
-            local_spec(spec, plan.cp), plan.microbatch_size, tp=plan.tp, sp=plan.sp,
-            recompute="none", dtype_bytes=DTYPE_BYTES[dtype],
-        )  # fmt: skip
+            local_spec(spec, plan.cp),
+            plan.microbatch_size,
+            tp=plan.tp,
+            sp=plan.sp,
+            recompute="none",
+            dtype_bytes=DTYPE_BYTES[dtype],
+        )
     best: dict = {}
     for r, own in enumerate(per_rank):
         mine = [stages[s] for s in own]
@@ -286,8 +316,7 @@ def _peak_memory(spec, plan, dtype, stages, schedule, per_rank, workspace_bytes)
         if plan.zero_stage == 3:
             transient += 2 * max(st.largest_layer for st in mine) * weight_bytes
         if any(st.has_head for st in mine):
-            transient += logit_gradient_bytes(spec, plan.microbatch_size, plan.tp, plan.sp,
-                                              plan.cp)  # fmt: skip
+            transient += logit_gradient_bytes(spec, plan.microbatch_size, plan.tp, plan.sp, plan.cp)
         parts = rank_memory(
             params=sum(st.params for st in mine),
             zero_stage=plan.zero_stage,
@@ -302,12 +331,14 @@ def _peak_memory(spec, plan, dtype, stages, schedule, per_rank, workspace_bytes)
     return best
 
 
-def layer_costs(spec: TransformerSpec, plan: ParallelPlan, hw: Hardware,
-                dtype: str = "bf16") -> tuple[LayerCost, ...]:  # fmt: skip
+def layer_costs(
+    spec: TransformerSpec, plan: ParallelPlan, hw: Hardware, dtype: str = "bf16"
+) -> tuple[LayerCost, ...]:
     """Per layer of embedding + n_layers + head, what the planner slices stages by."""
     validate_plan(spec, plan)
-    prices = layer_prices(spec, plan.microbatch_size, plan.tp, plan.sp, plan.recompute, hw, dtype,
-                          plan.cp)  # fmt: skip
+    prices = layer_prices(
+        spec, plan.microbatch_size, plan.tp, plan.sp, plan.recompute, hw, dtype, plan.cp
+    )
     bpp, group = bytes_per_param(dtype), dp_group(plan)[0]
     return tuple(
         LayerCost(

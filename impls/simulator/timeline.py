@@ -124,8 +124,13 @@ def evaluate(
     busy = [0.0] * compiled.ranks
     ends = [0.0] * compiled.ranks
     sends: tuple[Sequence[float] | None, ...] = (None, send_forward, send_backward)
-    rank, stage, kind, previous, inputs = (compiled.rank, compiled.stage, compiled.kind,
-                                           compiled.previous, compiled.inputs)  # fmt: skip
+    rank, stage, kind, previous, inputs = (
+        compiled.rank,
+        compiled.stage,
+        compiled.kind,
+        compiled.previous,
+        compiled.inputs,
+    )
     for i in range(n):
         prev = previous[i]
         start = end[prev] if prev >= 0 else 0.0

@@ -125,8 +125,11 @@ def convention_flops(run: PublishedRun) -> float:
     return flops.hardware if full else flops.model
 
 
-_LABELS = {"model": "", "model_6n": " (6N + attention per token)",
-           "hardware_full_recompute": " (counting full recomputation)"}  # fmt: skip
+_LABELS = {
+    "model": "",
+    "model_6n": " (6N + attention per token)",
+    "hardware_full_recompute": " (counting full recomputation)",
+}
 
 
 def predict_run(run: PublishedRun) -> RunPrediction:
@@ -139,15 +142,17 @@ def predict_run(run: PublishedRun) -> RunPrediction:
     label = _LABELS[run.flops_convention]
     if run.tflops_per_gpu is not None:
         predicted = convention_flops(run) / p.step_time_s / run.gpus / 1e12
-        return RunPrediction(run, plan, p, "TFLOP/s per GPU" + label, "TFLOP/s", predicted,
-                             run.tflops_per_gpu)  # fmt: skip
+        return RunPrediction(
+            run, plan, p, "TFLOP/s per GPU" + label, "TFLOP/s", predicted, run.tflops_per_gpu
+        )
     if run.mfu is not None:
         predicted = convention_flops(run) / p.step_time_s / run.gpus / hw.peak(run.dtype)
         return RunPrediction(run, plan, p, "MFU" + label, "fraction", predicted, run.mfu)
     if run.tokens_per_s_per_gpu is not None:
         per_gpu = p.tokens_per_s / run.gpus
-        return RunPrediction(run, plan, p, "tokens/s per GPU", "tokens/s", per_gpu,
-                             run.tokens_per_s_per_gpu)  # fmt: skip
+        return RunPrediction(
+            run, plan, p, "tokens/s per GPU", "tokens/s", per_gpu, run.tokens_per_s_per_gpu
+        )
     return RunPrediction(run, plan, p, "HFU", "fraction", p.hfu, run.hfu)
 
 
@@ -173,8 +178,9 @@ def ratio_interval(ratios: Sequence[float], coverage: float = COVERAGE) -> Inter
     if not logs:
         raise ValueError("ratio_interval: needs at least one validation row")
     tail = (1 - coverage) / 2
-    return Interval(math.exp(_quantile(logs, tail)), math.exp(_quantile(logs, 1 - tail)),
-                    len(logs), coverage)  # fmt: skip
+    return Interval(
+        math.exp(_quantile(logs, tail)), math.exp(_quantile(logs, 1 - tail)), len(logs), coverage
+    )
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -185,8 +191,9 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return values[low] + (position - low) * (values[high] - values[low])
 
 
-def leave_one_source_out(predictions: Sequence[RunPrediction],
-                         coverage: float = COVERAGE) -> tuple[SourceCheck, ...]:  # fmt: skip
+def leave_one_source_out(
+    predictions: Sequence[RunPrediction], coverage: float = COVERAGE
+) -> tuple[SourceCheck, ...]:
     """Per source: its rows' errors, and the interval from the other sources' rows."""
     sources = list(dict.fromkeys(p.run.origin for p in predictions))
     checks = []
@@ -195,11 +202,16 @@ def leave_one_source_out(predictions: Sequence[RunPrediction],
         others = [p.ratio for p in predictions if p.run.origin != source]
         interval = ratio_interval(others, coverage) if others else Interval(0.0, math.inf, 0)
         errors = sorted(abs(p.error) for p in mine)
-        checks.append(SourceCheck(
-            source=source, rows=len(mine), median_abs_error=_quantile(errors, 0.5),
-            optimistic=sum(p.error > 0 for p in mine), interval=interval,
-            covered=sum(interval.covers(p.ratio) for p in mine),
-        ))  # fmt: skip
+        checks.append(
+            SourceCheck(
+                source=source,
+                rows=len(mine),
+                median_abs_error=_quantile(errors, 0.5),
+                optimistic=sum(p.error > 0 for p in mine),
+                interval=interval,
+                covered=sum(interval.covers(p.ratio) for p in mine),
+            )
+        )
     return tuple(checks)
 
 

@@ -48,8 +48,14 @@ Transfer = tuple[str, float]
 """(kind, bytes of the full buffer) of one collective, as `collective_seconds` takes it."""
 
 
-def exposed(transfers: tuple[Transfer, ...], plan: ParallelPlan, hw: Hardware, window: float,
-            collectives: int = 1, meetings: int = 1) -> float:  # fmt: skip
+def exposed(
+    transfers: tuple[Transfer, ...],
+    plan: ParallelPlan,
+    hw: Hardware,
+    window: float,
+    collectives: int = 1,
+    meetings: int = 1,
+) -> float:
     """Seconds `transfers`, sharing the rank's link, add to `window` seconds of compute.
 
     Each kind is sent as `collectives` equal calls (FSDP / ZeRO-3 units, one per layer by
@@ -73,8 +79,10 @@ def exposed(transfers: tuple[Transfer, ...], plan: ParallelPlan, hw: Hardware, w
     transfers = tuple((kind, nbytes) for kind, nbytes in transfers if nbytes > 0)
     if size == 1 or not transfers:
         return 0.0
-    per_unit = sum(collective_seconds(kind, nbytes / collectives, size, hw, stride=stride)
-                   for kind, nbytes in transfers)  # fmt: skip
+    per_unit = sum(
+        collective_seconds(kind, nbytes / collectives, size, hw, stride=stride)
+        for kind, nbytes in transfers
+    )
     total = collectives * per_unit
     if not hw.comm_overlap:
         return total + meetings * hw.collective_meeting_s
@@ -107,9 +115,18 @@ class StageDataParallel:
     """ZeRO-2/3: the gradient reduce-scatter after the weight gradient (B, or W when split)."""
 
 
-def per_action(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: float,
-               grad_bytes: float, forward_s: float, input_s: float,
-               weight_s: float, split: bool, collectives: int = 1) -> StageDataParallel:  # fmt: skip
+def per_action(
+    plan: ParallelPlan,
+    hw: Hardware,
+    params: float,
+    weight_bytes: float,
+    grad_bytes: float,
+    forward_s: float,
+    input_s: float,
+    weight_s: float,
+    split: bool,
+    collectives: int = 1,
+) -> StageDataParallel:
     """The ZeRO-2/3 communication of one stage of `params` parameters, per micro-batch.
 
     ZeRO-2/3 keep only a gradient shard, so they reduce-scatter during every micro-batch's
@@ -133,16 +150,26 @@ def per_action(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: fl
         )
     forward = exposed(gather, plan, hw, forward_s, k, k)
     if split:  # the gathers before I, the reduce-scatters after W: two windows, two queues
-        return StageDataParallel(forward=forward, input=exposed(gather, plan, hw, input_s, k, k),
-                                 weight=exposed(reduce, plan, hw, weight_s, k, 0))  # fmt: skip
+        return StageDataParallel(
+            forward=forward,
+            input=exposed(gather, plan, hw, input_s, k, k),
+            weight=exposed(reduce, plan, hw, weight_s, k, 0),
+        )
     # One backward: each unit's gather (prefetched) and reduce-scatter share the link.
     shared = exposed(gather + reduce, plan, hw, backward, k, k)
     return StageDataParallel(forward=forward, input=shared)
 
 
-def end_of_step(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: float,
-                grad_bytes: float, forward_s: float, backward_s: float,
-               collectives: int = 1) -> float:  # fmt: skip
+def end_of_step(
+    plan: ParallelPlan,
+    hw: Hardware,
+    params: float,
+    weight_bytes: float,
+    grad_bytes: float,
+    forward_s: float,
+    backward_s: float,
+    collectives: int = 1,
+) -> float:
     """Exposed seconds after a rank's last action: ZeRO-0/1's gradient reduction under the
     last micro-batch's backward (`backward_s`; whole gradients accumulate over the
     micro-batches and reduce once, bucketed, as DDP's `no_sync` does: Li et al. 2020 §3.2),
@@ -154,8 +181,9 @@ def end_of_step(plan: ParallelPlan, hw: Hardware, params: float, weight_bytes: f
     if plan.zero_stage == 0:
         seconds += bucketed("all_reduce", params * grad_bytes, plan, hw, backward_s)
     if plan.zero_stage == 1:
-        seconds += bucketed("reduce_scatter", params * grad_bytes, plan, hw, backward_s,
-                            collectives)  # fmt: skip
+        seconds += bucketed(
+            "reduce_scatter", params * grad_bytes, plan, hw, backward_s, collectives
+        )
     if plan.zero_stage in (1, 2):
         seconds += bucketed("all_gather", params * weight_bytes, plan, hw, forward_s, collectives)
     return seconds

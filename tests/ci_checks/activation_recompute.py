@@ -12,11 +12,26 @@ from tests.ci_checks import ran, rows
 
 ARTEFACTS = ("saved_bytes",)
 REQUIRED = [
-    "recompute", "tp", "sp", "seq_len", "micro_batch", "d_model", "n_heads", "dtype",
-    "attention", "dropout", "saved_bytes_per_layer", "paper_bytes_per_layer",
-    "model_bytes_per_layer", "step_time_s", "overhead_vs_none", "predicted_flops_overhead",
-    "wrong", "git_sha", "world_size",
-]  # fmt: skip
+    "recompute",
+    "tp",
+    "sp",
+    "seq_len",
+    "micro_batch",
+    "d_model",
+    "n_heads",
+    "dtype",
+    "attention",
+    "dropout",
+    "saved_bytes_per_layer",
+    "paper_bytes_per_layer",
+    "model_bytes_per_layer",
+    "step_time_s",
+    "overhead_vs_none",
+    "predicted_flops_overhead",
+    "wrong",
+    "git_sha",
+    "world_size",
+]
 
 
 def every_cell_ran_and_matches_no_recomputation(df: pd.DataFrame, headline: dict) -> None:

@@ -58,8 +58,10 @@ def summit_scaling_is_a_fraction(df: pd.DataFrame, headline: dict) -> None:
     for _, row in summit.iterrows():
         assert row["predicted"] > 0 and row["published"] > 0, row
         assert 0 < row["predicted_scaling_efficiency"] <= 1 + 1e-9, row
-        assert math.isclose(row["published_scaling_efficiency"],
-                            (49 * 60 + 50) * 6 / (row["published"] * row["gpus"]))  # fmt: skip
+        assert math.isclose(
+            row["published_scaling_efficiency"],
+            (49 * 60 + 50) * 6 / (row["published"] * row["gpus"]),
+        )
 
 
 def published_errors_are_bounded(df: pd.DataFrame, headline: dict) -> None:
@@ -78,8 +80,10 @@ def published_errors_are_bounded(df: pd.DataFrame, headline: dict) -> None:
     assert worst <= WORST_ERROR_MAX, f"worst |error| {worst:.1%} > {WORST_ERROR_MAX:.0%}"
     low, high = OPTIMISTIC_SHARE
     assert low <= share <= high, f"{share:.0%} of the published rows optimistic"
-    said = {start: [f["holds"] for f in headline["findings"] if f["claim"].startswith(start)]
-            for start in ("median |error|", "optimistic rows")}  # fmt: skip
+    said = {
+        start: [f["holds"] for f in headline["findings"] if f["claim"].startswith(start)]
+        for start in ("median |error|", "optimistic rows")
+    }
     assert said["median |error|"] == [median <= MEDIAN_BOUND], (said, median)
     assert said["optimistic rows"] == [OPTIMISTIC_BAND[0] <= share <= OPTIMISTIC_BAND[1]], said
 

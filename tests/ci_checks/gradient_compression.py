@@ -91,10 +91,13 @@ def topk_with_error_feedback_keeps_its_accuracy(df: pd.DataFrame, headline: dict
     assert target["cells"] == target["measured"] == len(seeds), target
     assert target["where"] == {"method": "topk", "setting": "density=0.01"}
     worst = min(
-        100 * (_one(done, method="topk", setting="density=0.01", seed=s)["final_accuracy"]
-               - _one(done, method="dp", seed=s)["final_accuracy"])
+        100
+        * (
+            _one(done, method="topk", setting="density=0.01", seed=s)["final_accuracy"]
+            - _one(done, method="dp", seed=s)["final_accuracy"]
+        )
         for s in seeds
-    )  # fmt: skip
+    )
     assert target["worst"] == pytest.approx(worst, abs=1e-6)
     assert target["met"] == (worst >= -1)
 

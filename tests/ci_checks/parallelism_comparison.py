@@ -31,10 +31,28 @@ L, H, S = MODEL.n_layers, MODEL.d_model, MODEL.seq_len
 PSI = sum(p.numel() for p in GPT(MODEL).parameters())
 LECTURE = "as the lecture's words say"
 LAYOUTS = {"dp4", "tp4", "pp4", "dp2×tp2", "dp2×pp2", "pp2×tp2"}
-REQUIRED = ("world_size", "dp", "pp", "tp", "layout", "strategy", "util_replayed",
-            "util_wall", "util_theory", "memory_per_rank_bytes", "model_state_bytes",
-            "activation_peak_bytes", "comm_bytes_dp", "comm_bytes_pp", "comm_bytes_tp",
-            "comm_bytes_per_step", "step_time_s", "replayed_step_time_s", "wrong", "git_sha")  # fmt: skip
+REQUIRED = (
+    "world_size",
+    "dp",
+    "pp",
+    "tp",
+    "layout",
+    "strategy",
+    "util_replayed",
+    "util_wall",
+    "util_theory",
+    "memory_per_rank_bytes",
+    "model_state_bytes",
+    "activation_peak_bytes",
+    "comm_bytes_dp",
+    "comm_bytes_pp",
+    "comm_bytes_tp",
+    "comm_bytes_per_step",
+    "step_time_s",
+    "replayed_step_time_s",
+    "wrong",
+    "git_sha",
+)
 
 
 def _ring(numel: float, n: int) -> float:

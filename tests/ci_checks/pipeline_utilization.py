@@ -129,8 +129,11 @@ def step_time_against_torch(df: pd.DataFrame, headline: dict) -> None:
     shared 2-core CI host it measured 0.85–1.03×. Every cell must carry a paired ratio, and
     the worst cell must stay within 1.5× — that fails a schedule that lost a third of its
     speed, and any ratio that is not a real measurement."""
-    targets = {t["where"]["schedule"]: t for t in headline["targets"]
-               if t["column"] == "step_time_vs_torch"}  # fmt: skip
+    targets = {
+        t["where"]["schedule"]: t
+        for t in headline["targets"]
+        if t["column"] == "step_time_vs_torch"
+    }
     assert set(targets) == {"gpipe", "1f1b"}
     m_values = rows(_ours(df), schedule="gpipe", stages=2)["microbatches"]
     assert targets["gpipe"]["cells"] == len(m_values)
@@ -191,8 +194,11 @@ def alpa_slicing_pairs(df: pd.DataFrame, headline: dict) -> None:
     pairs = {(p["schedule"], p["stages"], p["microbatches"]): p for p in headline["alpa_vs_equal"]}
     assert len(pairs) == len(alpa)
     for _, cut in alpa.iterrows():
-        key = {"schedule": cut["schedule"], "stages": cut["stages"],
-               "microbatches": cut["microbatches"]}  # fmt: skip
+        key = {
+            "schedule": cut["schedule"],
+            "stages": cut["stages"],
+            "microbatches": cut["microbatches"],
+        }
         equal = rows(df, slicing="equal", **key).iloc[0]
         for row in (equal, cut):
             assert _blocks(row) == row["n_layers"] == 16, row["stage_layers"]

@@ -30,8 +30,14 @@ def _positive(row: pd.Series, *columns: str) -> None:
 
 def errors_are_the_ratios_of_each_row(df: pd.DataFrame, headline: dict) -> None:
     for _, row in ran(df).iterrows():
-        _positive(row, "measured_step_time_s", "predicted_step_time_s", "measured_peak_bytes",
-                  "predicted_peak_bytes", "predicted_compute_s")  # fmt: skip
+        _positive(
+            row,
+            "measured_step_time_s",
+            "predicted_step_time_s",
+            "measured_peak_bytes",
+            "predicted_peak_bytes",
+            "predicted_compute_s",
+        )
         step = row["predicted_step_time_s"] / row["measured_step_time_s"] - 1
         memory = row["predicted_peak_bytes"] / row["measured_peak_bytes"] - 1
         assert math.isclose(step, row["step_error"], rel_tol=1e-9, abs_tol=1e-12), row
@@ -40,8 +46,11 @@ def errors_are_the_ratios_of_each_row(df: pd.DataFrame, headline: dict) -> None:
 
 def ground_truth_is_labelled_by_the_rule(df: pd.DataFrame, headline: dict) -> None:
     done = ran(df)
-    assert set(done["source"]) >= {"parallelism_comparison", "zero_memory",
-                                   "pipeline_utilization"}, set(done["source"])  # fmt: skip
+    assert set(done["source"]) >= {
+        "parallelism_comparison",
+        "zero_memory",
+        "pipeline_utilization",
+    }, set(done["source"])
     for _, row in done.iterrows():
         ranks, cores = float(row["ranks"]), float(row["source_host_cores"])
         assert ranks >= 1 and cores >= 1, (ranks, cores)
@@ -79,16 +88,26 @@ def composed_memory_within_five_percent(df: pd.DataFrame, headline: dict) -> Non
 
 def calibration_is_positive_and_recorded(df: pd.DataFrame, headline: dict) -> None:
     for _, row in ran(df).iterrows():
-        _positive(row, "cal_peak_fp32_flops", "cal_memory_bandwidth", "cal_kernel_overhead_s",
-                  "fit_scale", "fit_overhead_s", "link_alpha_s", "link_beta_s_per_byte",
-                  "compute_rate", "cal_adamw_s_per_param")  # fmt: skip
+        _positive(
+            row,
+            "cal_peak_fp32_flops",
+            "cal_memory_bandwidth",
+            "cal_kernel_overhead_s",
+            "fit_scale",
+            "fit_overhead_s",
+            "link_alpha_s",
+            "link_beta_s_per_byte",
+            "compute_rate",
+            "cal_adamw_s_per_param",
+        )
         # a rank's thread speedup is measured on the reference and bounded to [1, threads]
         assert 1.0 <= row["cal_thread_speedup"] <= row["threads_per_rank"], row.to_dict()
         if row["optimizer_params"] > 0 and row["predicted_optimizer_s"] > 0:  # AdamW priced
             # at the host speed of its source's run (its slowdown; × the straggler factor
             # on a wall clock of several ranks), ÷ a core share when crowded
             assert row["predicted_optimizer_s"] >= row["cal_adamw_s_per_param"] * row[
-                "optimizer_params"] * row["host_slowdown"] * (1 - 1e-9), row.to_dict()  # fmt: skip
+                "optimizer_params"
+            ] * row["host_slowdown"] * (1 - 1e-9), row.to_dict()
         # a row is predicted on the fit to its own statistic: the fastest only for
         # pipeline_utilization's replay (its actions priced at their fastest)
         fastest = row["source"] == "pipeline_utilization" and row["ground_truth"] == "replayed"
@@ -98,8 +117,9 @@ def calibration_is_positive_and_recorded(df: pd.DataFrame, headline: dict) -> No
         assert row["fit_overhead_s"] == row[f"fit_{statistic}_overhead_s"], row["config"]
         for dtype in ("fp32", "bf16"):  # each statistic of the reference, as measured
             for micro in (1, 16):
-                median_s, fastest_s = (row[f"reference_{dtype}_micro{micro}{k}_s"]
-                                       for k in ("", "_fastest"))  # fmt: skip
+                median_s, fastest_s = (
+                    row[f"reference_{dtype}_micro{micro}{k}_s"] for k in ("", "_fastest")
+                )
                 assert 0 < fastest_s <= median_s < math.inf, (dtype, micro, fastest_s, median_s)
     link = headline["calibration"]["link"]
     if (ran(df)["link_source"] == PROBE_LINK).any():
@@ -155,8 +175,9 @@ def no_row_is_priced_on_its_own_cell(df: pd.DataFrame, headline: dict) -> None:
     probed = done[done["link_source"] == PROBE_LINK]
     assert probed["link_alpha_s"].nunique() <= 1, probed["link_alpha_s"].unique()
     speed = headline["host_speed"]
-    assert speed["rows_probed"] == int(pd.to_numeric(done["host_probe_s"], errors="coerce")
-                                       .notna().sum()), speed  # fmt: skip
+    assert speed["rows_probed"] == int(
+        pd.to_numeric(done["host_probe_s"], errors="coerce").notna().sum()
+    ), speed
     assert 0 < speed["median_abs_step_error_unscaled"] < math.inf, speed
 
 
@@ -187,8 +208,11 @@ def the_held_out_half_is_judged_apart(df: pd.DataFrame, headline: dict) -> None:
     assert target["met"] and median <= HELD_OUT_BOUND, median
 
 
-RUNTIME_OF = {"parallelism_comparison": "executor", "pipeline_utilization": "executor",
-              "zero_memory": "ledger"}  # fmt: skip
+RUNTIME_OF = {
+    "parallelism_comparison": "executor",
+    "pipeline_utilization": "executor",
+    "zero_memory": "ledger",
+}
 
 
 def rows_pay_their_runtime_and_stragglers(df: pd.DataFrame, headline: dict) -> None:

@@ -35,8 +35,11 @@ def _per_link(row) -> float:
     """The papers' bytes per link per layer, forward + backward (b·L·h·e a rank's chunk):
     Megatron-SP 8(P−1) chunks, Ulysses 8(P−1)/P, Ring Attention (3P−2)·2."""
     p, chunk = row.sp, row.batch_size * math.ceil(row.seq_len / row.sp) * row.d_model * FP32
-    return {"megatron_sp": 8 * (p - 1), "ulysses": 8 * (p - 1) / p,
-            "ring_attention": (3 * p - 2) * 2 * (p > 1)}[row.method] * chunk  # fmt: skip
+    return {
+        "megatron_sp": 8 * (p - 1),
+        "ulysses": 8 * (p - 1) / p,
+        "ring_attention": (3 * p - 2) * 2 * (p > 1),
+    }[row.method] * chunk
 
 
 def every_cell_ran_and_matches_the_block(df: pd.DataFrame, headline: dict) -> None:

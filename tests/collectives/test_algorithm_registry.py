@@ -46,11 +46,14 @@ def missing_pieces(spec: AllReduceAlgorithm) -> list[str]:
     except (ValueError, KeyError) as error:
         missing.append(f"cost model (the tuner cannot price it: {error})")
     if spec.orders is not None:
-        bad = {c: o for c, o in spec.orders.items()
-               if c not in ORDER_COLUMNS or o not in GROWTH_ORDERS}  # fmt: skip
+        bad = {
+            c: o for c, o in spec.orders.items() if c not in ORDER_COLUMNS or o not in GROWTH_ORDERS
+        }
         if bad or not spec.orders:
-            missing.append(f"orders ({bad or 'empty'}: columns {ORDER_COLUMNS}, "
-                           f"orders {GROWTH_ORDERS}; None when not in the lecture)")  # fmt: skip
+            missing.append(
+                f"orders ({bad or 'empty'}: columns {ORDER_COLUMNS}, "
+                f"orders {GROWTH_ORDERS}; None when not in the lecture)"
+            )
     return missing
 
 

@@ -86,8 +86,9 @@ def test_measured_cost_is_exact_at_each_size_and_linear_between():
 def test_a_calibrated_table_picks_the_fastest_measured_at_each_size():
     fast_small = MeasuredCost((4096, 1 << 20, 64 << 20), (1e-4, 1e-3, 0.2))
     fast_large = MeasuredCost((4096, 1 << 20, 64 << 20), (1e-3, 2e-3, 0.05))
-    tuner = AllReduceTuner({("tree", 4): fast_small, ("ring", 4): fast_large},
-                           algorithms=["ring", "tree"])  # fmt: skip
+    tuner = AllReduceTuner(
+        {("tree", 4): fast_small, ("ring", 4): fast_large}, algorithms=["ring", "tree"]
+    )
     assert [tuner.choose(m, 4) for m in (4096, 1 << 20, 64 << 20)] == ["tree", "tree", "ring"]
 
 
@@ -123,8 +124,9 @@ def check_fake_clock_tables(k: int) -> list[str]:
     )
     tables = [None] * k
     dist.all_gather_object(tables, tuner.table, group=comm.group)
-    errors = [f"N={k}: rank {r}'s table differs from rank 0's" for r in range(k)
-              if tables[r] != tables[0]]  # fmt: skip
+    errors = [
+        f"N={k}: rank {r}'s table differs from rank 0's" for r in range(k) if tables[r] != tables[0]
+    ]
     for (name, n), cost in tuner.table.items():
         # The slowest rank's windows (k ms each, one call): α = k ms, β = 0, on every rank.
         if n != k or not math.isclose(cost.alpha_s, k * 1e-3) or cost.beta_s_per_byte != 0:
@@ -182,8 +184,9 @@ def test_auto_equals_torch_all_reduce(ranks8):
 
 
 def test_allreduce_scaling_accepts_auto_and_times_it_as_distbench():
-    cfg = AllReduceScalingConfig(algorithms=["auto", "ring"], world_sizes=[2],
-                                 message_bytes=[4096, 1 << 20])  # fmt: skip
+    cfg = AllReduceScalingConfig(
+        algorithms=["auto", "ring"], world_sizes=[2], message_bytes=[4096, 1 << 20]
+    )
     assert "auto" in AllReduceScalingConfig().algorithms
     calls = {c.key["algorithm"]: c.carry for c in allreduce_experiment.cells(cfg)}
     assert (calls["auto"].impl, calls["auto"].algorithm) == ("distbench", "auto")
@@ -217,8 +220,7 @@ def test_calibration_gives_every_algorithm_one_count_of_calls_per_window(monkeyp
     monkeypatch.setattr(tuner_module, "_slowest_rank", lambda seconds, comm: None)
     comm = SimpleNamespace(counters={}, calls={}, simulated_s=0.0, device="cpu", world_size=3)
     tuner = AllReduceTuner(algorithms=list(asked)).calibrate(comm, (64, 4096), repeats=3)
-    assert ran == {(name, size): {want} for name in asked
-                   for size, want in ((64, 5), (4096, 4))}  # fmt: skip
+    assert ran == {(name, size): {want} for name in asked for size, want in ((64, 5), (4096, 4))}
     assert set(tuner.table) == {(name, 3) for name in asked}
 
 
@@ -229,9 +231,10 @@ def test_calibration_sizes_are_every_size_of_the_grid():
 
 def test_choices_are_remembered_until_forgotten():
     cost = MeasuredCost((4096, 1 << 20), (1e-4, 1e-3))
-    tuner = AllReduceTuner({("tree", 4): cost, ("ring", 4): MeasuredCost((4096, 1 << 20),
-                                                                         (2e-4, 5e-4))},
-                           algorithms=["ring", "tree"])  # fmt: skip
+    tuner = AllReduceTuner(
+        {("tree", 4): cost, ("ring", 4): MeasuredCost((4096, 1 << 20), (2e-4, 5e-4))},
+        algorithms=["ring", "tree"],
+    )
     assert tuner.choose(4096, 4) == "tree" and tuner.choose(1 << 20, 4) == "ring"
     tuner.table[("tree", 4)] = MeasuredCost((4096, 1 << 20), (1e-3, 1e-2))
     assert tuner.choose(4096, 4) == "tree"  # remembered

@@ -21,8 +21,12 @@ RATIOS = {
     (4, 4096): {"parameter_server": 3.0, "ring": 0.5, "tree": 2.0},
     (4, 1 << 20): {"parameter_server": 1.0, "ring": 0.8, "tree": 1.1},
 }
-AUTO = {(2, 4096): ("parameter_server", 1.9), (2, 1 << 20): ("parameter_server", 0.6),
-        (4, 4096): ("parameter_server", 3.0), (4, 1 << 20): ("tree", 1.0)}  # fmt: skip
+AUTO = {
+    (2, 4096): ("parameter_server", 1.9),
+    (2, 1 << 20): ("parameter_server", 0.6),
+    (4, 4096): ("parameter_server", 3.0),
+    (4, 1 << 20): ("tree", 1.0),
+}
 
 
 def auto_frame() -> pd.DataFrame:
@@ -41,8 +45,11 @@ def sides_beside_auto(auto_s: float, **alternatives: float) -> tuple[pd.DataFram
     """`auto_frame()` whose auto row at N = 2, 4 KiB carries its own time and each
     alternative's, timed beside it (`alt_<algorithm>_s`); and the mask of that row."""
     frame = auto_frame()
-    picks = (frame["algorithm"] == "auto") & (frame["world_size"] == 2) & (
-        frame["message_bytes"] == 4096)  # fmt: skip
+    picks = (
+        (frame["algorithm"] == "auto")
+        & (frame["world_size"] == 2)
+        & (frame["message_bytes"] == 4096)
+    )
     columns = ["time_s", *(f"alt_{name}_s" for name in alternatives)]
     frame.loc[picks, columns] = [auto_s, *alternatives.values()]
     return frame, picks
@@ -80,8 +87,11 @@ def test_a_miss_says_whether_the_choice_moves_the_best_ones_traffic(tmp_path: Pa
     frame.loc[ring, "messages"] = 4
     headline = write_allreduce(frame, tmp_path / "other")
     assert headline["auto_misses_same_traffic"] == 0
-    row = next(line for line in (tmp_path / "other" / "report.md").read_text().splitlines()
-               if line.startswith("| 2   | 1 MiB"))  # fmt: skip
+    row = next(
+        line
+        for line in (tmp_path / "other" / "report.md").read_text().splitlines()
+        if line.startswith("| 2   | 1 MiB")
+    )
     assert "| no " in row
 
 
@@ -96,8 +106,10 @@ def with_rounds(frame: pd.DataFrame, repeats: int = 3) -> pd.DataFrame:
     ours = frame[~frame["algorithm"].isin(["auto", "torch"])]
     for i in frame.index[frame["algorithm"] == "auto"]:
         row = frame.loc[i]
-        cell = ours[(ours["world_size"] == row["world_size"])
-                    & (ours["message_bytes"] == row["message_bytes"])]  # fmt: skip
+        cell = ours[
+            (ours["world_size"] == row["world_size"])
+            & (ours["message_bytes"] == row["message_bytes"])
+        ]
         rounds = {"time_s": [float(row["time_s"])] * repeats}
         for algorithm, time in zip(cell["algorithm"], cell["time_s"], strict=True):
             rounds[f"alt_{algorithm}_s"] = [float(time)] * repeats
@@ -111,8 +123,7 @@ def test_ci_check_passes_on_it_and_fails_without_auto(tmp_path: Path) -> None:
     ci.auto_judged_against_the_best_in_every_cell(frame, write_allreduce(frame, tmp_path))
     unpaired = auto_frame()  # no rounds kept: the check wants them
     with pytest.raises((AssertionError, KeyError)):
-        ci.auto_judged_against_the_best_in_every_cell(unpaired,
-                                                      write_allreduce(unpaired, tmp_path))  # fmt: skip
+        ci.auto_judged_against_the_best_in_every_cell(unpaired, write_allreduce(unpaired, tmp_path))
     no_auto = frame[frame["algorithm"] != "auto"]
     with pytest.raises((AssertionError, KeyError, ValueError)):
         ci.auto_judged_against_the_best_in_every_cell(no_auto, write_allreduce(no_auto, tmp_path))
@@ -150,12 +161,19 @@ def test_rounds_pair_auto_with_each_alternative_and_bound_the_ratio() -> None:
     from bench.experiments.allreduce_scaling.auto import prepare
 
     frame = auto_frame()
-    picks = (frame["algorithm"] == "auto") & (frame["world_size"] == 4) & (
-        frame["message_bytes"] == 4096)  # fmt: skip
+    picks = (
+        (frame["algorithm"] == "auto")
+        & (frame["world_size"] == 4)
+        & (frame["message_bytes"] == 4096)
+    )
     auto = [1e-3 * (1 + r % 2) for r in range(9)]
-    rounds = {"time_s": auto, "torch_time_s": [2 * t for t in auto],
-              "alt_parameter_server_s": auto, "alt_ring_s": [0.8 * t for t in auto],
-              "alt_tree_s": [1.5 * t for t in auto]}  # fmt: skip
+    rounds = {
+        "time_s": auto,
+        "torch_time_s": [2 * t for t in auto],
+        "alt_parameter_server_s": auto,
+        "alt_ring_s": [0.8 * t for t in auto],
+        "alt_tree_s": [1.5 * t for t in auto],
+    }
     frame["round_times_s"] = None
     frame.loc[picks, "round_times_s"] = json.dumps(rounds)
     got = prepare(frame)

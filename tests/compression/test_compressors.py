@@ -142,8 +142,11 @@ G = _grad(64, seed=11)
 TRIALS = 4000
 
 
-@pytest.mark.parametrize("compressor", [QSGD(2, seed=1), QSGD(8, seed=2), TernGrad(seed=3)],
-                         ids=["qsgd-2", "qsgd-8", "terngrad"])  # fmt: skip
+@pytest.mark.parametrize(
+    "compressor",
+    [QSGD(2, seed=1), QSGD(8, seed=2), TernGrad(seed=3)],
+    ids=["qsgd-2", "qsgd-8", "terngrad"],
+)
 def test_stochastic_quantizers_are_unbiased(compressor):
     # 64 coordinates, each a z-test at 5 standard errors: a fair quantizer exceeds that
     # with probability ~4e-5 in all; the draws are seeded, so the run is reproducible.

@@ -61,8 +61,16 @@ def test_gpt3_175b_per_layer():
 
 def test_swiglu_and_grouped_query_generalise_the_24():
     # f = 32, gated: MLP sharded 6sbf = 6·8·2·32; k = 2 of 4 heads: K and V at half width.
-    spec = TransformerSpec(n_layers=1, d_model=16, n_heads=4, vocab_size=32, seq_len=8,
-                           d_ff=32, kv_heads=2, gated_mlp=True)  # fmt: skip
+    spec = TransformerSpec(
+        n_layers=1,
+        d_model=16,
+        n_heads=4,
+        vocab_size=32,
+        seq_len=8,
+        d_ff=32,
+        kv_heads=2,
+        gated_mlp=True,
+    )
     sharded = (2 + 1 + 1 + 2) * SBH + 6 * 8 * 2 * 32
     expected = 10 * SBH + sharded + 5 * AS2B
     assert activation_bytes_per_layer(spec, 2) == pytest.approx(expected)
@@ -108,9 +116,21 @@ def _saved_bytes(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Te
 GPT_CASES = [
     (GPTConfig(), 2, None),
     (GPTConfig(d_model=32, n_heads=2, n_layers=2, seq_len=16, vocab_size=64), 3, 16),
-    (GPTConfig(d_model=24, n_heads=3, n_layers=3, seq_len=32, vocab_size=40, d_ff=40,
-               bias=False, tie_embeddings=True), 1, 20),
-]  # fmt: skip
+    (
+        GPTConfig(
+            d_model=24,
+            n_heads=3,
+            n_layers=3,
+            seq_len=32,
+            vocab_size=40,
+            d_ff=40,
+            bias=False,
+            tie_embeddings=True,
+        ),
+        1,
+        20,
+    ),
+]
 
 
 @pytest.mark.parametrize("cfg, batch, seq_len", GPT_CASES)

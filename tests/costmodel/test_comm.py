@@ -31,11 +31,16 @@ LINK = Link(name="test", alpha_s=A, bandwidth=BW)
 
 
 def _hw(per_node: int = 4) -> Hardware:
-    return Hardware(name="test", devices_per_node=per_node, peak_flops={"bf16": 1e12},
-                    memory_bytes=1e9, memory_bandwidth=1e9,
-                    intra=Link(name="intra", alpha_s=1e-6, bandwidth=1e11),
-                    inter=Link(name="inter", alpha_s=1e-5, bandwidth=1e10),
-                    gemm_efficiency=((1.0, 1.0),))  # fmt: skip
+    return Hardware(
+        name="test",
+        devices_per_node=per_node,
+        peak_flops={"bf16": 1e12},
+        memory_bytes=1e9,
+        memory_bandwidth=1e9,
+        intra=Link(name="intra", alpha_s=1e-6, bandwidth=1e11),
+        inter=Link(name="inter", alpha_s=1e-5, bandwidth=1e10),
+        gemm_efficiency=((1.0, 1.0),),
+    )
 
 
 # (algorithm, n, messages, bytes) for M = 1200 bytes, worked by hand.
@@ -101,15 +106,18 @@ def test_collective_seconds_picks_the_link():
     # 8 ranks over 2 nodes, 4 to a node: the ring crosses each node through its 4 NICs
     four_nics = spanning_link(hw, 4)
     assert four_nics.effective_bandwidth == pytest.approx(
-        min(4 * hw.inter.effective_bandwidth, hw.intra.effective_bandwidth))  # fmt: skip
+        min(4 * hw.inter.effective_bandwidth, hw.intra.effective_bandwidth)
+    )
     assert collective_seconds("reduce_scatter", 1e6, 8, hw) == pytest.approx(
         reduce_scatter_seconds(1e6, 8, four_nics)
     )
     # one member per node (stride 4): one NIC each; an all-to-all never shares NICs
     assert collective_seconds("all_gather", 1e6, 2, hw, stride=4) == pytest.approx(
-        all_gather_seconds(1e6, 2, hw.inter))  # fmt: skip
+        all_gather_seconds(1e6, 2, hw.inter)
+    )
     assert collective_seconds("all_to_all", 1e6, 8, hw) == pytest.approx(
-        all_to_all_seconds(1e6, 8, hw.inter))  # fmt: skip
+        all_to_all_seconds(1e6, 8, hw.inter)
+    )
     # 2 ranks 4 apart sit on two nodes: the inter link, one member per node (flat)
     assert collective_seconds("all_reduce", 1e6, 2, hw, stride=4) == pytest.approx(
         allreduce_seconds(1e6, 2, hw.inter)
@@ -127,7 +135,8 @@ def test_collective_seconds_picks_the_link():
     )
     # the lecture's algorithms run flat on the group's link
     assert collective_seconds("all_reduce", 1e6, 8, hw, algorithm="tree") == pytest.approx(
-        allreduce_seconds(1e6, 8, hw.inter, "tree"))  # fmt: skip
+        allreduce_seconds(1e6, 8, hw.inter, "tree")
+    )
 
 
 def test_best_allreduce_small_and_large():

@@ -59,8 +59,16 @@ def test_selective_recomputation_adds_the_attention_core_only():
 
 def test_grouped_query_attention_and_a_gated_mlp():
     h, a, k, f = 64, 8, 2, 172
-    spec = TransformerSpec(n_layers=1, d_model=h, n_heads=a, vocab_size=10, seq_len=16,
-                           d_ff=f, kv_heads=k, gated_mlp=True)  # fmt: skip
+    spec = TransformerSpec(
+        n_layers=1,
+        d_model=h,
+        n_heads=a,
+        vocab_size=10,
+        seq_len=16,
+        d_ff=f,
+        kv_heads=k,
+        gated_mlp=True,
+    )
     parts = layer_forward_flops(spec, 1)
     assert parts["projections"] == 2 * 16 * h * (h + 2 * h * k // a) + 2 * 16 * h * h
     assert parts["mlp"] == 3 * 2 * 16 * h * f
@@ -99,8 +107,7 @@ def test_unknown_recompute_mode_is_refused():
 @pytest.mark.parametrize("value", ["Flash", "sdpa", None])
 def test_attention_refuses_unknown_kernels_naming_the_key(value):
     with pytest.raises(ValueError, match=r"attention=.*materialized, flash"):
-        TransformerSpec(n_layers=1, d_model=8, n_heads=2, vocab_size=8, seq_len=4,
-                        attention=value)  # fmt: skip
+        TransformerSpec(n_layers=1, d_model=8, n_heads=2, vocab_size=8, seq_len=4, attention=value)
 
 
 def test_flash_does_not_change_the_model_flops():

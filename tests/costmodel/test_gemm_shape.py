@@ -14,9 +14,14 @@ from impls.costmodel.hardware import ELEMENT_BYTES, wave_fraction
 from tests.simulator import flat_hardware
 
 SMS = 100
-HW = replace(flat_hardware(alpha_s=0.0, bandwidth=1e10, per_node=8), sms=SMS,
-             gemm_efficiency=((1.0, 0.8),), memory_bandwidth=1e12,
-             elementwise_efficiency=1.0, kernel_overhead_s=0.0)  # fmt: skip
+HW = replace(
+    flat_hardware(alpha_s=0.0, bandwidth=1e10, per_node=8),
+    sms=SMS,
+    gemm_efficiency=((1.0, 0.8),),
+    memory_bandwidth=1e12,
+    elementwise_efficiency=1.0,
+    kernel_overhead_s=0.0,
+)
 PEAK = HW.peak("bf16")
 
 

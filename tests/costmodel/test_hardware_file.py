@@ -28,8 +28,11 @@ def test_every_preset_round_trips_through_a_file(name, tmp_path):
     assert hardware(str(path)) == preset  # the path goes where a preset name goes
     written = yaml.safe_load(path.read_text())
     assert written["sources"] == dict(preset.sources)
-    required = [f.name for f in dataclasses.fields(Hardware)
-                if f.default is f.default_factory is dataclasses.MISSING]  # fmt: skip
+    required = [
+        f.name
+        for f in dataclasses.fields(Hardware)
+        if f.default is f.default_factory is dataclasses.MISSING
+    ]
     assert set(required) <= set(written)  # the rest, left out at its default, reads back
 
 
@@ -73,7 +76,7 @@ BAD = [
     ("negative_alpha", _set("intra.alpha_s", -1e-6), ["intra", "alpha_s", "≥ 0"]),
     ("nan", _set("memory_bytes", float("nan")), ["memory_bytes", "nan"]),
     ("unknown_dtype", _set("peak_flops.fp64", 1e12), ["peak_flops", "fp64"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("edit, needles", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
@@ -89,10 +92,15 @@ def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, edit, needl
         hardware(path, key="gpt3_hardware")
 
 
-@pytest.mark.parametrize("text, needle", [
-    (None, "cannot read it"), ("peak: [1, 2", "not YAML"), ("- 1\n- 2\n", "mapping of Hardware"),
-    ("", "mapping of Hardware"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        (None, "cannot read it"),
+        ("peak: [1, 2", "not YAML"),
+        ("- 1\n- 2\n", "mapping of Hardware"),
+        ("", "mapping of Hardware"),
+    ],
+)
 def test_a_missing_or_malformed_file_is_one_line(tmp_path, text, needle):
     path = tmp_path / "h.yaml"
     if text is not None:
@@ -104,8 +112,7 @@ def test_a_missing_or_malformed_file_is_one_line(tmp_path, text, needle):
 
 def test_optional_fields_take_their_defaults_and_yaml_exponents_are_numbers(tmp_path):
     def edit(data):
-        for key in ("kernel_overhead_s", "fp8_gemm_efficiency", "attention_efficiency",
-                    "sources"):  # fmt: skip
+        for key in ("kernel_overhead_s", "fp8_gemm_efficiency", "attention_efficiency", "sources"):
             data.pop(key, None)
         data["memory_bytes"] = "80e9"  # YAML 1.1 reads an exponent without a dot as text
 

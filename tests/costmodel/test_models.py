@@ -41,8 +41,16 @@ def test_param_count_by_hand_small_gpt_style():
 def test_param_count_by_hand_gqa_swiglu():
     """h = 8, a = 4 heads, k = 2 kv heads, f = 12, SwiGLU, V = 5, no biases:
     q, o 2·64 + k, v 2·8·4 = 192; MLP 3·8·12 = 288; norms 16; tables 2·5·8 = 80; final 8."""
-    spec = TransformerSpec(n_layers=1, d_model=8, n_heads=4, vocab_size=5, seq_len=7, d_ff=12,
-                           kv_heads=2, gated_mlp=True)  # fmt: skip
+    spec = TransformerSpec(
+        n_layers=1,
+        d_model=8,
+        n_heads=4,
+        vocab_size=5,
+        seq_len=7,
+        d_ff=12,
+        kv_heads=2,
+        gated_mlp=True,
+    )
     assert param_count(spec, biases=False, learned_positions=False) == 192 + 288 + 16 + 80 + 8
 
 
@@ -51,15 +59,18 @@ def test_rule_of_thumb_by_hand():
     assert rule_of_thumb_params(spec) == 12 * 2 * 16 + 40
 
 
-@pytest.mark.parametrize(("name", "stated", "rel"), [
-    ("gpt3_175b", 175e9, 0.01),
-    ("llama2_7b", 6.738e9, 0.001),      # 6,738,415,616 in the released checkpoint
-    ("llama2_13b", 13.016e9, 0.001),
-    ("llama2_70b", 68.977e9, 0.001),    # GQA: 8 kv heads
-    ("megatron_1t", 1008.0e9, 0.001),
-    ("megatron_529_6b", 529.6e9, 0.001),
-    ("bloom_176b", 176.247e9, 0.001),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "stated", "rel"),
+    [
+        ("gpt3_175b", 175e9, 0.01),
+        ("llama2_7b", 6.738e9, 0.001),  # 6,738,415,616 in the released checkpoint
+        ("llama2_13b", 13.016e9, 0.001),
+        ("llama2_70b", 68.977e9, 0.001),  # GQA: 8 kv heads
+        ("megatron_1t", 1008.0e9, 0.001),
+        ("megatron_529_6b", 529.6e9, 0.001),
+        ("bloom_176b", 176.247e9, 0.001),
+    ],
+)
 def test_exact_counts_match_the_papers(name, stated, rel):
     assert card_params(name) == pytest.approx(stated, rel=rel)
 
@@ -80,9 +91,14 @@ def test_small_gpt_counts_equal_the_torch_model():
     torch_gpt = pytest.importorskip("impls.models.gpt")
     for name, extra in (("small_gpt", {}), ("small_gpt_8l", {"bias": False})):
         spec = model(name)
-        cfg = torch_gpt.GPTConfig(d_model=spec.d_model, n_layers=spec.n_layers,
-                                  n_heads=spec.n_heads, seq_len=spec.seq_len,
-                                  vocab_size=spec.vocab_size, **extra)  # fmt: skip
+        cfg = torch_gpt.GPTConfig(
+            d_model=spec.d_model,
+            n_layers=spec.n_layers,
+            n_heads=spec.n_heads,
+            seq_len=spec.seq_len,
+            vocab_size=spec.vocab_size,
+            **extra,
+        )
         built = sum(p.numel() for p in torch_gpt.GPT(cfg).parameters())
         assert card_params(name) == built == CARDS[name].stated_params
 
@@ -92,7 +108,12 @@ def test_small_gpt_matches_the_pipeline_experiment_defaults():
     cfg = config.PipelineUtilizationConfig()
     spec = model("small_gpt")
     assert (spec.n_layers, spec.d_model, spec.n_heads, spec.seq_len, spec.vocab_size) == (
-        cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.seq_len, cfg.vocab_size)  # fmt: skip
+        cfg.n_layers,
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.seq_len,
+        cfg.vocab_size,
+    )
 
 
 def test_data_parallel_models_by_hand():

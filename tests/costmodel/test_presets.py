@@ -15,8 +15,9 @@ from impls.costmodel.presets import HARDWARE, hardware, host_hardware
 
 
 def test_the_agreed_presets_exist_with_datasheet_numbers():
-    a40, a80, h100, v100 = (hardware(n) for n in ("a100_40gb", "a100_80gb", "h100_sxm",
-                                                  "v100_32gb"))  # fmt: skip
+    a40, a80, h100, v100 = (
+        hardware(n) for n in ("a100_40gb", "a100_80gb", "h100_sxm", "v100_32gb")
+    )
     assert a40.peak("bf16") == 312e12 and a40.peak("fp32") == 19.5e12
     assert a40.memory_bandwidth == 1555e9 and a80.memory_bandwidth == 2039e9
     assert a80.memory_bytes == 80e9 and a40.memory_bytes == 40e9
@@ -35,8 +36,16 @@ def test_the_agreed_presets_exist_with_datasheet_numbers():
 @pytest.mark.parametrize("name", sorted(HARDWARE))
 def test_every_preset_names_its_sources(name):
     sources = HARDWARE[name].sources
-    for key in ("peak_flops", "memory", "gemm_efficiency", "alpha_s", "kernel_overhead_s",
-                "intra.efficiency", "inter.efficiency", "elementwise_efficiency"):  # fmt: skip
+    for key in (
+        "peak_flops",
+        "memory",
+        "gemm_efficiency",
+        "alpha_s",
+        "kernel_overhead_s",
+        "intra.efficiency",
+        "inter.efficiency",
+        "elementwise_efficiency",
+    ):
         assert sources.get(key), f"{name}: no source for {key}"
 
 
@@ -57,8 +66,13 @@ def test_unknown_name_is_refused_with_the_choices():
 
 
 def test_host_hardware_from_a_calibration():
-    cal = {"peak_fp32_flops": 100e9, "peak_bf16_flops": 50e9, "memory_bandwidth": 10e9,
-           "gemm_table": ((1e9, 0.5), (1e6, 0.1)), "kernel_overhead_s": 2e-6}  # fmt: skip
+    cal = {
+        "peak_fp32_flops": 100e9,
+        "peak_bf16_flops": 50e9,
+        "memory_bandwidth": 10e9,
+        "gemm_table": ((1e9, 0.5), (1e6, 0.1)),
+        "kernel_overhead_s": 2e-6,
+    }
     hw = host_hardware(cal, (1e-5, 1e-9), 0.5)
     assert hw.peak("fp32") == pytest.approx(50e9) and hw.peak("bf16") == pytest.approx(25e9)
     assert hw.memory_bandwidth == pytest.approx(5e9)
@@ -102,8 +116,16 @@ def test_h100_attention_rises_with_sequence_length_as_measured():
     )  # clamped beyond the last point
 
 
-@pytest.mark.parametrize("table", [(), ((2048, 0.0, 0.5),), ((2048, 0.5, 1.2),),
-                                   ((4096, 0.5, 0.5), (2048, 0.5, 0.5)), ((2048, 0.5),)])  # fmt: skip
+@pytest.mark.parametrize(
+    "table",
+    [
+        (),
+        ((2048, 0.0, 0.5),),
+        ((2048, 0.5, 1.2),),
+        ((4096, 0.5, 0.5), (2048, 0.5, 0.5)),
+        ((2048, 0.5),),
+    ],
+)
 def test_attention_efficiency_table_is_validated(table):
     with pytest.raises(ValueError, match="attention_efficiency"):
         replace(HARDWARE["a100_80gb"], attention_efficiency=table)

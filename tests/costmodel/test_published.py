@@ -82,8 +82,9 @@ def test_sc21_tflops_and_percent_of_peak_agree():
         assert run.tflops_per_gpu / 312 == pytest.approx(run.hfu, abs=0.005)
 
 
-@pytest.mark.parametrize("name", sorted(
-    n for n, r in RUNS.items() if r.tokens_per_s_per_gpu and r.tflops_per_gpu))  # fmt: skip
+@pytest.mark.parametrize(
+    "name", sorted(n for n, r in RUNS.items() if r.tokens_per_s_per_gpu and r.tflops_per_gpu)
+)
 def test_model_tflops_equal_tokens_times_our_flops_per_token(name):
     """NeMo's 'model TFLOP/s' = tokens/s × model FLOPs per token; our `step_flops` count
     (GQA, SwiGLU d_ff, s² attention, LM head) reproduces it within 0.2%."""
@@ -91,12 +92,14 @@ def test_model_tflops_equal_tokens_times_our_flops_per_token(name):
     spec = MODELS[run.model]
     per_token = step_flops(spec, 1, seq_len=run.seq_len).model / run.seq_len
     assert per_token * run.tokens_per_s_per_gpu == pytest.approx(
-        run.tflops_per_gpu * 1e12, rel=0.002)  # fmt: skip
+        run.tflops_per_gpu * 1e12, rel=0.002
+    )
     assert run.tokens_per_s == run.tokens_per_s_per_gpu * run.gpus
 
 
-@pytest.mark.parametrize("name", sorted(
-    n for n, r in RUNS.items() if r.flops_convention == "model_6n" and r.mfu))  # fmt: skip
+@pytest.mark.parametrize(
+    "name", sorted(n for n, r in RUNS.items() if r.flops_convention == "model_6n" and r.mfu)
+)
 def test_stated_mfu_equals_tokens_times_six_n_over_the_source_peak(name):
     """Checks the model preset (its N, position table included) against each source's own
     arithmetic; 1% covers the sources' rounding of tokens/s to integers."""
@@ -105,8 +108,9 @@ def test_stated_mfu_equals_tokens_times_six_n_over_the_source_peak(name):
     assert mfu == pytest.approx(run.mfu, rel=0.01)
 
 
-@pytest.mark.parametrize(("seq", "num_params"), [
-    (2048, 6_658_859_008), (8192, 6_684_024_832), (65536, 6_918_905_856)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("seq", "num_params"), [(2048, 6_658_859_008), (8192, 6_684_024_832), (65536, 6_918_905_856)]
+)
 def test_params_grow_with_the_position_table_as_llm_foundry_counts(seq, num_params):
     """llm-foundry's NumParams for MPT-7B at three SeqLens: the learned table is s·h."""
     run = published_run(f"llm_foundry_mpt_7b_s{seq}_8")
@@ -124,14 +128,17 @@ def test_llm_foundry_hfu_counts_one_more_forward_exactly_when_checkpointing():
         assert run.hfu / run.mfu == pytest.approx(ratio, rel=0.002)
 
 
-@pytest.mark.parametrize(("name", "stated", "rel"), [
-    ("llm_foundry_mpt_7b", 6_658_859_008, 0),      # NumParams at SeqLen 2048, exactly
-    ("llm_foundry_mpt_70b", 64_862_437_376, 0),
-    ("llama3_8b", 8e9, 0.01),                      # "8B"; 8,030,261,248 counted
-    ("llama3_70b", 70e9, 0.01),                    # "70B"; 70,553,706,496 counted
-    ("llama2_34b", 34e9, 0.01),                    # fms-fsdp's "34b"; 33.74B counted
-    ("tinyllama_1_1b", 1.1e9, 0.001),              # "1.1B"; 1,100,048,384 counted
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "stated", "rel"),
+    [
+        ("llm_foundry_mpt_7b", 6_658_859_008, 0),  # NumParams at SeqLen 2048, exactly
+        ("llm_foundry_mpt_70b", 64_862_437_376, 0),
+        ("llama3_8b", 8e9, 0.01),  # "8B"; 8,030,261,248 counted
+        ("llama3_70b", 70e9, 0.01),  # "70B"; 70,553,706,496 counted
+        ("llama2_34b", 34e9, 0.01),  # fms-fsdp's "34b"; 33.74B counted
+        ("tinyllama_1_1b", 1.1e9, 0.001),  # "1.1B"; 1,100,048,384 counted
+    ],
+)
 def test_new_presets_match_the_size_their_source_states(name, stated, rel):
     assert card_params(name) == pytest.approx(stated, rel=rel)
 
@@ -156,37 +163,54 @@ def test_unknown_run_is_refused():
         published_run("gpt5")
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"attention": "sparse"}, r"attention='sparse': allowed values: materialized, flash"),
-    ({"layout": "balanced"}, r"layout='balanced': allowed values: equal, megatron"),
-    ({"origin": ""}, r"origin must name the source family"),
-    ({"flops_convention": "6n"}, r"flops_convention='6n': allowed values: model, model_6n"),
-    ({"model": "gpt5"}, r"model='gpt5': not a key of MODELS"),
-    ({"hardware": "tpu_v4"}, r"hardware='tpu_v4': allowed values: a100_40gb"),
-    ({"seq_len": 2047, "plan": dataclasses.replace(published_run("bloom_176b").plan, cp=2)},
-     r"bloom_176b: cp=2 does not divide seq_len=2047"),
-    ({"plan": {"tp": 4}}, r"plan=\{'tp': 4\}: must be a ParallelPlan"),
-    ({"assumed": ("nonsense",)}, r"assumed names unknown fields \['nonsense'\]"),
-    ({"tflops_per_gpu": None}, r"no published metric"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"attention": "sparse"}, r"attention='sparse': allowed values: materialized, flash"),
+        ({"layout": "balanced"}, r"layout='balanced': allowed values: equal, megatron"),
+        ({"origin": ""}, r"origin must name the source family"),
+        ({"flops_convention": "6n"}, r"flops_convention='6n': allowed values: model, model_6n"),
+        ({"model": "gpt5"}, r"model='gpt5': not a key of MODELS"),
+        ({"hardware": "tpu_v4"}, r"hardware='tpu_v4': allowed values: a100_40gb"),
+        (
+            {"seq_len": 2047, "plan": dataclasses.replace(published_run("bloom_176b").plan, cp=2)},
+            r"bloom_176b: cp=2 does not divide seq_len=2047",
+        ),
+        ({"plan": {"tp": 4}}, r"plan=\{'tp': 4\}: must be a ParallelPlan"),
+        ({"assumed": ("nonsense",)}, r"assumed names unknown fields \['nonsense'\]"),
+        ({"tflops_per_gpu": None}, r"no published metric"),
+    ],
+)
 def test_malformed_rows_are_refused(change, message):
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(published_run("bloom_176b"), **change)
 
 
-BLOOM = {"gpus": 384, "dp": 8, "tp": 4, "pp": 12, "zero_stage": 1, "microbatch_size": 2,
-         "global_batch": 2048, "schedule": "1f1b", "recompute": "full"}  # fmt: skip
+BLOOM = {
+    "gpus": 384,
+    "dp": 8,
+    "tp": 4,
+    "pp": 12,
+    "zero_stage": 1,
+    "microbatch_size": 2,
+    "global_batch": 2048,
+    "schedule": "1f1b",
+    "recompute": "full",
+}
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"dp": 7}, r"dp·cp·tp·pp = 7·1·4·12 != gpus=384"),
-    ({"cp": 2}, r"dp·cp·tp·pp = 8·2·4·12 != gpus=384"),
-    ({"cp": 0}, r"dp·cp·tp·pp = 8·0·4·12 != gpus=384"),
-    ({"cp": 0, "gpus": None}, r"cp=0: must be an integer ≥ 1"),
-    ({"microbatch_size": 3}, r"global_batch=2048 is not a multiple of dp·microbatch_size=24"),
-    ({"schedule": "zb"}, r"schedule='zb': unknown; choose one of .*1f1b"),
-    ({"recompute": "most"}, r"recompute='most'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"dp": 7}, r"dp·cp·tp·pp = 7·1·4·12 != gpus=384"),
+        ({"cp": 2}, r"dp·cp·tp·pp = 8·2·4·12 != gpus=384"),
+        ({"cp": 0}, r"dp·cp·tp·pp = 8·0·4·12 != gpus=384"),
+        ({"cp": 0, "gpus": None}, r"cp=0: must be an integer ≥ 1"),
+        ({"microbatch_size": 3}, r"global_batch=2048 is not a multiple of dp·microbatch_size=24"),
+        ({"schedule": "zb"}, r"schedule='zb': unknown; choose one of .*1f1b"),
+        ({"recompute": "most"}, r"recompute='most'"),
+    ],
+)
 def test_malformed_plans_are_refused_naming_the_field(change, message):
     with pytest.raises(ValueError, match=message):
         published_plan(**{**BLOOM, **change})

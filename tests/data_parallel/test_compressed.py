@@ -110,10 +110,18 @@ def test_unpack_reads_a_chunk_at_an_odd_offset_of_a_larger_buffer(offset):
 
 def test_unpack_follows_the_layout_not_the_tensors_of_like():
     """The receiver holds its own payloads as `like`: values must come from the buffer."""
-    theirs = [Payload({"v": torch.tensor([1.0, 2.0]), "i": torch.tensor([1], dtype=torch.int8)},
-                      torch.Size([2]))]  # fmt: skip
-    mine = [Payload({"v": torch.tensor([9.0, 9.0]), "i": torch.tensor([0], dtype=torch.int8)},
-                    torch.Size([2]))]  # fmt: skip
+    theirs = [
+        Payload(
+            {"v": torch.tensor([1.0, 2.0]), "i": torch.tensor([1], dtype=torch.int8)},
+            torch.Size([2]),
+        )
+    ]
+    mine = [
+        Payload(
+            {"v": torch.tensor([9.0, 9.0]), "i": torch.tensor([0], dtype=torch.int8)},
+            torch.Size([2]),
+        )
+    ]
     buffer, layout = pack_payloads(theirs)
     _assert_same_payloads(unpack_payloads(buffer, mine, layout), theirs)
 
@@ -160,16 +168,20 @@ def test_all_gather_average_is_the_mean_of_every_ranks_decoded_payload(exchanged
         for step, record in enumerate(out["gathered"][name]):
             for i, (got, expected) in enumerate(zip(record["averaged"], want[step], strict=True)):
                 assert got.dtype == torch.float32 and got.shape == expected.shape
-                torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7,
-                                           msg=f"rank {out['rank']} step {step} t{i}")  # fmt: skip
+                torch.testing.assert_close(
+                    got, expected, rtol=1e-6, atol=1e-7, msg=f"rank {out['rank']} step {step} t{i}"
+                )
             # Ring all-gather of one packed buffer: N − 1 rounds, one payload each way.
             traffic = record["traffic"]
             assert traffic["bytes_sent"] == traffic["bytes_recv"] == (N - 1) * nbytes[step]
             assert traffic["rounds"] == N - 1
     for step in range(2):  # every rank decodes the same N payloads: the same average
         for other in exchanged[1:]:
-            for a, b in zip(exchanged[0]["gathered"][name][step]["averaged"],
-                            other["gathered"][name][step]["averaged"], strict=True):  # fmt: skip
+            for a, b in zip(
+                exchanged[0]["gathered"][name][step]["averaged"],
+                other["gathered"][name][step]["averaged"],
+                strict=True,
+            ):
                 assert torch.equal(a, b)
 
 
@@ -272,8 +284,13 @@ def test_topk_replicas_step_with_the_mean_of_every_ranks_own_payload(trained):
     for out in trained:
         for step, averaged in enumerate(out["topk"]["averaged"]):
             for name, got, expected in zip(names, averaged, want[step], strict=True):
-                torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7,
-                                           msg=f"rank {out['rank']} step {step} {name}")  # fmt: skip
+                torch.testing.assert_close(
+                    got,
+                    expected,
+                    rtol=1e-6,
+                    atol=1e-7,
+                    msg=f"rank {out['rank']} step {step} {name}",
+                )
     _replicas_identical(trained, "topk")
 
 

@@ -29,8 +29,17 @@ PAPER_SHAPE = (2, 32, 64, 4)
 
 
 def tiny(recompute: str, attention: str, dropout: float = 0.0, **kw) -> GPTConfig:
-    return GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_heads=4, n_layers=2,
-                     dropout=dropout, recompute=recompute, attention=attention, **kw)  # fmt: skip
+    return GPTConfig(
+        vocab_size=16,
+        seq_len=8,
+        d_model=16,
+        n_heads=4,
+        n_layers=2,
+        dropout=dropout,
+        recompute=recompute,
+        attention=attention,
+        **kw,
+    )
 
 
 def tokens(rows: int = 2, seq_len: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,8 +68,9 @@ def _tp_errors(comm, mode: str, attention: str) -> list[str]:
         full = want[name]
         ref = shard(full, dims[name], comm.rank, comm.world_size) if name in dims else full
         errors.append(mismatch(f"tp {mode} {attention} {name}", p.grad, ref, **TOL))
-    errors.append(mismatch(f"tp {mode} loss", torch.tensor(loss.item()),
-                           torch.tensor(want_loss), **TOL))  # fmt: skip
+    errors.append(
+        mismatch(f"tp {mode} loss", torch.tensor(loss.item()), torch.tensor(want_loss), **TOL)
+    )
     return [e for e in errors if e]
 
 
@@ -176,8 +186,15 @@ def saved_bytes(world: int, sp: bool, recompute: str) -> int | None:
     if comm is None:
         return None
     b, s, h, a = PAPER_SHAPE
-    cfg = GPTConfig(seq_len=s, d_model=h, n_heads=a, n_layers=1, dropout=0.1,
-                    recompute=recompute, attention="materialized")  # fmt: skip
+    cfg = GPTConfig(
+        seq_len=s,
+        d_model=h,
+        n_heads=a,
+        n_layers=1,
+        dropout=0.1,
+        recompute=recompute,
+        attention="materialized",
+    )
     model = GPT(cfg, seed=0)
     if sp:
         layer = MegatronSPBlock.from_block(model.blocks[0], comm, regather=True)

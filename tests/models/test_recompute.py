@@ -89,8 +89,9 @@ def test_tp_sp_zero_equal_reference(ranks8):
 
 
 def _one_process_saved(recompute: str) -> int:
-    cfg = GPTConfig(seq_len=S, d_model=H, n_heads=A, dropout=0.1, recompute=recompute,
-                    attention="materialized")  # fmt: skip
+    cfg = GPTConfig(
+        seq_len=S, d_model=H, n_heads=A, dropout=0.1, recompute=recompute, attention="materialized"
+    )
     block = Block(cfg).to(torch.bfloat16)
     x = torch.randn(B, S, H, dtype=torch.bfloat16, requires_grad=True) * 1.0
     count = SavedStorages()
@@ -103,8 +104,9 @@ def _one_process_saved(recompute: str) -> int:
 
 def _models(tp: int, sp: bool, recompute: str) -> tuple[float, int]:
     spec = TransformerSpec(d_model=H, n_heads=A, n_layers=1, seq_len=S, vocab_size=256)
-    paper = activation_bytes_per_layer(spec, B, tp=tp, sp="megatron_sp" if sp else "none",
-                                       recompute=recompute)  # fmt: skip
+    paper = activation_bytes_per_layer(
+        spec, B, tp=tp, sp="megatron_sp" if sp else "none", recompute=recompute
+    )
     exact = implementation_activation_bytes_per_layer(
         micro_batch=B, seq_len=S, d_model=H, n_heads=A, tp=tp, sp=sp, recompute=recompute
     )

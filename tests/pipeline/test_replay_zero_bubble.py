@@ -76,8 +76,10 @@ def test_with_a_cheaper_weight_gradient_h2_and_v_beat_h1_and_1f1b() -> None:
     costs = {"F": 1.0, "I": 1.0, "W": 0.9, "B": 1.9}
     half = {kind: cost / 2 for kind, cost in costs.items()}
     p, m = 4, 8
-    util = {name: replay(build_plan(name, p, m), costs).utilization
-            for name in ("1f1b", "zero_bubble_h1", "zero_bubble_h2")}  # fmt: skip
+    util = {
+        name: replay(build_plan(name, p, m), costs).utilization
+        for name in ("1f1b", "zero_bubble_h1", "zero_bubble_h2")
+    }
     v_plan = build_plan("zero_bubble_v", p, m, 2)
     util["zero_bubble_v"] = replay(
         v_plan, half, num_stages=2 * p, stage_ranks=stage_ranks("zero_bubble_v", p, 2)

@@ -62,8 +62,10 @@ def missing_pieces(spec: ScheduleSpec) -> list[str]:
             missing.append(f"utilization (P={p}, M={m}: bound {bound}, replayed {measured})")
         counted = max_inflight_microbatches(plan)
         if spec.held(p, m, v) != [counted[r] for r in range(p)]:
-            missing.append(f"inflight (P={p}, M={m}: declares {spec.held(p, m, v)}, the "
-                           f"plan holds {[counted[r] for r in range(p)]})")  # fmt: skip
+            missing.append(
+                f"inflight (P={p}, M={m}: declares {spec.held(p, m, v)}, the "
+                f"plan holds {[counted[r] for r in range(p)]})"
+            )
     if spec.planner and spec.chunks == "v_shape":
         missing.append("planner (a ParallelPlan cannot place chunks in a V)")
     return missing
@@ -128,4 +130,5 @@ def test_the_literal_list_check_is_not_vacuous(tmp_path, monkeypatch) -> None:
     (tmp_path / "bench" / "config.py").write_text('ALLOWED = ("1f1b", "gpipe", "other")\n')
     monkeypatch.setattr(literal_names, "ROOT", tmp_path)
     assert literal_names.literal_name_lists(SCHEDULES) == [
-        ("bench/config.py", ("1f1b", "gpipe", "other"))]  # fmt: skip
+        ("bench/config.py", ("1f1b", "gpipe", "other"))
+    ]

@@ -62,8 +62,9 @@ def test_loss_every_gradient_and_the_step_equal_one_process(ranks8, case: TiedCa
         for name, grad in out["grads"].items():
             assert name == TIED or name not in seen, f"{name} has a gradient on two ranks"
             seen.add(name)
-            torch.testing.assert_close(grad, want["grads"][name], rtol=1e-5, atol=1e-6,
-                                       msg=f"rank {rank}: {name}")  # fmt: skip
+            torch.testing.assert_close(
+                grad, want["grads"][name], rtol=1e-5, atol=1e-6, msg=f"rank {rank}: {name}"
+            )
     assert seen == set(want["grads"])
     # Both ranks hold the same sum, to the bit, so one optimizer step keeps them identical.
     assert torch.equal(outputs[first]["grads"][TIED], outputs[last]["grads"][TIED])
@@ -85,8 +86,9 @@ def test_without_the_sum_the_copies_drift_apart(ranks8) -> None:
     first, last = _outputs(ranks8, case)
     for out in (first, last):
         assert not torch.allclose(out["grads"][TIED], want["grads"][TIED], atol=1e-6)
-    torch.testing.assert_close(first["grads"][TIED] + last["grads"][TIED], want["grads"][TIED],
-                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    torch.testing.assert_close(
+        first["grads"][TIED] + last["grads"][TIED], want["grads"][TIED], rtol=1e-5, atol=1e-6
+    )
     assert not torch.equal(first["stepped"], last["stepped"])
 
 

@@ -43,8 +43,11 @@ def test_passing_plan_has_a_grid_of_every_step() -> None:
 def test_transfers_surround_exactly_the_cross_rank_dependencies() -> None:
     with_comm = insert_communication(build_plan("1f1b", 2, 2), stages=2)
     assert [str(a) for a in with_comm[1] if a.is_comm] == [
-        "1RECV_F0", "1RECV_F1", "1SEND_B0", "1SEND_B1"
-    ]  # fmt: skip
+        "1RECV_F0",
+        "1RECV_F1",
+        "1SEND_B0",
+        "1SEND_B1",
+    ]
     for actions in with_comm.values():
         for i, action in enumerate(actions):
             if action.kind == "F" and action.stage == 1:

@@ -30,8 +30,10 @@ from tests.planner import GPT8, small_cluster
 HW = small_cluster()
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zero_bubble_h1", "interleaved_1f1b",
-                                      "zero_bubble_h2", "zero_bubble_v"])  # fmt: skip
+@pytest.mark.parametrize(
+    "schedule",
+    ["gpipe", "1f1b", "zero_bubble_h1", "interleaved_1f1b", "zero_bubble_h2", "zero_bubble_v"],
+)
 @pytest.mark.parametrize("pp", [2, 3, 4])
 @pytest.mark.parametrize("microbatches", [1, 2, 3, 4, 8, 12])
 def test_inflight_matches_the_schedules(schedule, pp, microbatches):
@@ -73,8 +75,11 @@ def test_bounds_hold_for_equal_slicing(plan):
 @pytest.mark.parametrize("seed", range(30))
 def test_any_cut_bound_holds_for_random_cuts(seed):
     rng = random.Random(seed)
-    plans = [p for p in plan_space(GPT8, HW, gpus=8, global_batch=16)
-             if p.pp > 1 and p.virtual_stages == 1]  # fmt: skip
+    plans = [
+        p
+        for p in plan_space(GPT8, HW, gpus=8, global_batch=16)
+        if p.pp > 1 and p.virtual_stages == 1
+    ]
     plan = rng.choice(plans)
     bounds = sorted(rng.sample(range(1, GPT8.n_layers + 2), plan.pp - 1))
     edges = [0, *bounds, GPT8.n_layers + 2]
@@ -90,8 +95,11 @@ def test_any_cut_bound_holds_for_random_cuts(seed):
 
 def test_time_bound_is_one_f_one_b_by_hand():
     """Equal stages, free transfers: (M + P − 1)(F + B) is what the bound gives."""
-    plan = next(p for p in plan_space(GPT8, HW, gpus=8, global_batch=16)
-                if (p.tp, p.pp, p.schedule, p.microbatch_size) == (1, 2, "1f1b", 2))  # fmt: skip
+    plan = next(
+        p
+        for p in plan_space(GPT8, HW, gpus=8, global_batch=16)
+        if (p.tp, p.pp, p.schedule, p.microbatch_size) == (1, 2, "1f1b", 2)
+    )
     table = layer_table(GPT8, plan, HW, "bf16")
     cut = replace(plan, stage_layers=(5, 5))
     ranges = stage_slices(GPT8.n_layers, cut)

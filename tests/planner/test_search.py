@@ -39,8 +39,9 @@ def test_top_k_is_the_brute_force_top_k(memory_gb):
     result = search(GPT8, hw, gpus=8, global_batch=16, top_k=5)
     assert [c.prediction.tokens_per_s for c in result.best] == pytest.approx(fitting[:5])
     assert result.simulated < len(everything) / 3, "the screens should spare most simulations"
-    smallest = min(p.peak_memory_bytes for plan, p in everything.items()
-                   if plan.stage_layers is None)  # fmt: skip
+    smallest = min(
+        p.peak_memory_bytes for plan, p in everything.items() if plan.stage_layers is None
+    )
     assert result.smallest_memory_bytes == pytest.approx(smallest)
     assert result.space == len(plan_space(GPT8, hw, gpus=8, global_batch=16))
     assert result.best[0].reason == "best"
@@ -96,9 +97,14 @@ def test_nothing_fits_reports_the_smallest_memory():
 def test_reasons_name_the_largest_growing_term():
     result = search(GPT8, small_cluster(5e9), gpus=8, global_batch=16, top_k=3)
     winner = result.best[0].prediction
-    terms = {"compute_s": "compute", "bubble_s": "pipeline bubble",
-             "exposed_tp_s": "tensor-parallel", "exposed_pp_s": "pipeline (p2p)",
-             "exposed_dp_s": "data-parallel", "optimizer_s": "optimizer"}  # fmt: skip
+    terms = {
+        "compute_s": "compute",
+        "bubble_s": "pipeline bubble",
+        "exposed_tp_s": "tensor-parallel",
+        "exposed_pp_s": "pipeline (p2p)",
+        "exposed_dp_s": "data-parallel",
+        "optimizer_s": "optimizer",
+    }
     for candidate in result.best[1:] + [c for c in result.rejected if c.prediction.fits]:
         p = candidate.prediction
         grown = max(terms, key=lambda t: getattr(p, t) - getattr(winner, t))

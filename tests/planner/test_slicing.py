@@ -52,8 +52,9 @@ def test_matches_brute_force(seed):
 
     limit = None if seed % 3 == 0 else rng.uniform(0.4, 1.2) * sum(weights) * 2
     cut = alpa_stage_slicing(seconds, stage_bytes, stages, microbatches, limit)
-    expected = brute_force(seconds, stage_bytes, stages, microbatches,
-                           float("inf") if limit is None else limit)  # fmt: skip
+    expected = brute_force(
+        seconds, stage_bytes, stages, microbatches, float("inf") if limit is None else limit
+    )
     if expected is None:
         assert cut is None
         return
@@ -102,8 +103,12 @@ def test_heavy_head_gets_fewer_layers():
     ],
 )
 def test_refuses_malformed_arguments(kwargs, message):
-    args = {"layer_seconds": [1.0] * 4, "layer_bytes": [1.0] * 4, "stages": 2,
-            "microbatches": 2} | kwargs  # fmt: skip
+    args = {
+        "layer_seconds": [1.0] * 4,
+        "layer_bytes": [1.0] * 4,
+        "stages": 2,
+        "microbatches": 2,
+    } | kwargs
     with pytest.raises(ValueError, match=message):
         alpa_stage_slicing(**args)
 
@@ -125,8 +130,13 @@ def test_chain_slicing_matches_the_dp(seed):
         return held[s] * sum(weight[a : b + 1])
 
     def fits(s, k):
-        span = (0, k) if s == 0 else (body_layers + 1 - k, body_layers + 1) if s == stages - 1 \
-            else (1, k)  # fmt: skip
+        span = (
+            (0, k)
+            if s == 0
+            else (body_layers + 1 - k, body_layers + 1)
+            if s == stages - 1
+            else (1, k)
+        )
         return stage_bytes(*span, s) <= limit
 
     chain = alpa_chain_slicing(first, body, last, body_layers, stages, fits)

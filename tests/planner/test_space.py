@@ -37,8 +37,17 @@ def test_size_by_hand():
     """Counted by hand: (tp, pp, dp) with tp ≤ 4 | 16 heads, pp | 8/tp: 9 splits."""
     plans = space()
     splits = {(p.tp, p.pp, p.dp) for p in plans}
-    assert splits == {(1, 1, 8), (1, 2, 4), (1, 4, 2), (1, 8, 1), (2, 1, 4), (2, 2, 2),
-                      (2, 4, 1), (4, 1, 2), (4, 2, 1)}  # fmt: skip
+    assert splits == {
+        (1, 1, 8),
+        (1, 2, 4),
+        (1, 4, 2),
+        (1, 8, 1),
+        (2, 1, 4),
+        (2, 2, 2),
+        (2, 4, 1),
+        (4, 1, 2),
+        (4, 2, 1),
+    }
     # tp=1, pp=1, dp=8: b ∈ {1, 2}, one schedule, sp none, ZeRO 0–3, 3 recompute: 24
     assert sum(1 for p in plans if (p.tp, p.pp) == (1, 1)) == 2 * 4 * 3
     # tp=4, pp=2, dp=1: b ∈ {1,2,4,8,16} with M = 16/b; schedules gpipe, 1f1b, zb and
@@ -61,8 +70,16 @@ def test_axis_rules():
 
 
 def test_fixed_axes_are_respected():
-    fixed = {"tp": 2, "pp": 2, "sp": "ulysses", "zero_stage": 1, "recompute": "full",
-             "microbatch_size": 2, "schedule": "interleaved_1f1b", "virtual_stages": 2}  # fmt: skip
+    fixed = {
+        "tp": 2,
+        "pp": 2,
+        "sp": "ulysses",
+        "zero_stage": 1,
+        "recompute": "full",
+        "microbatch_size": 2,
+        "schedule": "interleaved_1f1b",
+        "virtual_stages": 2,
+    }
     plans = space(fixed=fixed)
     assert len(plans) == 1
     (plan,) = plans
@@ -132,8 +149,9 @@ def test_cp_is_searched_only_when_asked():
         validate_plan(GPT8, plan)  # seq_len/cp divisible by tp wherever sp shards it
 
 
-@pytest.mark.parametrize(("cps", "key"), [((3,), "cp=3 must divide seq_len=1024"),
-                                          ((), "cps=()"), ((0,), "cp=0")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("cps", "key"), [((3,), "cp=3 must divide seq_len=1024"), ((), "cps=()"), ((0,), "cp=0")]
+)
 def test_cps_are_refused_naming_the_key(cps, key):
     with pytest.raises(ValueError, match=key):
         space(cps=cps)

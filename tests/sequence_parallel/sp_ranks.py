@@ -104,13 +104,23 @@ def run_case(case: Case, comm: Communicator) -> list[str]:
             if name in dims:
                 want = shard(want, dims[name], comm.rank, comm.world_size)
             errors.append(mismatch(f"grad {name}", got_grads[name], want, **TOL))
-    want = layer_traffic(case.method, sp=case.sp, batch=BATCH, seq_len=case.seq_len,
-                         d_model=D_MODEL, regather=case.regather)  # fmt: skip
+    want = layer_traffic(
+        case.method,
+        sp=case.sp,
+        batch=BATCH,
+        seq_len=case.seq_len,
+        d_model=D_MODEL,
+        regather=case.regather,
+    )
     got = (fwd.bytes_sent, fwd.bytes_recv, fwd.rounds, bwd.bytes_sent, bwd.bytes_recv, bwd.rounds)
     expected = (
-        want.bytes_fwd, want.bytes_fwd, want.rounds_fwd,
-        want.bytes_bwd, want.bytes_bwd, want.rounds_bwd,
-    )  # fmt: skip
+        want.bytes_fwd,
+        want.bytes_fwd,
+        want.rounds_fwd,
+        want.bytes_bwd,
+        want.bytes_bwd,
+        want.rounds_bwd,
+    )
     if got != expected:
         errors.append(f"traffic (sent, recv, rounds) fwd/bwd {got} != analytic {expected}")
     return [f"{case} rank {comm.rank}: {e}" for e in errors if e]

@@ -46,7 +46,7 @@ def test_refusals_and_ulysses_layout(ranks8):
                 "ulysses", sp=2, batch=1, seq_len=0, d_model=4, n_heads=2
             ),
             "seq_len",
-        ),  # fmt: skip
+        ),
         (lambda: local_seq_len(0, 2), "seq_len"),
     ],
 )

@@ -111,8 +111,11 @@ def _allreduce_busbw(nbytes: float, n: int, seconds: float) -> float:
 def nvlink_allreduce_busbw() -> None:
     """A 1 GiB all-reduce over the 8 GPUs of a node reaches the nccl-tests busbw its preset
     cites: 8 × A100 ~208 GB/s (nccl-tests issue #178), 8 × H100 ~370 GB/s (issue #212)."""
-    for name, measured in (("a100_80gb", 208 * GB), ("a100_40gb", 208 * GB),
-                           ("h100_sxm", 370 * GB)):  # fmt: skip
+    for name, measured in (
+        ("a100_80gb", 208 * GB),
+        ("a100_40gb", 208 * GB),
+        ("h100_sxm", 370 * GB),
+    ):
         seconds = collective_seconds("all_reduce", GIB, 8, hardware(name))
         busbw = _allreduce_busbw(GIB, 8, seconds)
         assert abs(busbw / measured - 1) <= 0.05, (
@@ -139,10 +142,22 @@ def internode_busbw_per_nic() -> None:
 # One transformer layer's forward as Megatron-LM runs it unfused: 6 GEMMs and 9
 # memory-bound kernels (Korthikanti et al. 2022, Fig. 4 lists the same ops).
 LAYER_FORWARD_KERNELS = (
-    "layernorm_1", "qkv_gemm", "scores_gemm", "softmax", "attention_dropout", "context_gemm",
-    "projection_gemm", "projection_dropout", "residual_1", "layernorm_2", "mlp_up_gemm",
-    "gelu", "mlp_down_gemm", "mlp_dropout", "residual_2",
-)  # fmt: skip
+    "layernorm_1",
+    "qkv_gemm",
+    "scores_gemm",
+    "softmax",
+    "attention_dropout",
+    "context_gemm",
+    "projection_gemm",
+    "projection_dropout",
+    "residual_1",
+    "layernorm_2",
+    "mlp_up_gemm",
+    "gelu",
+    "mlp_down_gemm",
+    "mlp_dropout",
+    "residual_2",
+)
 
 
 def launch_bound_layer() -> None:
@@ -162,8 +177,10 @@ def launch_bound_layer() -> None:
 
 
 # Maximum Achievable Matmul FLOPS (stas00/ml-engineering, MAMF table): the best bf16 shape.
-MAMF = {"a100_80gb": ((6912, 16384, 2048), 267.9e12, 108),
-        "h100_sxm": ((6144, 17920, 2816), 792.1e12, 132)}  # fmt: skip
+MAMF = {
+    "a100_80gb": ((6912, 16384, 2048), 267.9e12, 108),
+    "h100_sxm": ((6144, 17920, 2816), 792.1e12, 132),
+}
 
 
 def large_gemm_at_mamf() -> None:
@@ -229,8 +246,9 @@ def optimizer_moves_adam_state() -> None:
         f"Adam over {params / 1e9:.2f}B parameters: {whole.optimizer_s * 1e3:.2f} ms; moving "
         f"28 B each at {hw.memory_bandwidth / GB:.0f} GB/s takes ≥ {floor * 1e3:.2f} ms"
     )
-    shard = simulate(spec, ParallelPlan(dp=8, tp=1, pp=1, zero_stage=1), hw,
-                     stage_costs=[(0.1, 0.1, 0.1)])  # fmt: skip
+    shard = simulate(
+        spec, ParallelPlan(dp=8, tp=1, pp=1, zero_stage=1), hw, stage_costs=[(0.1, 0.1, 0.1)]
+    )
     assert abs(shard.optimizer_s * 8 / whole.optimizer_s - 1) <= 0.05, (
         f"ZeRO-1 over 8 ranks: optimizer {shard.optimizer_s * 1e3:.3f} ms, not 1/8 of "
         f"{whole.optimizer_s * 1e3:.3f} ms"
@@ -240,10 +258,12 @@ def optimizer_moves_adam_state() -> None:
 # --- pipeline -----------------------------------------------------------------------------
 def _pipeline(schedule: str, pp: int, m: int, virtual: int = 1) -> Prediction:
     """Compute-only stages of 10 ms per pass on DGX A100 nodes, one node per stage."""
-    spec = _spec(n_layers=pp * virtual * 2 - 2, d_model=4096, n_heads=32, vocab_size=32000,
-                 seq_len=2048)  # fmt: skip
-    plan = ParallelPlan(dp=1, tp=8, pp=pp, num_microbatches=m, schedule=schedule,
-                        virtual_stages=virtual)  # fmt: skip
+    spec = _spec(
+        n_layers=pp * virtual * 2 - 2, d_model=4096, n_heads=32, vocab_size=32000, seq_len=2048
+    )
+    plan = ParallelPlan(
+        dp=1, tp=8, pp=pp, num_microbatches=m, schedule=schedule, virtual_stages=virtual
+    )
     stage = (0.01 / virtual, 0.01 / virtual, 0.01 / virtual)  # F, I, W seconds: B = 2F
     return simulate(spec, plan, hardware("a100_80gb"), stage_costs=[stage] * plan.stages)
 
@@ -251,8 +271,12 @@ def _pipeline(schedule: str, pp: int, m: int, virtual: int = 1) -> Prediction:
 def pipeline_bubble_fraction() -> None:
     """With compute only, 1F1B and GPipe idle (p − 1)/(m + p − 1) of the step, interleaved
     1F1B with v chunks (p − 1)/(v·m + p − 1) (Narayanan et al. 2021 §2.2)."""
-    for schedule, p, m, v in (("1f1b", 4, 8, 1), ("gpipe", 4, 4, 1), ("1f1b", 8, 8, 1),
-                              ("interleaved_1f1b", 4, 8, 2)):  # fmt: skip
+    for schedule, p, m, v in (
+        ("1f1b", 4, 8, 1),
+        ("gpipe", 4, 4, 1),
+        ("1f1b", 8, 8, 1),
+        ("interleaved_1f1b", 4, 8, 2),
+    ):
         pred = _pipeline(schedule, p, m, v)
         share = pred.bubble_s / (pred.compute_s + pred.bubble_s)
         theory = (p - 1) / (v * m + p - 1)
@@ -327,8 +351,13 @@ def dp_allreduce_hides_only_under_compute() -> None:
     for backward in (1e-9, comm / 2, 1e3):
         exposed = _dp_exposed(0, (1e-3, backward / 2, backward / 2), spec)
         high = bucket if backward > comm * 10 else comm
-        _bounded(f"ZeRO-0, {buckets} buckets, backward {backward * 1e3:.3g} ms", exposed,
-                 max(bucket, comm - backward), high, comm)  # fmt: skip
+        _bounded(
+            f"ZeRO-0, {buckets} buckets, backward {backward * 1e3:.3g} ms",
+            exposed,
+            max(bucket, comm - backward),
+            high,
+            comm,
+        )
 
 
 def zero2_reduce_scatter_hides_only_under_compute() -> None:
@@ -341,12 +370,19 @@ def zero2_reduce_scatter_hides_only_under_compute() -> None:
     gathers = max(k, math.ceil(nbytes / BUCKET_BYTES))
     r_u, a_u = _call("reduce_scatter", nbytes / k), _call("all_gather", nbytes / gathers)
     for f, b in ((1e-9, 1e-9), (a_u * gathers / 2, r_u * k / 2), (1e3, 1e3)):
-        low = MICRO * (r_u + max(0.0, (k - 1) * r_u - b * (k - 1) / k)) + a_u + max(
-            0.0, (gathers - 1) * a_u - f * (gathers - 1) / gathers)  # fmt: skip
+        low = (
+            MICRO * (r_u + max(0.0, (k - 1) * r_u - b * (k - 1) / k))
+            + a_u
+            + max(0.0, (gathers - 1) * a_u - f * (gathers - 1) / gathers)
+        )
         high = MICRO * r_u + a_u if b > 10 * k * r_u else MICRO * k * r_u + gathers * a_u
-        _bounded(f"ZeRO-2, F {f * 1e3:.3g} ms, B {b * 1e3:.3g} ms",
-                 _dp_exposed(2, (f, b / 2, b / 2), spec), low, high,
-                 MICRO * k * r_u + gathers * a_u)  # fmt: skip
+        _bounded(
+            f"ZeRO-2, F {f * 1e3:.3g} ms, B {b * 1e3:.3g} ms",
+            _dp_exposed(2, (f, b / 2, b / 2), spec),
+            low,
+            high,
+            MICRO * k * r_u + gathers * a_u,
+        )
 
 
 def zero3_gathers_hide_only_under_compute() -> None:
@@ -363,9 +399,13 @@ def zero3_gathers_hide_only_under_compute() -> None:
         forward = g_u + max(0.0, (k - 1) * g_u - f * (k - 1) / k)
         backward = g_u + r_u + max(0.0, (k - 1) * (g_u + r_u) - b)
         high = 2 * g_u + r_u if f > 10 * k * g_u else k * (2 * g_u + r_u)
-        _bounded(f"ZeRO-3, {k} units, F {f * 1e3:.3g} ms, B {b * 1e3:.3g} ms",
-                 _dp_exposed(3, (f, b / 2, b / 2), spec), MICRO * (forward + backward),
-                 MICRO * high, MICRO * k * (2 * g_u + r_u))  # fmt: skip
+        _bounded(
+            f"ZeRO-3, {k} units, F {f * 1e3:.3g} ms, B {b * 1e3:.3g} ms",
+            _dp_exposed(3, (f, b / 2, b / 2), spec),
+            MICRO * (forward + backward),
+            MICRO * high,
+            MICRO * k * (2 * g_u + r_u),
+        )
 
 
 def hidden_collectives_take_their_sms() -> None:

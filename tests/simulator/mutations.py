@@ -29,7 +29,7 @@ TARGETS = {
     "layer_activations": (
         "impls.simulator.costs.activation_bytes_per_layer",
         "impls.simulator.step.activation_bytes_per_layer",
-    ),  # fmt: skip
+    ),
     "pipeline_send": "impls.simulator.step.p2p_seconds",
     "optimizer": "impls.simulator.step._optimizer_seconds",
     "schedule_replay": "impls.simulator.step.evaluate",
@@ -185,8 +185,10 @@ def _no_bubble(evaluate, a):
     """Each rank's idle time of the free replay taken off its end: no fill and drain."""
     timeline = evaluate(**a)
     free = evaluate(**_with(a, send_forward=None, send_backward=None))
-    ends = tuple(end - (f_end - busy)
-                 for end, f_end, busy in zip(timeline.ends, free.ends, free.busy, strict=True))  # fmt: skip
+    ends = tuple(
+        end - (f_end - busy)
+        for end, f_end, busy in zip(timeline.ends, free.ends, free.busy, strict=True)
+    )
     return replace(timeline, ends=ends, makespan=max(ends))
 
 
@@ -195,58 +197,94 @@ def _kernels_doubled() -> ContextManager[None]:
 
 
 MUTATIONS: tuple[Mutation, ...] = (
-    Mutation("zero3_reduce_scatter_never_hidden",
-             "ZeRO-3's gradient reduce-scatter is never overlapped with the backward",
-             _exposure(_reduce_scatter_never_hidden)),
-    Mutation("dp_allreduce_never_hidden",
-             "DDP's bucketed gradient all-reduce is never overlapped with the backward",
-             _exposure(_allreduce_never_hidden)),
-    Mutation("dp_collectives_always_hidden",
-             "every DP/ZeRO collective hides entirely, whatever its size (no overlap limit)",
-             _exposure(_always_hidden)),
-    Mutation("zero_prefetch_unlimited",
-             "every ZeRO unit prefetched at once: the whole compute window hides the transfer",
-             _exposure(_prefetch_unlimited)),
-    Mutation("zero3_gather_and_reduce_scatter_side_by_side",
-             "ZeRO-3's backward gather and reduce-scatter each get a link of their own",
-             _exposure(_side_by_side)),
-    Mutation("kernel_count_doubled",
-             "twice the element-wise kernels per layer, each paying a launch",
-             _kernels_doubled),
-    Mutation("nvlink_efficiency_050",
-             "NVLink busbw at 0.50 of the line rate instead of nccl-tests' 0.69",
-             lambda: _presets(_nvlink_050)),
-    Mutation("internode_bandwidth_node_aggregate",
-             "a node's aggregate NIC bandwidth used per GPU (×8 on DGX nodes)",
-             lambda: _presets(_node_nic_per_gpu)),
-    Mutation("gemm_plateau_every_shape",
-             "every GEMM at the large-GEMM plateau (no wave-quantisation roll-off)",
-             lambda: _presets(_plateau)),
-    Mutation("hidden_collectives_free",
-             "a collective hidden under compute takes none of the SMs the compute runs on",
-             lambda: _presets(_collectives_take_no_sms)),
-    Mutation("sparse_peak_flops",
-             "peak FLOP/s read from the datasheet's sparsity figures (2× the dense peak)",
-             lambda: _presets(_sparse_peak)),
-    Mutation("optimizer_state_not_in_memory",
-             "Adam's master weights, momentum and variance left out of a rank's memory",
-             lambda: _wrapped("memory_bytes_per_param", _no_optimizer_state)),
-    Mutation("zero_sharding_not_in_memory",
-             "ZeRO's sharding of weights, gradients and optimizer state ignored in memory",
-             lambda: _wrapped("memory_model_states", _unsharded_states)),
-    Mutation("attention_scores_memory_dropped",
-             "the s² attention scores, softmax and dropout mask are not kept for the backward",
-             lambda: _wrapped("layer_activations", _scores_dropped)),
-    Mutation("pipeline_transfers_free",
-             "pipeline sends of activations and gradients cost nothing",
-             lambda: _patched("pipeline_send", lambda *a, **k: 0.0)),
-    Mutation("tp_collectives_free",
-             "tensor-parallel all-reduces / all-gathers / all-to-alls cost nothing",
-             lambda: _patched("tp_collective", lambda *a, **k: 0.0)),
-    Mutation("optimizer_free",
-             "the optimizer step costs nothing",
-             lambda: _patched("optimizer", lambda *a, **k: 0.0)),
-    Mutation("bubble_ignored",
-             "the pipeline's fill and drain are ignored: each rank busy from start to end",
-             lambda: _wrapped("schedule_replay", _no_bubble)),
-)  # fmt: skip
+    Mutation(
+        "zero3_reduce_scatter_never_hidden",
+        "ZeRO-3's gradient reduce-scatter is never overlapped with the backward",
+        _exposure(_reduce_scatter_never_hidden),
+    ),
+    Mutation(
+        "dp_allreduce_never_hidden",
+        "DDP's bucketed gradient all-reduce is never overlapped with the backward",
+        _exposure(_allreduce_never_hidden),
+    ),
+    Mutation(
+        "dp_collectives_always_hidden",
+        "every DP/ZeRO collective hides entirely, whatever its size (no overlap limit)",
+        _exposure(_always_hidden),
+    ),
+    Mutation(
+        "zero_prefetch_unlimited",
+        "every ZeRO unit prefetched at once: the whole compute window hides the transfer",
+        _exposure(_prefetch_unlimited),
+    ),
+    Mutation(
+        "zero3_gather_and_reduce_scatter_side_by_side",
+        "ZeRO-3's backward gather and reduce-scatter each get a link of their own",
+        _exposure(_side_by_side),
+    ),
+    Mutation(
+        "kernel_count_doubled",
+        "twice the element-wise kernels per layer, each paying a launch",
+        _kernels_doubled,
+    ),
+    Mutation(
+        "nvlink_efficiency_050",
+        "NVLink busbw at 0.50 of the line rate instead of nccl-tests' 0.69",
+        lambda: _presets(_nvlink_050),
+    ),
+    Mutation(
+        "internode_bandwidth_node_aggregate",
+        "a node's aggregate NIC bandwidth used per GPU (×8 on DGX nodes)",
+        lambda: _presets(_node_nic_per_gpu),
+    ),
+    Mutation(
+        "gemm_plateau_every_shape",
+        "every GEMM at the large-GEMM plateau (no wave-quantisation roll-off)",
+        lambda: _presets(_plateau),
+    ),
+    Mutation(
+        "hidden_collectives_free",
+        "a collective hidden under compute takes none of the SMs the compute runs on",
+        lambda: _presets(_collectives_take_no_sms),
+    ),
+    Mutation(
+        "sparse_peak_flops",
+        "peak FLOP/s read from the datasheet's sparsity figures (2× the dense peak)",
+        lambda: _presets(_sparse_peak),
+    ),
+    Mutation(
+        "optimizer_state_not_in_memory",
+        "Adam's master weights, momentum and variance left out of a rank's memory",
+        lambda: _wrapped("memory_bytes_per_param", _no_optimizer_state),
+    ),
+    Mutation(
+        "zero_sharding_not_in_memory",
+        "ZeRO's sharding of weights, gradients and optimizer state ignored in memory",
+        lambda: _wrapped("memory_model_states", _unsharded_states),
+    ),
+    Mutation(
+        "attention_scores_memory_dropped",
+        "the s² attention scores, softmax and dropout mask are not kept for the backward",
+        lambda: _wrapped("layer_activations", _scores_dropped),
+    ),
+    Mutation(
+        "pipeline_transfers_free",
+        "pipeline sends of activations and gradients cost nothing",
+        lambda: _patched("pipeline_send", lambda *a, **k: 0.0),
+    ),
+    Mutation(
+        "tp_collectives_free",
+        "tensor-parallel all-reduces / all-gathers / all-to-alls cost nothing",
+        lambda: _patched("tp_collective", lambda *a, **k: 0.0),
+    ),
+    Mutation(
+        "optimizer_free",
+        "the optimizer step costs nothing",
+        lambda: _patched("optimizer", lambda *a, **k: 0.0),
+    ),
+    Mutation(
+        "bubble_ignored",
+        "the pipeline's fill and drain are ignored: each rank busy from start to end",
+        lambda: _wrapped("schedule_replay", _no_bubble),
+    ),
+)

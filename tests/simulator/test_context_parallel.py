@@ -60,8 +60,9 @@ def test_cp_rank_does_the_layer_on_its_share_of_the_tokens():
 
 
 def test_cp_halves_the_activations_a_rank_holds():
-    spec = TransformerSpec(n_layers=4, d_model=64, n_heads=4, vocab_size=128, seq_len=64,
-                           attention="flash")  # fmt: skip
+    spec = TransformerSpec(
+        n_layers=4, d_model=64, n_heads=4, vocab_size=128, seq_len=64, attention="flash"
+    )
     hw = flat_hardware()
     one = simulate(spec, ParallelPlan(dp=2, tp=1, pp=1, num_microbatches=2), hw)
     two = simulate(spec, ParallelPlan(dp=1, cp=2, tp=1, pp=1, num_microbatches=2), hw)
@@ -91,8 +92,9 @@ def test_ring_traffic_is_exposed_only_where_the_step_compute_does_not_cover_it()
 
 def test_ring_crosses_nodes_only_when_the_cp_group_does():
     """The cp group is cp ranks tp apart (tp innermost): 2 · 4 = 8 fits a node of 8."""
-    two_links = replace(flat_hardware(bandwidth=1e6, per_node=8),
-                        inter=flat_hardware(bandwidth=1e5).inter)  # fmt: skip
+    two_links = replace(
+        flat_hardware(bandwidth=1e6, per_node=8), inter=flat_hardware(bandwidth=1e5).inter
+    )
     inside = transformer_price(TINY, B, 4, "none", "none", two_links, "bf16", cp=2)
     across = transformer_price(TINY, B, 2, "none", "none", two_links, "bf16", cp=8)
     assert 0 < inside.tp_forward_s < across.tp_forward_s

@@ -76,12 +76,15 @@ def test_sequence_parallel_and_ulysses_collectives():
     full = B * S * H * 2
     forward, backward = tp_collectives(TINY, B, 4, "megatron_sp", "bf16")
     assert forward == backward == (("all_gather", full), ("reduce_scatter", full)) * 2
-    gqa = TransformerSpec(n_layers=2, d_model=64, n_heads=4, kv_heads=2, vocab_size=128,
-                          seq_len=16)  # fmt: skip
+    gqa = TransformerSpec(n_layers=2, d_model=64, n_heads=4, kv_heads=2, vocab_size=128, seq_len=16)
     forward, backward = tp_collectives(gqa, B, 2, "ulysses", "bf16")
     # q and the output: T/t × h; k and v: T/t × h·k/a.
-    expected = (("all_to_all", full / 2), ("all_to_all", full / 4), ("all_to_all", full / 4),
-                ("all_to_all", full / 2))  # fmt: skip
+    expected = (
+        ("all_to_all", full / 2),
+        ("all_to_all", full / 4),
+        ("all_to_all", full / 4),
+        ("all_to_all", full / 2),
+    )
     assert forward == backward == expected
 
 
@@ -119,14 +122,16 @@ def test_flash_attention_core_by_hand():
     backward_core = 2.5 * computed / (1e14 * 0.25)
     assert flash.input_s == pytest.approx(_gemm(weights) + backward_core + _bytes(2 * elementwise))
     assert flash.weight_s == pytest.approx(_gemm(weights))
-    selective = transformer_price(replace(TINY, attention="flash"), B, 1, "none", "selective",
-                                  hw, "bf16")  # fmt: skip
+    selective = transformer_price(
+        replace(TINY, attention="flash"), B, 1, "none", "selective", hw, "bf16"
+    )
     assert selective.input_s == pytest.approx(flash.input_s + forward_core)
 
 
 def test_flash_without_a_benchmark_prices_its_computed_flops_as_gemms():
-    flash = transformer_price(replace(TINY, attention="flash"), B, 1, "none", "none",
-                              _flash_hardware(None), "bf16")  # fmt: skip
+    flash = transformer_price(
+        replace(TINY, attention="flash"), B, 1, "none", "none", _flash_hardware(None), "bf16"
+    )
     materialized = transformer_price(TINY, B, 1, "none", "none", flat_hardware(), "bf16")
     scores = B * A * S * S
     core = 4 * B * A * S * S * (H // A)
@@ -138,11 +143,11 @@ def test_flash_without_a_benchmark_prices_its_computed_flops_as_gemms():
 def test_flash_is_faster_than_materialized_at_long_sequences(hardware):
     hw = HARDWARE[hardware]
     for seq in (8192, 32768):
-        spec = TransformerSpec(n_layers=32, d_model=4096, n_heads=32, vocab_size=32000,
-                               seq_len=seq)  # fmt: skip
+        spec = TransformerSpec(n_layers=32, d_model=4096, n_heads=32, vocab_size=32000, seq_len=seq)
         slow = transformer_price(spec, 1, 8, "megatron_sp", "none", hw, "bf16")
-        fast = transformer_price(replace(spec, attention="flash"), 1, 8, "megatron_sp", "none",
-                                 hw, "bf16")  # fmt: skip
+        fast = transformer_price(
+            replace(spec, attention="flash"), 1, 8, "megatron_sp", "none", hw, "bf16"
+        )
         assert fast.forward_s < slow.forward_s
         assert fast.input_s < slow.input_s
         assert fast.weight_s == slow.weight_s  # the weight GEMMs do not change
@@ -155,8 +160,9 @@ def test_fp8_is_refused_without_a_source_and_keeps_the_attention_core_16_bit():
     with pytest.raises(ValueError, match="dtype='fp8'"):
         simulate(TINY, ParallelPlan(dp=1, tp=1, pp=1), hw, dtype="fp8")
     h100 = HARDWARE["h100_sxm"]
-    spec = TransformerSpec(n_layers=1, d_model=4096, n_heads=32, vocab_size=32000,
-                           seq_len=4096, attention="flash")  # fmt: skip
+    spec = TransformerSpec(
+        n_layers=1, d_model=4096, n_heads=32, vocab_size=32000, seq_len=4096, attention="flash"
+    )
     fp8 = transformer_price(spec, 1, 1, "none", "none", h100, "fp8")
     bf16 = transformer_price(spec, 1, 1, "none", "none", h100, "bf16")
     assert fp8.forward_s < bf16.forward_s  # the weight GEMMs run at the fp8 rate

@@ -44,9 +44,7 @@ def test_gpipe_holds_every_microbatch_1f1b_one():
     """With one stage GPipe runs all M forwards before a backward; 1F1B frees each at once."""
     hw = flat_hardware()
     gpipe, one = (
-        simulate(
-            TINY, ParallelPlan(dp=1, tp=1, pp=1, num_microbatches=6, schedule=s), hw
-        )  # fmt: skip
+        simulate(TINY, ParallelPlan(dp=1, tp=1, pp=1, num_microbatches=6, schedule=s), hw)
         for s in ("gpipe", "1f1b")
     )
     assert gpipe.memory_breakdown["activations"] == pytest.approx(

@@ -26,10 +26,18 @@ CASES = [
 
 
 def _utilization(schedule: str, pp: int, m: int, v: int) -> float:
-    spec = TransformerSpec(n_layers=pp * v * 2 - 2, d_model=64, n_heads=4, vocab_size=128,
-                           seq_len=16)  # fmt: skip
-    plan = ParallelPlan(dp=1, tp=1, pp=pp, num_microbatches=m, schedule=schedule,
-                        virtual_stages=v, stage_layers=(2,) * (pp * v))  # fmt: skip
+    spec = TransformerSpec(
+        n_layers=pp * v * 2 - 2, d_model=64, n_heads=4, vocab_size=128, seq_len=16
+    )
+    plan = ParallelPlan(
+        dp=1,
+        tp=1,
+        pp=pp,
+        num_microbatches=m,
+        schedule=schedule,
+        virtual_stages=v,
+        stage_layers=(2,) * (pp * v),
+    )
     # T_F = T_I = T_W = 1 per stage: B = I + W = 2F, as GPipe/1F1B/interleaved assume.
     pred = simulate(spec, plan, flat_hardware(), stage_costs=[(1.0, 1.0, 1.0)] * plan.stages)
     assert pred.exposed_tp_s == 0
@@ -49,7 +57,10 @@ def test_utilization_equals_theory(schedule, v, stages, microbatches):
                 continue
             expected = utilization_bound(schedule, pp, m, v)
             assert _utilization(schedule, pp, m, v) == pytest.approx(expected, rel=1e-9), (
-                schedule, pp, m)  # fmt: skip
+                schedule,
+                pp,
+                m,
+            )
 
 
 def test_priced_transfers_only_add_time():
@@ -74,8 +85,13 @@ def test_pipeline_neighbours_on_other_nodes_use_the_inter_node_link():
     base = flat_hardware()
     results = {}
     for per_node in (8, 16):
-        hw = type(base)(**{**base.__dict__, "devices_per_node": per_node,
-                           "inter": Link(name="slow", alpha_s=1.0, bandwidth=1e30)})  # fmt: skip
+        hw = type(base)(
+            **{
+                **base.__dict__,
+                "devices_per_node": per_node,
+                "inter": Link(name="slow", alpha_s=1.0, bandwidth=1e30),
+            }
+        )
         results[per_node] = simulate(spec, plan, hw, stage_costs=costs).exposed_pp_s
     assert results[8] == pytest.approx(2.0)  # one activation forward, one gradient back
     assert results[16] == pytest.approx(0.0, abs=1e-12)

@@ -86,8 +86,15 @@ def test_megatron_layout_puts_the_embedding_and_head_on_the_end_stages():
     assert sum(counts) == 96 + 2
     assert megatron_stage_layers(4, 1) == (6,)
     # pp = 2 × 2 virtual stages of a 4-layer model: one block per chunk.
-    plan = ParallelPlan(dp=1, tp=1, pp=2, schedule="interleaved_1f1b", virtual_stages=2,
-                        num_microbatches=2, stage_layers=megatron_stage_layers(4, 4))  # fmt: skip
+    plan = ParallelPlan(
+        dp=1,
+        tp=1,
+        pp=2,
+        schedule="interleaved_1f1b",
+        virtual_stages=2,
+        num_microbatches=2,
+        stage_layers=megatron_stage_layers(4, 4),
+    )
     assert stage_slices(4, plan) == ((0, 2), (2, 3), (3, 4), (4, 6))
     simulate(GQA, plan, flat_hardware())  # a layout the simulator takes as it is
     # Equal slicing of L + 2 puts the extra layers elsewhere: the layouts differ.
@@ -95,8 +102,9 @@ def test_megatron_layout_puts_the_embedding_and_head_on_the_end_stages():
     assert tuple(b - a for a, b in equal) != counts
 
 
-@pytest.mark.parametrize(("layers", "stages", "key"), [(96, 7, "stages=7"), (4, 0, "stages=0"),
-                                                       (0, 1, "n_layers=0")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("layers", "stages", "key"), [(96, 7, "stages=7"), (4, 0, "stages=0"), (0, 1, "n_layers=0")]
+)
 def test_megatron_layout_refuses_stages_that_do_not_divide_the_layers(layers, stages, key):
     with pytest.raises(ValueError, match=key):
         megatron_stage_layers(layers, stages)

@@ -18,8 +18,14 @@ H, F, V, T = 64, 256, 128, 16  # TINY with micro-batch 1
 
 
 def _parts(pred) -> float:
-    return (pred.compute_s + pred.bubble_s + pred.exposed_tp_s + pred.exposed_pp_s
-            + pred.exposed_dp_s + pred.optimizer_s)  # fmt: skip
+    return (
+        pred.compute_s
+        + pred.bubble_s
+        + pred.exposed_tp_s
+        + pred.exposed_pp_s
+        + pred.exposed_dp_s
+        + pred.optimizer_s
+    )
 
 
 def test_tiny_data_parallel_step_by_hand():
@@ -57,9 +63,16 @@ def test_tiny_data_parallel_step_by_hand():
 @pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
 def test_breakdown_adds_up_to_the_step(schedule, zero_stage):
     spec = TransformerSpec(n_layers=14, d_model=1024, n_heads=16, vocab_size=32000, seq_len=512)
-    plan = ParallelPlan(dp=4, tp=2, pp=4, sp="megatron_sp", zero_stage=zero_stage,
-                        num_microbatches=8, schedule=schedule,
-                        virtual_stages=2 if schedule == "interleaved_1f1b" else 1)  # fmt: skip
+    plan = ParallelPlan(
+        dp=4,
+        tp=2,
+        pp=4,
+        sp="megatron_sp",
+        zero_stage=zero_stage,
+        num_microbatches=8,
+        schedule=schedule,
+        virtual_stages=2 if schedule == "interleaved_1f1b" else 1,
+    )
     pred = simulate(spec, plan, a100_like())
     assert _parts(pred) == pytest.approx(pred.step_time_s, rel=1e-12)
     assert min(pred.bubble_s, pred.exposed_tp_s, pred.exposed_pp_s, pred.exposed_dp_s) > 0
@@ -70,7 +83,7 @@ def test_more_data_parallel_gpus_lower_the_compute_per_step():
     computes = [
         simulate(
             spec, ParallelPlan(dp=dp, tp=1, pp=1, num_microbatches=16 // dp), a100_like()
-        ).compute_s  # fmt: skip
+        ).compute_s
         for dp in (1, 2, 4, 8)
     ]
     assert computes == sorted(computes, reverse=True)
@@ -78,8 +91,10 @@ def test_more_data_parallel_gpus_lower_the_compute_per_step():
 
 
 def test_zero_bubble_beats_1f1b_on_priced_stages():
-    plans = {s: ParallelPlan(dp=1, tp=8, pp=8, num_microbatches=16, schedule=s)
-             for s in ("1f1b", "zero_bubble_h1")}  # fmt: skip
+    plans = {
+        s: ParallelPlan(dp=1, tp=8, pp=8, num_microbatches=16, schedule=s)
+        for s in ("1f1b", "zero_bubble_h1")
+    }
     spec = TransformerSpec(n_layers=30, d_model=4096, n_heads=32, vocab_size=32000, seq_len=2048)
     one, zb = (simulate(spec, plans[s], a100_like()) for s in ("1f1b", "zero_bubble_h1"))
     assert zb.bubble_s < one.bubble_s
@@ -89,8 +104,9 @@ def test_zero_bubble_beats_1f1b_on_priced_stages():
 def test_gpt3_175b_smoke():
     """Sanity band, not a target: Megatron-LM reports ~0.5 MFU-class figures for this layout
     (Narayanan et al. 2021, Table 1); a prediction outside 0.2–0.7 means a unit went wrong."""
-    plan = ParallelPlan(dp=8, tp=8, pp=16, num_microbatches=64, sp="megatron_sp",
-                        recompute="selective")  # fmt: skip
+    plan = ParallelPlan(
+        dp=8, tp=8, pp=16, num_microbatches=64, sp="megatron_sp", recompute="selective"
+    )
     pred = simulate(GPT3, plan, a100_like())
     assert 0.2 < pred.mfu < 0.7
     assert pred.hfu >= pred.mfu
@@ -113,8 +129,9 @@ def test_blocking_sends_hold_the_sender_as_the_reference_replay_places_them(sche
 
     spec = TransformerSpec(n_layers=8, d_model=256, n_heads=8, vocab_size=512, seq_len=128)
     v = 2 if schedule == "interleaved_1f1b" else 1
-    plan = ParallelPlan(dp=1, tp=1, pp=2, num_microbatches=4, schedule=schedule,
-                        virtual_stages=v, microbatch_size=2)  # fmt: skip
+    plan = ParallelPlan(
+        dp=1, tp=1, pp=2, num_microbatches=4, schedule=schedule, virtual_stages=v, microbatch_size=2
+    )
     costs = [(1e-3 * (s + 1), 2e-3, 1e-3) for s in range(2 * v)]  # (F, I, W) per stage
     hw = flat_hardware(alpha_s=4e-4, bandwidth=1e9)
     latency = simulate(spec, plan, hw, stage_costs=costs)
@@ -124,8 +141,12 @@ def test_blocking_sends_hold_the_sender_as_the_reference_replay_places_them(sche
     def held(action) -> float:
         f, i, w = costs[action.stage]
         first, last = action.stage == 0, action.stage == 2 * v - 1
-        return {"F": f + (0 if last else send), "I": i + (0 if first else send), "W": w,
-                "B": i + w + (0 if first else send)}[action.kind]  # fmt: skip
+        return {
+            "F": f + (0 if last else send),
+            "I": i + (0 if first else send),
+            "W": w,
+            "B": i + w + (0 if first else send),
+        }[action.kind]
 
     reference = replay(build_plan(schedule, 2, 4, v), held, 0.0, 2 * v)
     pipeline_end = blocking.step_time_s - blocking.optimizer_s - blocking.exposed_dp_s
@@ -148,8 +169,9 @@ def test_action_overhead_lengthens_every_compute_action_once(schedule):
 
     spec = TransformerSpec(n_layers=8, d_model=256, n_heads=8, vocab_size=512, seq_len=128)
     v = 2 if schedule == "interleaved_1f1b" else 1
-    plan = ParallelPlan(dp=1, tp=1, pp=2, num_microbatches=4, schedule=schedule,
-                        virtual_stages=v, microbatch_size=2)  # fmt: skip
+    plan = ParallelPlan(
+        dp=1, tp=1, pp=2, num_microbatches=4, schedule=schedule, virtual_stages=v, microbatch_size=2
+    )
     costs = [(1e-3 * (s + 1), 2e-3, 1e-3) for s in range(2 * v)]  # (F, I, W) per stage
     hw = replace(flat_hardware(alpha_s=4e-4, bandwidth=1e9), p2p_blocking=True)
     extra = 3e-4
@@ -165,7 +187,8 @@ def test_action_overhead_lengthens_every_compute_action_once(schedule):
         return {"F": f, "I": i, "W": w, "B": i + w}[action.kind] + extra
 
     free = replay(build_plan(schedule, 2, 4, v), held, 0.0, 2 * v)
-    no_send = simulate(spec, plan, replace(flat_hardware(), action_overhead_s=extra),
-                       stage_costs=costs)  # fmt: skip
+    no_send = simulate(
+        spec, plan, replace(flat_hardware(), action_overhead_s=extra), stage_costs=costs
+    )
     pipeline_end = no_send.step_time_s - no_send.optimizer_s - no_send.exposed_dp_s
     assert pipeline_end == pytest.approx(free.makespan, rel=1e-12)

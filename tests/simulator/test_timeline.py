@@ -13,9 +13,17 @@ import pytest
 from impls.pipeline.replay import replay
 from impls.simulator.timeline import KIND_INDEX, compile_schedule, evaluate
 
-CASES = [("gpipe", 4, 6, 1), ("1f1b", 4, 6, 1), ("1f1b", 3, 2, 1), ("naive", 3, 1, 1),
-         ("interleaved_1f1b", 2, 4, 3), ("interleaved_1f1b", 4, 8, 2),
-         ("zero_bubble_h1", 4, 8, 1), ("zero_bubble_h1", 3, 2, 1), ("1f1b", 1, 5, 1)]  # fmt: skip
+CASES = [
+    ("gpipe", 4, 6, 1),
+    ("1f1b", 4, 6, 1),
+    ("1f1b", 3, 2, 1),
+    ("naive", 3, 1, 1),
+    ("interleaved_1f1b", 2, 4, 3),
+    ("interleaved_1f1b", 4, 8, 2),
+    ("zero_bubble_h1", 4, 8, 1),
+    ("zero_bubble_h1", 3, 2, 1),
+    ("1f1b", 1, 5, 1),
+]
 
 
 @pytest.mark.parametrize(("name", "pp", "m", "v"), CASES)
@@ -39,9 +47,11 @@ def test_matches_the_reference_replay(name, pp, m, v, seed):
 
     for fast, slow in [
         (evaluate(compiled, table), replay(compiled.plan, duration, 0.0, stages)),
-        (evaluate(compiled, table, sends_f, sends_b),
-         replay(compiled.plan, duration, transfer, stages)),
-    ]:  # fmt: skip
+        (
+            evaluate(compiled, table, sends_f, sends_b),
+            replay(compiled.plan, duration, transfer, stages),
+        ),
+    ]:
         assert fast.makespan == pytest.approx(slow.makespan, rel=1e-12)
         assert fast.busy == pytest.approx(slow.busy, rel=1e-12)
         for r in range(pp):

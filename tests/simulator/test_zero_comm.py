@@ -66,9 +66,13 @@ def test_collectives_under_one_backward_share_the_link():
 
 @pytest.mark.parametrize(
     ("stage", "collectives"),
-    [(0, [("all_reduce", 2)]), (1, [("reduce_scatter", 2), ("all_gather", 2)]),
-     (2, [("all_gather", 2)]), (3, [])],
-)  # fmt: skip
+    [
+        (0, [("all_reduce", 2)]),
+        (1, [("reduce_scatter", 2), ("all_gather", 2)]),
+        (2, [("all_gather", 2)]),
+        (3, []),
+    ],
+)
 def test_end_of_step(stage, collectives):
     plan = _plan(zero_stage=stage)
     params = BIG / 2  # BIG bytes at 2 bytes a parameter: 16 DDP buckets of 25 MiB each
@@ -103,11 +107,13 @@ def test_units_pay_their_own_latency_and_blocking_links_hide_nothing():
     blocking = replace(HW, comm_overlap=False)
     assert exposed(gather, plan, blocking, 1e9, k) == pytest.approx(many)
     assert bucketed("all_reduce", BIG, plan, blocking, 1e9) == pytest.approx(
-        _t("all_reduce", BIG, plan))  # fmt: skip
+        _t("all_reduce", BIG, plan)
+    )
     # end of step and per action pass the unit count through
     z1 = _plan(zero_stage=1)
     assert end_of_step(z1, blocking, BIG / 2, 2, 2, 1.0, 1.0, k) == pytest.approx(
-        k * (_t("reduce_scatter", BIG / k, z1) + _t("all_gather", BIG / k, z1)))  # fmt: skip
+        k * (_t("reduce_scatter", BIG / k, z1) + _t("all_gather", BIG / k, z1))
+    )
     z3 = per_action(_plan(zero_stage=3), blocking, BIG / 2, 2, 2, 1.0, 1.0, 1.0, False, k)
     assert z3.forward == pytest.approx(k * _t("all_gather", BIG / k, plan))
 
@@ -129,7 +135,7 @@ def test_simulate_prices_units_and_refuses_a_bad_count():
 @pytest.mark.parametrize(
     ("stage", "forward", "input_", "weight", "end"),
     [(0, 0, 0, 0, 1), (1, 0, 0, 0, 2), (2, 0, 0, 7, 1), (3, 7, 7, 0, 0)],
-)  # fmt: skip
+)
 def test_each_meeting_after_compute_pays_the_meeting_once(stage, forward, input_, weight, end):
     """Where collectives block the computing thread, each meeting of the ranks after compute
     adds `collective_meeting_s` on top of the calls' α–β (counted by hand from the order
@@ -149,7 +155,8 @@ def test_each_meeting_after_compute_pays_the_meeting_once(stage, forward, input_
     assert paid.weight - base.weight == pytest.approx(weight * meet)
     tail = (BIG / 2, 2, 2, 1.0, 1.0, k)
     assert end_of_step(plan, met, *tail) - end_of_step(plan, plain, *tail) == pytest.approx(
-        end * meet)  # fmt: skip
+        end * meet
+    )
     overlapping = replace(HW, collective_meeting_s=meet)
     assert per_action(plan, overlapping, *args) == per_action(plan, HW, *args)
     assert end_of_step(plan, overlapping, *tail) == end_of_step(plan, HW, *tail)

@@ -204,8 +204,9 @@ def _layer_errors(comm: Communicator) -> list[str]:
         col = ColumnParallelLinear.from_linear(lin, comm, gather_output=gather)
         lin.zero_grad()
         out_dim = None if gather else -1
-        _compare_module(f"column gather={gather}", lin, col, x, comm, x_dim=None,
-                        out_dim=out_dim, **kw)  # fmt: skip
+        _compare_module(
+            f"column gather={gather}", lin, col, x, comm, x_dim=None, out_dim=out_dim, **kw
+        )
 
     lin = _randomize(nn.Linear(4 * H, H), seed=3)
     x_wide = _randn(B, S, 4 * H, seed=4)
@@ -213,16 +214,42 @@ def _layer_errors(comm: Communicator) -> list[str]:
         row = RowParallelLinear.from_linear(lin, comm, input_is_parallel=parallel_in)
         lin.zero_grad()
         x_dim = -1 if parallel_in else None
-        _compare_module(f"row input_is_parallel={parallel_in}", lin, row, x_wide, comm,
-                        x_dim=x_dim, out_dim=None, **kw)  # fmt: skip
+        _compare_module(
+            f"row input_is_parallel={parallel_in}",
+            lin,
+            row,
+            x_wide,
+            comm,
+            x_dim=x_dim,
+            out_dim=None,
+            **kw,
+        )
 
     cfg = GPTConfig(d_model=H, n_heads=4, d_ff=4 * H, vocab_size=32, seq_len=S)
     ff = _randomize(FeedForward(cfg), seed=5)
-    _compare_module("mlp", ff, ParallelFeedForward.from_module(ff, comm), x, comm,
-                    x_dim=None, out_dim=None, errors=errors, comm_count=1)  # fmt: skip
+    _compare_module(
+        "mlp",
+        ff,
+        ParallelFeedForward.from_module(ff, comm),
+        x,
+        comm,
+        x_dim=None,
+        out_dim=None,
+        errors=errors,
+        comm_count=1,
+    )
     attn = _randomize(CausalSelfAttention(cfg), seed=6)
-    _compare_module("attention", attn, ParallelSelfAttention.from_module(attn, comm), x, comm,
-                    x_dim=None, out_dim=None, errors=errors, comm_count=1)  # fmt: skip
+    _compare_module(
+        "attention",
+        attn,
+        ParallelSelfAttention.from_module(attn, comm),
+        x,
+        comm,
+        x_dim=None,
+        out_dim=None,
+        errors=errors,
+        comm_count=1,
+    )
     return errors
 
 
@@ -257,8 +284,7 @@ def _embedding_errors(comm: Communicator) -> list[str]:
 
 def _gpt_errors(comm: Communicator, tie: bool) -> list[str]:
     errors: list[str] = []
-    cfg = GPTConfig(vocab_size=32, seq_len=8, d_model=H, n_heads=4, n_layers=2,
-                    tie_embeddings=tie)  # fmt: skip
+    cfg = GPTConfig(vocab_size=32, seq_len=8, d_model=H, n_heads=4, n_layers=2, tie_embeddings=tie)
     full = _randomize(GPT(cfg, seed=0), seed=13)
     tp_model = parallelize_gpt(_randomize(GPT(cfg, seed=0), seed=13), comm)
     tokens = torch.randint(0, 32, (4, 9), generator=torch.Generator().manual_seed(14))

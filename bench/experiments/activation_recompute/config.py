@@ -87,21 +87,27 @@ class ActivationRecomputeConfig:
             for key, size in (("n_heads", cfg.n_heads), ("d_ff", cfg.ff_dim)):
                 if size % t:
                     allowed = [d for d in range(1, size + 1) if size % d == 0]
-                    raise ValueError(f"tp={t} does not divide model.{key}={size}; "
-                                     f"allowed tp: {allowed}")  # fmt: skip
+                    raise ValueError(
+                        f"tp={t} does not divide model.{key}={size}; allowed tp: {allowed}"
+                    )
             bad = [s for s in self.seq_lens if True in self.sp and s % t]
             if bad:
-                raise ValueError(f"seq_lens={bad} are not divisible by tp={t}, which sequence "
-                                 "parallelism splits them by")  # fmt: skip
+                raise ValueError(
+                    f"seq_lens={bad} are not divisible by tp={t}, which sequence "
+                    "parallelism splits them by"
+                )
 
     def gpt_config(self, seq_len: int, recompute: str = "none") -> GPTConfig:
         """The layer's `GPTConfig` at `seq_len` (one block), refusing grid keys in `model`."""
         for key in ("seq_len", "recompute", "attention", "n_layers"):
             if key in self.model:
-                raise ValueError(f"model.{key}={self.model[key]}: not a model key here "
-                                 "(seq_lens, recompute and attention are grid keys; one layer)")  # fmt: skip
-        return check_gpt_model(self.model, seq_len=seq_len, n_layers=1, recompute=recompute,
-                               attention=self.attention)  # fmt: skip
+                raise ValueError(
+                    f"model.{key}={self.model[key]}: not a model key here "
+                    "(seq_lens, recompute and attention are grid keys; one layer)"
+                )
+        return check_gpt_model(
+            self.model, seq_len=seq_len, n_layers=1, recompute=recompute, attention=self.attention
+        )
 
     def rank_bytes(self) -> int:
         """An upper bound on one rank: the layer and its twin at the longest sequence."""

@@ -51,25 +51,43 @@ def predicted_flops_overhead(spec: TransformerSpec, batch: int, recompute: str) 
 
 def _predictions(cfg: ActivationRecomputeConfig, key: dict) -> dict:
     gpt = cfg.gpt_config(key["seq_len"])
-    spec = TransformerSpec(n_layers=1, d_model=gpt.d_model, n_heads=gpt.n_heads,
-                           vocab_size=gpt.vocab_size, seq_len=key["seq_len"], d_ff=gpt.d_ff)  # fmt: skip
+    spec = TransformerSpec(
+        n_layers=1,
+        d_model=gpt.d_model,
+        n_heads=gpt.n_heads,
+        vocab_size=gpt.vocab_size,
+        seq_len=key["seq_len"],
+        d_ff=gpt.d_ff,
+    )
     e = ELEMENT_BYTES[cfg.dtype]
-    paper = activation_bytes_per_layer(spec, cfg.micro_batch, tp=key["tp"],
-                                       sp="megatron_sp" if key["sp"] else "none",
-                                       recompute=key["recompute"], dtype_bytes=e)  # fmt: skip
+    paper = activation_bytes_per_layer(
+        spec,
+        cfg.micro_batch,
+        tp=key["tp"],
+        sp="megatron_sp" if key["sp"] else "none",
+        recompute=key["recompute"],
+        dtype_bytes=e,
+    )
     model = math.nan
     if cfg.attention == "materialized" or key["recompute"] != "none":
         model = implementation_activation_bytes_per_layer(
-            micro_batch=cfg.micro_batch, seq_len=key["seq_len"], d_model=gpt.d_model,
-            n_heads=gpt.n_heads, d_ff=gpt.d_ff, tp=key["tp"], sp=key["sp"],
-            recompute=key["recompute"], dtype_bytes=e, dropout=gpt.dropout > 0,
-        )  # fmt: skip
+            micro_batch=cfg.micro_batch,
+            seq_len=key["seq_len"],
+            d_model=gpt.d_model,
+            n_heads=gpt.n_heads,
+            d_ff=gpt.d_ff,
+            tp=key["tp"],
+            sp=key["sp"],
+            recompute=key["recompute"],
+            dtype_bytes=e,
+            dropout=gpt.dropout > 0,
+        )
     return {
         "paper_bytes_per_layer": paper,
         "model_bytes_per_layer": model,
         "predicted_flops_overhead": predicted_flops_overhead(
             spec, cfg.micro_batch, key["recompute"]
-        ),  # fmt: skip
+        ),
         "d_model": gpt.d_model,
         "n_heads": gpt.n_heads,
         "dropout": gpt.dropout,

@@ -150,8 +150,12 @@ def run(cfg: ActivationRecomputeConfig, cell: Cell) -> dict[str, Any]:
         x.grad = None
         model(x).backward(dy)
 
-    timed = alternate({"mode": lambda: step(layer), "none": lambda: step(twin)},
-                      warmup=cfg.warmup, repeats=cfg.repeats, group=comm.group)  # fmt: skip
+    timed = alternate(
+        {"mode": lambda: step(layer), "none": lambda: step(twin)},
+        warmup=cfg.warmup,
+        repeats=cfg.repeats,
+        group=comm.group,
+    )
     longest = None
     if seq_len == max(cfg.seq_lens):
         longest = longest_in_budget(cfg, comm, mode, sp)

@@ -64,14 +64,23 @@ def saved_bytes(ctx: Context) -> str | None:
     if ok.empty:
         return None
     rows = _sorted(ok)
-    table = markdown_table(pd.DataFrame({
-        **_keys(rows),
-        "measured": rows["saved_bytes_per_layer"].map(format_bytes),
-        "paper": rows["paper_bytes_per_layer"].map(format_bytes),
-        "measured ÷ paper − 1": (rows["saved_vs_paper"] - 1).map(_pct),
-        "model": rows["model_bytes_per_layer"].map(lambda v: format_bytes(v) if math.isfinite(v) else "—"),
-        "measured = model": (rows["saved_bytes_per_layer"] == rows["model_bytes_per_layer"]),
-    }), numparse=False)  # fmt: skip
+    table = markdown_table(
+        pd.DataFrame(
+            {
+                **_keys(rows),
+                "measured": rows["saved_bytes_per_layer"].map(format_bytes),
+                "paper": rows["paper_bytes_per_layer"].map(format_bytes),
+                "measured ÷ paper − 1": (rows["saved_vs_paper"] - 1).map(_pct),
+                "model": rows["model_bytes_per_layer"].map(
+                    lambda v: format_bytes(v) if math.isfinite(v) else "—"
+                ),
+                "measured = model": (
+                    rows["saved_bytes_per_layer"] == rows["model_bytes_per_layer"]
+                ),
+            }
+        ),
+        numparse=False,
+    )
     worst = float(rows["paper_deviation"].max())
     exact = int((rows["saved_bytes_per_layer"] == rows["model_bytes_per_layer"]).sum())
     ctx.headline["saved_vs_paper_max_deviation"] = worst
@@ -123,13 +132,18 @@ def time_overhead(ctx: Context) -> str | None:
     if ok.empty:
         return None
     rows = _sorted(ok)
-    table = markdown_table(pd.DataFrame({
-        **_keys(rows),
-        "step (s)": rows["step_time_s"].map(lambda v: f"{v:.4g}"),
-        "without recomputation (s)": rows["none_step_time_s"].map(lambda v: f"{v:.4g}"),
-        "overhead": rows["overhead_vs_none"].map(_pct),
-        "FLOPs prediction": rows["predicted_flops_overhead"].map(_pct),
-    }), numparse=False)  # fmt: skip
+    table = markdown_table(
+        pd.DataFrame(
+            {
+                **_keys(rows),
+                "step (s)": rows["step_time_s"].map(lambda v: f"{v:.4g}"),
+                "without recomputation (s)": rows["none_step_time_s"].map(lambda v: f"{v:.4g}"),
+                "overhead": rows["overhead_vs_none"].map(_pct),
+                "FLOPs prediction": rows["predicted_flops_overhead"].map(_pct),
+            }
+        ),
+        numparse=False,
+    )
     for mode in ("selective", "full"):
         m = rows[rows["recompute"] == mode]
         if not m.empty:
@@ -153,11 +167,13 @@ def longest_sequence(ctx: Context) -> str | None:
     rows = _sorted(ok[ok["max_seq_len_in_budget"].notna()])
     if rows.empty:
         return None
-    table = pd.DataFrame({
-        "mode": rows["recompute"],
-        "layout": rows.apply(_layout, axis=1),
-        "longest s": rows["max_seq_len_in_budget"].map(lambda v: f"{int(v):,}"),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "mode": rows["recompute"],
+            "layout": rows.apply(_layout, axis=1),
+            "longest s": rows["max_seq_len_in_budget"].map(lambda v: f"{int(v):,}"),
+        }
+    )
     budget = format_bytes(rows["budget_bytes"].iloc[0])
     return prose(__package__, "budget", budget=budget, table=markdown_table(table, numparse=False))
 

@@ -93,9 +93,17 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     cells, so that share rises with noise.
     """
     n = len(df)
-    numbers = ("auto_vs_best", "choice_vs_best", "auto_vs_choice", "auto_chose_best",
-               "auto_chose_tied", "auto_vs_best_lo", "auto_vs_best_hi",
-               "choice_same_traffic", "best_split_agreement")  # fmt: skip
+    numbers = (
+        "auto_vs_best",
+        "choice_vs_best",
+        "auto_vs_choice",
+        "auto_chose_best",
+        "auto_chose_tied",
+        "auto_vs_best_lo",
+        "auto_vs_best_hi",
+        "choice_same_traffic",
+        "best_split_agreement",
+    )
     out = {c: [math.nan] * n for c in numbers}
     out |= {"best_algorithm": [None] * n, "best_basis": ["—"] * n}
     if "algorithm" in df.columns and "busbw_vs_torch" in df.columns:
@@ -107,8 +115,11 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
             if not ok[i] or row["algorithm"] != "auto":
                 continue
             rounds = read_rounds(row)
-            judged = _paired(rounds) or _same_cell(row) or _separate(row, by_cell.get(
-                (row["world_size"], row["message_bytes"])))  # fmt: skip
+            judged = (
+                _paired(rounds)
+                or _same_cell(row)
+                or _separate(row, by_cell.get((row["world_size"], row["message_bytes"])))
+            )
             if rounds is not None:
                 out["auto_vs_best_lo"][i], out["auto_vs_best_hi"][i] = interval(rounds)
                 out["best_split_agreement"][i] = split_agreement(rounds)
@@ -164,8 +175,11 @@ def _paired(rounds: Rounds | None) -> tuple[dict[str, float], float, str] | None
 
 def _same_cell(row: dict) -> tuple[dict[str, float], float, str] | None:
     """Inverse times of the alternatives timed beside auto, and auto's own; None without."""
-    times = {k[len("alt_"):-len("_s")]: _number(v) for k, v in row.items()
-             if k.startswith("alt_") and k.endswith("_s")}  # fmt: skip
+    times = {
+        k[len("alt_") : -len("_s")]: _number(v)
+        for k, v in row.items()
+        if k.startswith("alt_") and k.endswith("_s")
+    }
     speeds = {name: 1.0 / t for name, t in times.items() if math.isfinite(t) and t > 0}
     own = _number(row.get("time_s"))
     if not speeds or not (math.isfinite(own) and own > 0):
@@ -178,8 +192,10 @@ def _traffic(ok: pd.DataFrame) -> dict[tuple, tuple]:
     if not set(TRAFFIC) <= set(ok.columns):
         return {}
     ours = ok[~ok["algorithm"].isin(NOT_FROM_SCRATCH)].dropna(subset=TRAFFIC)
-    return {(r["world_size"], r["message_bytes"], r["algorithm"]): tuple(r[c] for c in TRAFFIC)
-            for r in ours.to_dict("records")}  # fmt: skip
+    return {
+        (r["world_size"], r["message_bytes"], r["algorithm"]): tuple(r[c] for c in TRAFFIC)
+        for r in ours.to_dict("records")
+    }
 
 
 def _separate_cells(ok: pd.DataFrame) -> dict[tuple, pd.Series]:
@@ -262,41 +278,60 @@ def auto_choices(ctx: Context) -> str | None:
         return "No auto cell has a measured best to compare with."
     share = float(judged["auto_chose_best"].mean())
     near = float((judged["choice_vs_best"] >= AUTO_VS_BEST.bound).mean())
-    table = pd.DataFrame({
-        "N": judged["world_size"].astype(int),
-        "M": judged["message_bytes"].map(format_bytes),
-        "auto chose": judged["auto_choice"],
-        "measured best": judged["best_algorithm"],
-        "basis": judged["best_basis"],
-        "auto ÷ best": judged["auto_vs_best"].map(format_ratio),
-        "90% interval": [_format_interval(lo, hi) for lo, hi in zip(
-            judged["auto_vs_best_lo"], judged["auto_vs_best_hi"], strict=True)],  # fmt: skip
-        "choice ÷ best": judged["choice_vs_best"].map(format_ratio),
-        "auto ÷ choice": judged["auto_vs_choice"].map(format_ratio),
-        "tied": judged["auto_chose_tied"].map(_yes_no),
-        "same traffic": [_yes_no(same) if hit == 0 else "—" for hit, same in zip(
-            judged["auto_chose_best"], judged["choice_same_traffic"], strict=True)],  # fmt: skip
-        "halves agree": judged["best_split_agreement"].map(
-            lambda v: "—" if pd.isna(v) else format_percent(v, 0)),  # fmt: skip
-        "auto time": judged["time_s"].map(format_seconds),
-        "predicted": judged["auto_predicted_s"].map(format_seconds),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "N": judged["world_size"].astype(int),
+            "M": judged["message_bytes"].map(format_bytes),
+            "auto chose": judged["auto_choice"],
+            "measured best": judged["best_algorithm"],
+            "basis": judged["best_basis"],
+            "auto ÷ best": judged["auto_vs_best"].map(format_ratio),
+            "90% interval": [
+                _format_interval(lo, hi)
+                for lo, hi in zip(judged["auto_vs_best_lo"], judged["auto_vs_best_hi"], strict=True)
+            ],
+            "choice ÷ best": judged["choice_vs_best"].map(format_ratio),
+            "auto ÷ choice": judged["auto_vs_choice"].map(format_ratio),
+            "tied": judged["auto_chose_tied"].map(_yes_no),
+            "same traffic": [
+                _yes_no(same) if hit == 0 else "—"
+                for hit, same in zip(
+                    judged["auto_chose_best"], judged["choice_same_traffic"], strict=True
+                )
+            ],
+            "halves agree": judged["best_split_agreement"].map(
+                lambda v: "—" if pd.isna(v) else format_percent(v, 0)
+            ),
+            "auto time": judged["time_s"].map(format_seconds),
+            "predicted": judged["auto_predicted_s"].map(format_seconds),
+        }
+    )
     cells = f"{int(judged['auto_chose_best'].sum())} of {len(judged)} cells"
     tied_rows = judged["auto_chose_tied"].dropna()
     tied = float(tied_rows.mean()) if len(tied_rows) else math.nan
     tied_cells = f"{int(tied_rows.sum())} of {len(tied_rows)} cells"
     met = share >= BEST_SHARE_BOUND
-    ctx.headline.update(auto_best_choice_share=share, auto_best_choice_cells=len(judged),
-                        auto_best_or_tied_share=tied, auto_near_best_share=near,
-                        auto_choice_vs_best_median=float(judged["choice_vs_best"].median()),
-                        auto_vs_best_worst=float(judged["auto_vs_best"].min()))  # fmt: skip
-    ctx.figure("auto chose the measured-best from-scratch algorithm: the fastest side by "
-               "paired median (share of (N, M) cells)",
-               theory=f"≥ {format_percent(BEST_SHARE_BOUND, 0)}", source="issue #14",
-               measured=f"{format_percent(share, 0)} ({cells})",
-               gap="met" if met else "not met")  # fmt: skip
-    ctx.finding("auto chooses the measured-best algorithm in ≥ 80% of cells (issue #14)", met,
-                f"{format_percent(share, 0)}: {cells}")  # fmt: skip
+    ctx.headline.update(
+        auto_best_choice_share=share,
+        auto_best_choice_cells=len(judged),
+        auto_best_or_tied_share=tied,
+        auto_near_best_share=near,
+        auto_choice_vs_best_median=float(judged["choice_vs_best"].median()),
+        auto_vs_best_worst=float(judged["auto_vs_best"].min()),
+    )
+    ctx.figure(
+        "auto chose the measured-best from-scratch algorithm: the fastest side by "
+        "paired median (share of (N, M) cells)",
+        theory=f"≥ {format_percent(BEST_SHARE_BOUND, 0)}",
+        source="issue #14",
+        measured=f"{format_percent(share, 0)} ({cells})",
+        gap="met" if met else "not met",
+    )
+    ctx.finding(
+        "auto chooses the measured-best algorithm in ≥ 80% of cells (issue #14)",
+        met,
+        f"{format_percent(share, 0)}: {cells}",
+    )
     summary = (
         f"auto chose the measured best in **{cells} ({format_percent(share, 0)}; target "
         f"≥ {format_percent(BEST_SHARE_BOUND, 0)}: {'met' if met else 'not met'})**; its "
@@ -311,8 +346,10 @@ def auto_choices(ctx: Context) -> str | None:
     halves = judged["best_split_agreement"].dropna()
     if len(halves):
         steady = int((halves >= BEST_SHARE_BOUND).sum())
-        ctx.headline.update(auto_best_split_agreement_mean=float(halves.mean()),
-                            auto_best_split_agreement_cells=steady)  # fmt: skip
+        ctx.headline.update(
+            auto_best_split_agreement_mean=float(halves.mean()),
+            auto_best_split_agreement_cells=steady,
+        )
         summary += (
             f" The measured best is itself noisy: split a cell's rounds into two random "
             f"halves and the halves name the same best in {format_percent(halves.mean(), 0)} "
@@ -340,9 +377,11 @@ def auto_choices(ctx: Context) -> str | None:
             "ratio against the bound."
         )
     summary += _same_code(ctx, judged, short)
-    ctx.headline.update(auto_cells_below_bound=len(short),
-                        auto_cells_below_bound_unresolved=len(unresolved),
-                        auto_misses_same_traffic=same)  # fmt: skip
+    ctx.headline.update(
+        auto_cells_below_bound=len(short),
+        auto_cells_below_bound_unresolved=len(unresolved),
+        auto_misses_same_traffic=same,
+    )
     if ctx.cores == ctx.cores and (rows["world_size"] > ctx.cores).any():
         summary += (
             f" Cells with more ranks than the host's {int(ctx.cores)} cores are judged "

@@ -33,8 +33,10 @@ def declared_columns(algorithm: str) -> dict[str, object]:
     if spec is None:
         return {"algorithm_rank": None, **{f"lecture_order_{c}": "" for c in ORDER_COLUMNS}}
     orders = spec.orders or {}
-    return {"algorithm_rank": list(ALGORITHMS).index(algorithm),
-            **{f"lecture_order_{c}": orders.get(c, "") for c in ORDER_COLUMNS}}  # fmt: skip
+    return {
+        "algorithm_rank": list(ALGORITHMS).index(algorithm),
+        **{f"lecture_order_{c}": orders.get(c, "") for c in ORDER_COLUMNS},
+    }
 
 
 @dataclass(kw_only=True)

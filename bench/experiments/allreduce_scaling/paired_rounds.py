@@ -27,8 +27,11 @@ def read_rounds(row: dict) -> Rounds | None:
     own = rounds.get("time_s")
     if own is None or not len(own):
         return None
-    alts = {k[len("alt_"):-len("_s")]: v for k, v in rounds.items()
-            if k.startswith("alt_") and k.endswith("_s") and len(v) == len(own)}  # fmt: skip
+    alts = {
+        k[len("alt_") : -len("_s")]: v
+        for k, v in rounds.items()
+        if k.startswith("alt_") and k.endswith("_s") and len(v) == len(own)
+    }
     if not alts:
         return None
     if not all(np.all(v > 0) for v in (own, *alts.values())):
@@ -74,7 +77,8 @@ def split_agreement(rounds: Rounds, splits: int = 200) -> float:
         order = rng.permutation(count)
         first, second = order[: count // 2], order[count // 2 :]
         same += np.argmax(np.median(speeds[:, first], axis=1)) == np.argmax(
-            np.median(speeds[:, second], axis=1))  # fmt: skip
+            np.median(speeds[:, second], axis=1)
+        )
     return same / splits
 
 

@@ -145,8 +145,16 @@ def growth_table(ctx: Context) -> str | None:
             values = " / ".join(
                 f"{measured.at[n, key]:.3g}" if n in measured.index else "—" for n in sizes
             )
-            detail.append({"algorithm": algorithm, "quantity": title, header: values,
-                           "fitted (measured)": fitted, "lecture": lecture, "match": mark})  # fmt: skip
+            detail.append(
+                {
+                    "algorithm": algorithm,
+                    "quantity": title,
+                    header: values,
+                    "fitted (measured)": fitted,
+                    "lecture": lecture,
+                    "match": mark,
+                }
+            )
             shown = lecture if mark == "—" else f"lecture {lecture} {mark}"
             row[title] = f"{fit.order if fit else 'n/a'} · {shown}"
             if mark in ("✓", "✗"):
@@ -190,12 +198,19 @@ def alpha_beta(ctx: Context) -> str | None:
         return prose(__package__, "no_fit", error=error)
     by_name = fit_alpha_beta_per_algorithm(ok)
     per_algorithm = {a: by_name[a] for a in _algorithms(ok, shown_order(ok)) if a in by_name}
-    table = pd.DataFrame([
-        {"scope": fit.scope, "α per round": format_seconds(fit.alpha_s),
-         "1/β (GB/s)": f"{fit.beta_gbps:.3g}", "R² (linear time)": f"{fit.r2:.3f}",
-         "median rel. error": f"{fit.median_rel_error:.1%}", "rows": fit.n_rows}
-        for fit in [overall, *per_algorithm.values()]
-    ])  # fmt: skip
+    table = pd.DataFrame(
+        [
+            {
+                "scope": fit.scope,
+                "α per round": format_seconds(fit.alpha_s),
+                "1/β (GB/s)": f"{fit.beta_gbps:.3g}",
+                "R² (linear time)": f"{fit.r2:.3f}",
+                "median rel. error": f"{fit.median_rel_error:.1%}",
+                "rows": fit.n_rows,
+            }
+            for fit in [overall, *per_algorithm.values()]
+        ]
+    )
     largest = int(ok["message_bytes"].max())
     fits = fit_traffic_growth(traffic_per_world_size(ok))
     ordered = {a: fits[a] for a in _algorithms(ok, shown_order(ok)) if a in fits}

@@ -11,8 +11,15 @@ from bench.config import bounded, cell_timeout, check_choice, check_number, chec
 
 __all__ = ["LECTURE_ROWS", "AtScaleConfig"]
 
-LECTURE_ROWS = ("gpt3_gpu_hours", "gpt3_gpu_hours_lambda", "gpt3_one_gpu_years", "summit_6",
-                "summit_768", "summit_1536", "chinchilla")  # fmt: skip
+LECTURE_ROWS = (
+    "gpt3_gpu_hours",
+    "gpt3_gpu_hours_lambda",
+    "gpt3_one_gpu_years",
+    "summit_6",
+    "summit_768",
+    "summit_1536",
+    "chinchilla",
+)
 
 
 @dataclass(kw_only=True)
@@ -30,8 +37,9 @@ class AtScaleConfig:
     on, or a preset file (`path/to/hardware.yaml`, as `device_profile` writes)."""
     # 1e18 FLOPs is about one A100-hour (312 TFLOP/s bf16 peak, datasheet): less is not a
     # run at scale, and 1e-30 predicted "0 days" with status ok.
-    chinchilla_flops: float = bounded(5.76e23, ge=1e18, le=1e30,
-                                      why="over 10,000 × GPT-4's 2e25, Epoch AI's estimate")  # fmt: skip
+    chinchilla_flops: float = bounded(
+        5.76e23, ge=1e18, le=1e30, why="over 10,000 × GPT-4's 2e25, Epoch AI's estimate"
+    )
     """Compute budget C (FLOPs) of the compute-optimal run: N = √(C/120), D = 20N (the
     default is Chinchilla's own budget, Hoffmann et al. 2022)."""
     chinchilla_model: str = "llama2_70b"
@@ -51,14 +59,18 @@ class AtScaleConfig:
 
         bad = [name for name in self.lecture if name not in LECTURE_ROWS]
         if bad:
-            raise ValueError(f"lecture={self.lecture} has unknown value(s) {bad}; allowed "
-                             f"values: {', '.join(LECTURE_ROWS)}")  # fmt: skip
+            raise ValueError(
+                f"lecture={self.lecture} has unknown value(s) {bad}; allowed "
+                f"values: {', '.join(LECTURE_ROWS)}"
+            )
         names = [run.name for run in PUBLISHED_RUNS]
         if self.published is not None:
             bad = [name for name in self.published if name not in names]
             if bad:
-                raise ValueError(f"published={self.published} has unknown value(s) {bad}; "
-                                 f"allowed values: {', '.join(names)}")  # fmt: skip
+                raise ValueError(
+                    f"published={self.published} has unknown value(s) {bad}; "
+                    f"allowed values: {', '.join(names)}"
+                )
         check_positive("gpt3_gpus", [self.gpt3_gpus])
         check_positive("chinchilla_gpus", [self.chinchilla_gpus])
         for key in ("gpt3_hardware", "chinchilla_hardware"):  # a preset, or a preset file

@@ -14,8 +14,9 @@ __all__ = ["EXPERIMENT", "AtScaleConfig", "cells", "to_row"]
 def cells(cfg: AtScaleConfig) -> list[Cell]:
     rows = [("lecture", name) for name in cfg.lecture]
     rows += [("published", name) for name in cfg.published_names()]
-    return [Cell(world_size=1, key={"kind": kind, "name": name}, fn=ranks.run)
-            for kind, name in rows]  # fmt: skip
+    return [
+        Cell(world_size=1, key={"kind": kind, "name": name}, fn=ranks.run) for kind, name in rows
+    ]
 
 
 def to_row(cfg: AtScaleConfig, cell: Cell, per_rank: list[dict]) -> dict:

@@ -104,14 +104,16 @@ def lecture(ctx: Context) -> str | None:
     if rows.empty:
         return None
     arithmetic = rows.get("lecture_arithmetic", pd.Series(math.nan, index=rows.index))
-    table = pd.DataFrame({
-        "figure": rows["name"],
-        "what": rows["metric"],
-        "lecture": rows["published"].map(_fmt),
-        "lecture's own arithmetic": arithmetic.map(_fmt),
-        "simulator (model output)": rows["predicted"].map(_fmt),
-        "simulator ÷ lecture": rows["ratio"].map(_times),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "figure": rows["name"],
+            "what": rows["metric"],
+            "lecture": rows["published"].map(_fmt),
+            "lecture's own arithmetic": arithmetic.map(_fmt),
+            "simulator (model output)": rows["predicted"].map(_fmt),
+            "simulator ÷ lecture": rows["ratio"].map(_times),
+        }
+    )
     for _, row in rows.iterrows():
         figure, source = f"{row['name']}: {row['metric']}", str(row["source"])
         theory, model = _fmt(row["published"]), _fmt(row["predicted"])
@@ -119,12 +121,14 @@ def lecture(ctx: Context) -> str | None:
     out = [markdown_table(table, numparse=False)]
     summit = rows[rows["name"].astype(str).str.startswith("summit")]
     if not summit.empty and "predicted_scaling_efficiency" in summit.columns:
-        eff = pd.DataFrame({
-            "GPUs": summit["gpus"].map(format_count),
-            "lecture": summit["published_scaling_efficiency"].map(format_percent),
-            "simulator": summit["predicted_scaling_efficiency"].map(format_percent),
-            "gap (points)": summit["efficiency_gap_points"].map(lambda v: f"{v:.1f}"),
-        })  # fmt: skip
+        eff = pd.DataFrame(
+            {
+                "GPUs": summit["gpus"].map(format_count),
+                "lecture": summit["published_scaling_efficiency"].map(format_percent),
+                "simulator": summit["predicted_scaling_efficiency"].map(format_percent),
+                "gap (points)": summit["efficiency_gap_points"].map(lambda v: f"{v:.1f}"),
+            }
+        )
         out.append(prose(__package__, "efficiency", table=markdown_table(eff, numparse=False)))
     _lecture_findings(ctx, rows)
     for _, row in rows[rows["name"] == "chinchilla"].iterrows():
@@ -183,19 +187,23 @@ def published(ctx: Context) -> str | None:
     error, fits = rows["ratio"] - 1, _true(rows["fits"])
     layout = rows.apply(lambda r: "·".join(format_count(r.get(k, 1)) for k in LAYOUT), axis=1)
     peak = rows["predicted_peak_memory_gb"].astype(float)
-    table = pd.DataFrame({
-        "run": rows["name"],
-        "GPUs": rows["gpus"].map(format_count),
-        "layout (dp·cp·tp·pp)": layout,
-        "metric": rows["metric"],
-        "published": rows["published"].map(_fmt),
-        "simulator": rows["predicted"].map(_fmt),
-        "error": error.map(_signed),
-        "90% interval (other sources)": rows.apply(_interval_text, axis=1),
-        "peak GB (fits)": [f"{gb:.1f} ({'yes' if fit else 'no'})" for gb, fit in zip(peak, fits, strict=True)],
-        "assumed": rows["assumed"],
-        "source": rows["source"],
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "run": rows["name"],
+            "GPUs": rows["gpus"].map(format_count),
+            "layout (dp·cp·tp·pp)": layout,
+            "metric": rows["metric"],
+            "published": rows["published"].map(_fmt),
+            "simulator": rows["predicted"].map(_fmt),
+            "error": error.map(_signed),
+            "90% interval (other sources)": rows.apply(_interval_text, axis=1),
+            "peak GB (fits)": [
+                f"{gb:.1f} ({'yes' if fit else 'no'})" for gb, fit in zip(peak, fits, strict=True)
+            ],
+            "assumed": rows["assumed"],
+            "source": rows["source"],
+        }
+    )
     n, median, optimistic = len(rows), float(rows["abs_error"].median()), float((error > 0).mean())
     over, under = int((error > 0).sum()), int((error <= 0).sum())
     low, high = (format_percent(bound) for bound in OPTIMISTIC_BAND)
@@ -256,13 +264,19 @@ def _per_source(ctx: Context, rows: pd.DataFrame) -> tuple[str, int]:
     error = pd.to_numeric(rows["ratio"], errors="coerce") - 1
     frame = rows.assign(covered=covers, optimistic=error > 0, error=error)
     grouped = frame.groupby("origin", sort=False)
-    table = pd.DataFrame({
-        "rows": grouped.size(),
-        "median |error|": grouped["abs_error"].median().map(format_percent),
-        "median error (signed)": grouped["error"].median().map(_signed),
-        "optimistic": grouped["optimistic"].sum().astype(int),
-        "covered by the other sources' 90% interval": grouped["covered"].sum().astype(int),
-    }).reset_index().rename(columns={"origin": "source family"})  # fmt: skip
+    table = (
+        pd.DataFrame(
+            {
+                "rows": grouped.size(),
+                "median |error|": grouped["abs_error"].median().map(format_percent),
+                "median error (signed)": grouped["error"].median().map(_signed),
+                "optimistic": grouped["optimistic"].sum().astype(int),
+                "covered by the other sources' 90% interval": grouped["covered"].sum().astype(int),
+            }
+        )
+        .reset_index()
+        .rename(columns={"origin": "source family"})
+    )
     loso = float(rows["abs_error"].median())
     ctx.headline["published_loso_median_error"] = loso
     ctx.headline["published_loso_coverage"] = float(covers.mean())
@@ -337,14 +351,18 @@ def scaling_series(ctx: Context) -> str | None:
         gap = abs(predicted - published)
         gaps.append(gap)
         unit = "points" if mfu else "% of the first"
-        out.append({"series": f"{key[1]} on {key[2]}, s = {format_count(key[3])}, "
-                              f"b = {format_count(key[4])}",
-                    "DP": " → ".join(format_count(v) for v in group["dp"]),
-                    "published": " → ".join(_fmt(v) for v in group["published"]),
-                    "simulator": " → ".join(_fmt(v) for v in group["predicted"]),
-                    "decline, published": f"{published:.1f} {unit}",
-                    "decline, simulator": f"{predicted:.1f} {unit}",
-                    "gap": f"{gap:.1f}"})  # fmt: skip
+        out.append(
+            {
+                "series": f"{key[1]} on {key[2]}, s = {format_count(key[3])}, "
+                f"b = {format_count(key[4])}",
+                "DP": " → ".join(format_count(v) for v in group["dp"]),
+                "published": " → ".join(_fmt(v) for v in group["published"]),
+                "simulator": " → ".join(_fmt(v) for v in group["predicted"]),
+                "decline, published": f"{published:.1f} {unit}",
+                "decline, simulator": f"{predicted:.1f} {unit}",
+                "gap": f"{gap:.1f}",
+            }
+        )
     if not out:
         return None
     worst = max(gaps)

@@ -20,8 +20,17 @@ from impls.pipeline.schedules import PLANNER_SCHEDULES
 
 __all__ = ["AXES", "MODEL_FIELDS", "AutoParallelConfig"]
 
-AXES = ("dp", "tp", "pp", "sp", "zero_stage", "microbatch_size", "schedule",
-        "virtual_stages", "recompute")  # fmt: skip
+AXES = (
+    "dp",
+    "tp",
+    "pp",
+    "sp",
+    "zero_stage",
+    "microbatch_size",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+)
 
 
 def _spec_fields() -> tuple[str, ...]:
@@ -45,15 +54,21 @@ class AutoParallelConfig:
     `impls.costmodel.presets.HARDWARE` entry; fields override by name, as
     `hardware.devices_per_node=4`), or a preset file (`hardware=path/to/hardware.yaml`, as
     `device_profile` writes): device, memory, links, each number with its source."""
-    gpus: list[int] = bounded(default_factory=lambda: [64, 256, 1024], ge=1, le=2**17,
-                              why="bounds the search's work; 131,072 GPUs is past the largest "
-                              "clusters announced")  # fmt: skip
+    gpus: list[int] = bounded(
+        default_factory=lambda: [64, 256, 1024],
+        ge=1,
+        le=2**17,
+        why="bounds the search's work; 131,072 GPUs is past the largest clusters announced",
+    )
     """GPU counts to plan for (one search each)."""
     gpus_per_node: int | None = bounded(None, ge=1, le=1024)
     """Devices per node; None: the preset's."""
-    global_batch: int = bounded(1536, ge=1, le=2**24,
-                                why="bounds the search's work; 16.8M sequences is over "
-                                "10,000 × GPT-3's 1536")  # fmt: skip
+    global_batch: int = bounded(
+        1536,
+        ge=1,
+        le=2**24,
+        why="bounds the search's work; 16.8M sequences is over 10,000 × GPT-3's 1536",
+    )
     """Sequences per optimizer step over all GPUs (GPT-3 175B: 1536 × 2048 tokens ≈ 3.2M)."""
     dtype: str = "bf16"
     """Compute dtype of the GEMMs (peak FLOP/s from the preset)."""
@@ -91,12 +106,16 @@ class AutoParallelConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, dict) or "preset" not in self.model:
-            raise ValueError(f"model={self.model!r}: give model.preset (a preset name) and "
-                             f"optionally {', '.join(MODEL_FIELDS)}")  # fmt: skip
+            raise ValueError(
+                f"model={self.model!r}: give model.preset (a preset name) and "
+                f"optionally {', '.join(MODEL_FIELDS)}"
+            )
         unknown = sorted(set(self.model) - {"preset", *MODEL_FIELDS})
         if unknown:
-            raise ValueError(f"model has unknown key(s) {', '.join(unknown)}; allowed: preset, "
-                             f"{', '.join(MODEL_FIELDS)}")  # fmt: skip
+            raise ValueError(
+                f"model has unknown key(s) {', '.join(unknown)}; allowed: preset, "
+                f"{', '.join(MODEL_FIELDS)}"
+            )
         self.spec()  # unknown preset / bad shape, naming the key
         self.cluster()  # unknown hardware preset
         check_positive("gpus", self.gpus)
@@ -104,16 +123,18 @@ class AutoParallelConfig:
         per_node = self.cluster().devices_per_node
         partial = [n for n in self.gpus if n > per_node and n % per_node]
         if partial:
-            raise ValueError(f"gpus={self.gpus}: {partial} are not whole nodes of "
-                             f"gpus_per_node={per_node}")  # fmt: skip
+            raise ValueError(
+                f"gpus={self.gpus}: {partial} are not whole nodes of gpus_per_node={per_node}"
+            )
         check_positive("global_batch", [self.global_batch])
         if self.gpus_per_node is not None:
             check_positive("gpus_per_node", [self.gpus_per_node])
         check_positive("cp", self.cp)
         bad = [cp for cp in self.cp if self.spec().seq_len % cp]
         if bad:
-            raise ValueError(f"cp={self.cp}: {bad} do not divide the model's seq_len="
-                             f"{self.spec().seq_len}")  # fmt: skip
+            raise ValueError(
+                f"cp={self.cp}: {bad} do not divide the model's seq_len={self.spec().seq_len}"
+            )
         check_positive("top_k", [self.top_k])
         check_positive("rejected_k", [self.rejected_k], minimum=0)
         check_number("timeout_s", self.timeout_s)
@@ -123,9 +144,11 @@ class AutoParallelConfig:
                 check_positive(key, [value], minimum=0 if key == "zero_stage" else 1)
         if self.zero_stage is not None and self.zero_stage > 3:
             raise ValueError(f"zero_stage={self.zero_stage}: allowed values 0, 1, 2, 3")
-        for key, allowed in (("sp", ("none", "megatron_sp", "ulysses")),
-                             ("schedule", PLANNER_SCHEDULES),
-                             ("recompute", ("none", "selective", "full"))):  # fmt: skip
+        for key, allowed in (
+            ("sp", ("none", "megatron_sp", "ulysses")),
+            ("schedule", PLANNER_SCHEDULES),
+            ("recompute", ("none", "selective", "full")),
+        ):
             if getattr(self, key) is not None:
                 check_choice(key, getattr(self, key), allowed)
         check_choice("dtype", self.dtype, tuple(self.cluster().peak_flops))
@@ -140,15 +163,18 @@ class AutoParallelConfig:
                 raise ValueError(f"dp×tp×pp = {fixed[0] * fixed[1] * fixed[2]} ≠ gpus={n}")
         if self.tp is not None:
             if spec.n_heads % self.tp:
-                raise ValueError(f"tp={self.tp} does not divide the model's "
-                                 f"n_heads={spec.n_heads}")  # fmt: skip
+                raise ValueError(f"tp={self.tp} does not divide the model's n_heads={spec.n_heads}")
             if self.tp > self.cluster().devices_per_node and not self.allow_cross_node_tp:
-                raise ValueError(f"tp={self.tp} is over gpus_per_node="
-                                 f"{self.cluster().devices_per_node} (set "
-                                 "allow_cross_node_tp=true to let it span nodes)")  # fmt: skip
+                raise ValueError(
+                    f"tp={self.tp} is over gpus_per_node="
+                    f"{self.cluster().devices_per_node} (set "
+                    "allow_cross_node_tp=true to let it span nodes)"
+                )
         if self.pp is not None and self.pp > spec.n_layers + 2:
-            raise ValueError(f"pp={self.pp}: the model has only {spec.n_layers} layers "
-                             "(+ embedding and LM head) to cut into stages")  # fmt: skip
+            raise ValueError(
+                f"pp={self.pp}: the model has only {spec.n_layers} layers "
+                "(+ embedding and LM head) to cut into stages"
+            )
 
     def spec(self) -> Any:
         """The `TransformerSpec` of `model`: the preset with the overrides applied."""

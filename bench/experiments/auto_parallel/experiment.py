@@ -21,9 +21,12 @@ __all__ = ["EXPERIMENT", "AutoParallelConfig", "cells", "to_row"]
 
 
 def cells(cfg: AutoParallelConfig) -> list[Cell]:
-    shared = {"model": cfg.model["preset"], "hardware": cfg.hardware_name(),
-              "gpus_per_node": cfg.cluster().devices_per_node,
-              "global_batch": cfg.global_batch}  # fmt: skip
+    shared = {
+        "model": cfg.model["preset"],
+        "hardware": cfg.hardware_name(),
+        "gpus_per_node": cfg.cluster().devices_per_node,
+        "global_batch": cfg.global_batch,
+    }
     slots = [("best", k) for k in range(1, cfg.top_k + 1)]
     slots += [("rejected", k) for k in range(1, cfg.rejected_k + 1)]
     searched = [
@@ -32,11 +35,20 @@ def cells(cfg: AutoParallelConfig) -> list[Cell]:
         for kind, k in slots
     ]
     published = [
-        Cell(world_size=1, fn=ranks.run, key={**shared, "gpus": run.gpus, "list": "published",
-                                              "rank": k, "run": run.name,
-                                              "global_batch": run.global_batch})
+        Cell(
+            world_size=1,
+            fn=ranks.run,
+            key={
+                **shared,
+                "gpus": run.gpus,
+                "list": "published",
+                "rank": k,
+                "run": run.name,
+                "global_batch": run.global_batch,
+            },
+        )
         for k, run in enumerate(ranks.published_runs(cfg), start=1)
-    ]  # fmt: skip
+    ]
     return searched + published
 
 

@@ -11,9 +11,14 @@ from bench.report import log2_axis, new_figure
 
 __all__ = ["BREAKDOWN", "breakdown_figure", "memory_figure", "mfu_figure", "plan_label"]
 
-BREAKDOWN = (("compute_s", "compute"), ("bubble_s", "pipeline bubble"),
-             ("exposed_tp_s", "exposed TP comm"), ("exposed_pp_s", "exposed PP comm"),
-             ("exposed_dp_s", "exposed DP comm"), ("optimizer_s", "optimizer"))  # fmt: skip
+BREAKDOWN = (
+    ("compute_s", "compute"),
+    ("bubble_s", "pipeline bubble"),
+    ("exposed_tp_s", "exposed TP comm"),
+    ("exposed_pp_s", "exposed PP comm"),
+    ("exposed_dp_s", "exposed DP comm"),
+    ("optimizer_s", "optimizer"),
+)
 
 
 def plan_label(row: Any) -> str:

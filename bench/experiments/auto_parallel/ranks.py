@@ -12,9 +12,20 @@ from bench.experiments.base import Cell
 
 __all__ = ["PLAN_COLUMNS", "run"]
 
-PLAN_COLUMNS = ("dp", "cp", "tp", "pp", "sp", "zero_stage", "microbatch_size",
-                "num_microbatches", "schedule", "virtual_stages", "recompute",
-                "stage_layers")  # fmt: skip
+PLAN_COLUMNS = (
+    "dp",
+    "cp",
+    "tp",
+    "pp",
+    "sp",
+    "zero_stage",
+    "microbatch_size",
+    "num_microbatches",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "stage_layers",
+)
 GB = 1e9
 
 
@@ -29,9 +40,17 @@ def _search(cfg: AutoParallelConfig, gpus: int) -> Any:
     key = (repr(cfg), gpus)
     if key not in _SEARCHES:
         _SEARCHES.clear()  # a new config: the old searches will not be asked again
-        _SEARCHES[key] = search(cfg.spec(), cfg.cluster(), gpus=gpus, global_batch=cfg.global_batch,
-                  fixed=cfg.fixed(), dtype=cfg.dtype, top_k=cfg.top_k,
-                  allow_cross_node_tp=cfg.allow_cross_node_tp, cps=tuple(cfg.cp))  # fmt: skip
+        _SEARCHES[key] = search(
+            cfg.spec(),
+            cfg.cluster(),
+            gpus=gpus,
+            global_batch=cfg.global_batch,
+            fixed=cfg.fixed(),
+            dtype=cfg.dtype,
+            top_k=cfg.top_k,
+            allow_cross_node_tp=cfg.allow_cross_node_tp,
+            cps=tuple(cfg.cp),
+        )
     return _SEARCHES[key]
 
 
@@ -42,8 +61,12 @@ def published_runs(cfg: AutoParallelConfig) -> list[Any]:
 
     shape = ("n_layers", "d_model", "n_heads", "ffn", "kv_fraction")
     wanted = tuple(getattr(cfg.spec(), name) for name in shape)
-    return [run for run in PUBLISHED_RUNS if run.hardware == cfg.hardware_name()
-            and tuple(getattr(model(run.model), name) for name in shape) == wanted]  # fmt: skip
+    return [
+        run
+        for run in PUBLISHED_RUNS
+        if run.hardware == cfg.hardware_name()
+        and tuple(getattr(model(run.model), name) for name in shape) == wanted
+    ]
 
 
 def _published(name: str) -> dict[str, Any]:
@@ -51,9 +74,15 @@ def _published(name: str) -> dict[str, Any]:
     from impls.simulator.validation import published_predictions
 
     mine = next(p for p in published_predictions() if p.run.name == name)
-    return {"found": True, **plan_columns(mine.plan), **prediction_columns(mine.prediction),
-            "published_metric": mine.metric, "published_value": mine.published,
-            "predicted_value": mine.predicted, "source": mine.run.source}  # fmt: skip
+    return {
+        "found": True,
+        **plan_columns(mine.plan),
+        **prediction_columns(mine.prediction),
+        "published_metric": mine.metric,
+        "published_value": mine.published,
+        "predicted_value": mine.predicted,
+        "source": mine.run.source,
+    }
 
 
 def run(cfg: AutoParallelConfig, cell: Cell) -> dict[str, Any]:
@@ -62,9 +91,12 @@ def run(cfg: AutoParallelConfig, cell: Cell) -> dict[str, Any]:
         return _published(key["run"])
     result = _search(cfg, key["gpus"])
     chosen = result.best if key["list"] == "best" else result.rejected
-    common = {"search_s": result.seconds, "evaluated": result.evaluated,
-              "smallest_memory_gb": result.smallest_memory_bytes / GB,
-              "device_memory_gb": cfg.cluster().memory_bytes / GB}  # fmt: skip
+    common = {
+        "search_s": result.seconds,
+        "evaluated": result.evaluated,
+        "smallest_memory_gb": result.smallest_memory_bytes / GB,
+        "device_memory_gb": cfg.cluster().memory_bytes / GB,
+    }
     if key["rank"] > len(chosen):
         return {"found": False, **common}
     candidate = chosen[key["rank"] - 1]

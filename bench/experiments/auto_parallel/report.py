@@ -49,17 +49,22 @@ def best_plans(ctx: Context) -> str | None:
     if best.empty:
         return None
     best = best.assign(within_best=_within_best(best))
-    table = pd.DataFrame({
-        "GPUs": best["gpus"], "rank": best["rank"], "plan": best.apply(plan_label, axis=1),
-        "M": best["num_microbatches"], "stages": best["stage_layers"],
-        "step": best["predicted_step_time_s"].map(format_seconds),
-        "tokens/s": best["predicted_tokens_per_s"].map(lambda v: f"{v:,.0f}"),
-        "TFLOP/s per GPU": best["predicted_tflops_per_gpu"].map(lambda v: f"{v:.0f}"),
-        "MFU": best["predicted_mfu"].map(format_percent),
-        "MFU 90% interval": best.apply(_mfu_interval, axis=1),
-        "within #1's interval": best["within_best"].map({True: "yes", False: "no"}),
-        "peak GB": best["predicted_peak_memory_gb"].map(lambda v: f"{v:.1f}"),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "GPUs": best["gpus"],
+            "rank": best["rank"],
+            "plan": best.apply(plan_label, axis=1),
+            "M": best["num_microbatches"],
+            "stages": best["stage_layers"],
+            "step": best["predicted_step_time_s"].map(format_seconds),
+            "tokens/s": best["predicted_tokens_per_s"].map(lambda v: f"{v:,.0f}"),
+            "TFLOP/s per GPU": best["predicted_tflops_per_gpu"].map(lambda v: f"{v:.0f}"),
+            "MFU": best["predicted_mfu"].map(format_percent),
+            "MFU 90% interval": best.apply(_mfu_interval, axis=1),
+            "within #1's interval": best["within_best"].map({True: "yes", False: "no"}),
+            "peak GB": best["predicted_peak_memory_gb"].map(lambda v: f"{v:.1f}"),
+        }
+    )
     for _, row in best[best["rank"] == 1].iterrows():
         model = prose(
             __package__,
@@ -99,14 +104,16 @@ def rejected(ctx: Context) -> str | None:
     rows = _found(ctx.ok, "rejected")
     if rows.empty:
         return None
-    table = pd.DataFrame({
-        "GPUs": rows["gpus"],
-        "plan": rows.apply(plan_label, axis=1),
-        "fits": rows["fits"],
-        "peak GB": rows["predicted_peak_memory_gb"].map(lambda v: f"{v:.1f}"),
-        "step": rows["predicted_step_time_s"].map(format_seconds),
-        "why it loses": rows["reason"],
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "GPUs": rows["gpus"],
+            "plan": rows.apply(plan_label, axis=1),
+            "fits": rows["fits"],
+            "peak GB": rows["predicted_peak_memory_gb"].map(lambda v: f"{v:.1f}"),
+            "step": rows["predicted_step_time_s"].map(format_seconds),
+            "why it loses": rows["reason"],
+        }
+    )
     return markdown_table(table, numparse=False)
 
 
@@ -179,16 +186,20 @@ def against_published(ctx: Context) -> str | None:
         first = best.loc[run["gpus"]] if run["gpus"] in best.index else None
         term, gain = _better_term(run, first) if first is not None else ("—", 0.0)
         best_mfu = float(first["predicted_mfu"]) if first is not None else float("nan")
-        rows.append({
-            "run": run["run"], "GPUs": format_count(run["gpus"]),
-            "its plan": plan_label(run), "batch": format_count(run["global_batch"]),
-            "published": f"{run['published_value']:.3g} ({run['published_metric']})",
-            "simulator, its plan": f"{run['predicted_value']:.3g}",
-            "MFU, its plan (90%)": f"{format_percent(run['predicted_mfu'])} "
-                                   f"({_mfu_interval(run)})",
-            "best plan MFU": format_percent(best_mfu) if first is not None else "—",
-            "what makes the best plan better (share of the run's step per token)": term,
-        })  # fmt: skip
+        rows.append(
+            {
+                "run": run["run"],
+                "GPUs": format_count(run["gpus"]),
+                "its plan": plan_label(run),
+                "batch": format_count(run["global_batch"]),
+                "published": f"{run['published_value']:.3g} ({run['published_metric']})",
+                "simulator, its plan": f"{run['predicted_value']:.3g}",
+                "MFU, its plan (90%)": f"{format_percent(run['predicted_mfu'])} "
+                f"({_mfu_interval(run)})",
+                "best plan MFU": format_percent(best_mfu) if first is not None else "—",
+                "what makes the best plan better (share of the run's step per token)": term,
+            }
+        )
         if first is not None and str(run["published_metric"]) == "MFU":
             ratio = best_mfu / float(run["published_value"])
             claim = prose(
@@ -231,8 +242,13 @@ def search_time(ctx: Context) -> str | None:
     if ok.empty:
         return None
     per = ok.groupby("gpus").agg(search_s=("search_s", "max"), evaluated=("evaluated", "max"))
-    table = pd.DataFrame({"GPUs": per.index, "plans priced": per["evaluated"].map(format_count),
-                          "search time": per["search_s"].map(format_seconds)})  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "GPUs": per.index,
+            "plans priced": per["evaluated"].map(format_count),
+            "search time": per["search_s"].map(format_seconds),
+        }
+    )
     ctx.headline["search_s"] = {int(k): float(v) for k, v in per["search_s"].items()}
     return markdown_table(table, numparse=False)
 

@@ -15,8 +15,15 @@ __all__ = ["IMPLS", "PRIMITIVES", "CollectivesConfig"]
 
 # The order collectives are shown in; the grid is that list less all_reduce (which has its
 # own experiment).
-PRIMITIVES = ["broadcast", "reduce", "scatter", "gather", "all_gather", "reduce_scatter",
-              "all_to_all"]  # fmt: skip
+PRIMITIVES = [
+    "broadcast",
+    "reduce",
+    "scatter",
+    "gather",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+]
 IMPLS = ["distbench", "torch"]
 
 

@@ -62,19 +62,21 @@ def _count(value: float) -> str:
 def _collective_table(wide: pd.DataFrame, collective: str) -> str:
     rows = wide[wide["collective"] == collective].sort_values(["world_size", "message_bytes"])
     gbps = lambda v: f"{v:.3g}"  # noqa: E731
-    table = pd.DataFrame({
-        "N": rows["world_size"].astype(int),
-        "size S": rows["message_bytes"].map(format_bytes),
-        "time distbench": rows["time_s_distbench"].map(format_seconds),
-        "time torch": rows["time_s_torch"].map(format_seconds),
-        "algbw distbench (GB/s)": rows["algbw_gbps_distbench"].map(gbps),
-        "algbw torch (GB/s)": rows["algbw_gbps_torch"].map(gbps),
-        "busbw distbench (GB/s)": rows["busbw_gbps_distbench"].map(gbps),
-        "busbw torch (GB/s)": rows["busbw_gbps_torch"].map(gbps),
-        "#wrong distbench": rows["wrong_distbench"].map(_count),
-        "#wrong torch": rows["wrong_torch"].map(_count),
-        "busbw distbench/torch": rows["ratio"].map(format_ratio),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "N": rows["world_size"].astype(int),
+            "size S": rows["message_bytes"].map(format_bytes),
+            "time distbench": rows["time_s_distbench"].map(format_seconds),
+            "time torch": rows["time_s_torch"].map(format_seconds),
+            "algbw distbench (GB/s)": rows["algbw_gbps_distbench"].map(gbps),
+            "algbw torch (GB/s)": rows["algbw_gbps_torch"].map(gbps),
+            "busbw distbench (GB/s)": rows["busbw_gbps_distbench"].map(gbps),
+            "busbw torch (GB/s)": rows["busbw_gbps_torch"].map(gbps),
+            "#wrong distbench": rows["wrong_distbench"].map(_count),
+            "#wrong torch": rows["wrong_torch"].map(_count),
+            "busbw distbench/torch": rows["ratio"].map(format_ratio),
+        }
+    )
     return markdown_table(table.replace("nan", "—"))
 
 

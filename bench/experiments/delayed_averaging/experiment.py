@@ -25,12 +25,16 @@ __all__ = ["EXPERIMENT", "DelayedAveragingConfig", "cells", "to_row"]
 def cells(cfg: DelayedAveragingConfig) -> list[Cell]:
     """Per latency: sync DP once, DGA once per delay; each cell carries its link."""
     return [
-        Cell(world_size=cfg.world_size, fn=run, carry=Link(float(latency), cfg.bandwidth_mbps),
-             key={"method": method, "delay": delay, "latency_ms": float(latency)})
+        Cell(
+            world_size=cfg.world_size,
+            fn=run,
+            carry=Link(float(latency), cfg.bandwidth_mbps),
+            key={"method": method, "delay": delay, "latency_ms": float(latency)},
+        )
         for latency in cfg.latencies_ms
         for method in cfg.methods
         for delay in ([0] if method == "sync" else cfg.delays)
-    ]  # fmt: skip
+    ]
 
 
 def _first(evals: list, target: float, index: int) -> float:
@@ -60,7 +64,7 @@ def to_row(cfg: DelayedAveragingConfig, cell: Cell, per_rank: list[dict]) -> dic
         # [[step, train seconds, held-out loss, held-out accuracy]] of rank 0
         "eval_curve": json.dumps(
             [[s, round(t, 4), round(lo, 5), round(a, 5)] for s, t, lo, a in evals]
-        ),  # fmt: skip
+        ),
     }
 
 

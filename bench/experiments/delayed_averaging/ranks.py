@@ -60,8 +60,14 @@ def _data_parallel(
         dp = AllReduceDP(task.model, comm, optimizer, algorithm="parallel")
         comm.network = network  # the link carries training only, not the setup broadcast
         return dp
-    return DelayedAveragingDP(task.model, Communicator(), optimizer, delay=cell.key["delay"],
-                              algorithm="parallel", network=network)  # fmt: skip
+    return DelayedAveragingDP(
+        task.model,
+        Communicator(),
+        optimizer,
+        delay=cell.key["delay"],
+        algorithm="parallel",
+        network=network,
+    )
 
 
 def run(cfg: DelayedAveragingConfig, cell: Cell) -> dict[str, Any]:
@@ -108,5 +114,10 @@ def run(cfg: DelayedAveragingConfig, cell: Cell) -> dict[str, Any]:
     if not dga:
         waited = dp.comm.simulated_s  # the holding link: every simulated second is waited
     link = dp.sync_comm if dga else dp.comm
-    return {"evals": evals, "losses": losses, "train_time_s": clock, "waited_s": waited,
-            "simulated_s": link.simulated_s}  # fmt: skip
+    return {
+        "evals": evals,
+        "losses": losses,
+        "train_time_s": clock,
+        "waited_s": waited,
+        "simulated_s": link.simulated_s,
+    }

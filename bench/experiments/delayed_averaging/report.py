@@ -74,8 +74,9 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
 
 def _rows(ok: pd.DataFrame) -> pd.DataFrame:
     labels = [_label(m, d) for m, d in zip(ok["method"], ok["delay"], strict=True)]
-    return ok.assign(label=labels).sort_values(["latency_ms", "method", "delay"],
-                                               ascending=[True, False, True])  # fmt: skip
+    return ok.assign(label=labels).sort_values(
+        ["latency_ms", "method", "delay"], ascending=[True, False, True]
+    )
 
 
 def _number(row: pd.Series, column: str) -> float:
@@ -101,20 +102,34 @@ def what_was_measured(ctx: Context) -> str | None:
     first = ctx.ok.iloc[0]
     bandwidth = _number(first, "bandwidth_mbps")
     link = "unlimited bandwidth" if not math.isfinite(bandwidth) else f"{bandwidth:g} Mbit/s"
-    return prose(__package__, "setup", task=first["task"], ranks=_count(first["world_size"]),
-                 steps=_count(first["steps"]), batch=_count(first["batch_size"]),
-                 lr=f"{_number(first, 'lr'):g}", link=link)  # fmt: skip
+    return prose(
+        __package__,
+        "setup",
+        task=first["task"],
+        ranks=_count(first["world_size"]),
+        steps=_count(first["steps"]),
+        batch=_count(first["batch_size"]),
+        lr=f"{_number(first, 'lr'):g}",
+        link=link,
+    )
 
 
 def _plot_time_to_target(ctx: Context, rows: pd.DataFrame, target: float) -> str:
     fig, (ax,) = new_figure(7.5, 4.8)
     for i, (label, group) in enumerate(rows.groupby("label", sort=False)):
         group = group.sort_values("latency_ms")
-        ax.plot(group["latency_ms"], group["time_to_target_s"], marker="osD^v"[i % 5],
-                color=f"C{i % 10}", label=label)  # fmt: skip
-    ax.set(xlabel="simulated link latency per round (ms)",
-           ylabel=f"training time to {100 * target:.0f}% held-out accuracy (s)",
-           title="Time to accuracy against latency")  # fmt: skip
+        ax.plot(
+            group["latency_ms"],
+            group["time_to_target_s"],
+            marker="osD^v"[i % 5],
+            color=f"C{i % 10}",
+            label=label,
+        )
+    ax.set(
+        xlabel="simulated link latency per round (ms)",
+        ylabel=f"training time to {100 * target:.0f}% held-out accuracy (s)",
+        title="Time to accuracy against latency",
+    )
     ax.legend()
     return ctx.plot(fig, "time_to_accuracy", "time to accuracy")
 
@@ -124,14 +139,23 @@ def _plot_curves(ctx: Context, rows: pd.DataFrame, target: float) -> str:
     fig, (ax,) = new_figure(7.5, 4.8)
     for i, row in enumerate(rows[rows["latency_ms"] == latency].itertuples()):
         curve = json.loads(row.eval_curve) if isinstance(row.eval_curve, str) else []
-        ax.plot([c[1] for c in curve], [100 * c[3] for c in curve], marker=".",
-                color=f"C{i % 10}", label=row.label)  # fmt: skip
+        ax.plot(
+            [c[1] for c in curve],
+            [100 * c[3] for c in curve],
+            marker=".",
+            color=f"C{i % 10}",
+            label=row.label,
+        )
     ax.axhline(100 * target, color="grey", linestyle="--", label="target")
-    times = [c[1] for curve in rows["eval_curve"] if isinstance(curve, str)
-             for c in json.loads(curve)]  # fmt: skip
-    ax.set(xscale="log" if times and min(times) > 0 else "linear",
-           xlabel="training wall-clock (s)", ylabel="held-out accuracy (%)",
-           title=f"Accuracy against wall-clock at {latency:g} ms latency")  # fmt: skip
+    times = [
+        c[1] for curve in rows["eval_curve"] if isinstance(curve, str) for c in json.loads(curve)
+    ]
+    ax.set(
+        xscale="log" if times and min(times) > 0 else "linear",
+        xlabel="training wall-clock (s)",
+        ylabel="held-out accuracy (%)",
+        title=f"Accuracy against wall-clock at {latency:g} ms latency",
+    )
     finals = pd.to_numeric(rows["final_accuracy"], errors="coerce")
     low = 100 * float(finals.min()) - 25 if finals.notna().any() else 0.0
     ax.set_ylim(max(0.0, low), 100)
@@ -140,18 +164,21 @@ def _plot_curves(ctx: Context, rows: pd.DataFrame, target: float) -> str:
 
 
 def _table(rows: pd.DataFrame, target: float) -> str:
-    table = pd.DataFrame({
-        "latency": rows["latency_ms"].map(lambda v: f"{v:g} ms"),
-        "method": rows["label"],
-        f"time to {100 * target:.0f}%": rows["time_to_target_s"].map(format_seconds),
-        "vs sync": rows["speedup_vs_sync"].map(format_ratio),
-        "steps to target": rows["steps_to_target"].map(
-            lambda v: "not reached" if not math.isfinite(v) else f"{int(v)}"),
-        "final accuracy": rows["final_accuracy"].map(lambda v: f"{100 * v:.2f}%"),
-        "train time": rows["train_time_s"].map(format_seconds),
-        "waited for averages": rows["waited_s"].map(format_seconds),
-        "simulated link": rows["simulated_s"].map(format_seconds),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "latency": rows["latency_ms"].map(lambda v: f"{v:g} ms"),
+            "method": rows["label"],
+            f"time to {100 * target:.0f}%": rows["time_to_target_s"].map(format_seconds),
+            "vs sync": rows["speedup_vs_sync"].map(format_ratio),
+            "steps to target": rows["steps_to_target"].map(
+                lambda v: "not reached" if not math.isfinite(v) else f"{int(v)}"
+            ),
+            "final accuracy": rows["final_accuracy"].map(lambda v: f"{100 * v:.2f}%"),
+            "train time": rows["train_time_s"].map(format_seconds),
+            "waited for averages": rows["waited_s"].map(format_seconds),
+            "simulated link": rows["simulated_s"].map(format_seconds),
+        }
+    )
     return markdown_table(table, numparse=False)
 
 
@@ -165,24 +192,45 @@ def _at_largest_latency(ctx: Context, rows: pd.DataFrame, target: float) -> str:
         return ""
     fastest = dga.sort_values("time_to_target_s").iloc[0]
     s, d = float(sync.iloc[0]["time_to_target_s"]), float(fastest["time_to_target_s"])
-    best = {"latency_ms": top, "sync_s": s, "dga_s": d, "delay": int(fastest["delay"]),
-            "speedup": s / d if math.isfinite(s) and d > 0 else math.nan,
-            "dga_final_accuracy": float(fastest["final_accuracy"]),
-            "sync_final_accuracy": float(sync.iloc[0]["final_accuracy"])}  # fmt: skip
+    best = {
+        "latency_ms": top,
+        "sync_s": s,
+        "dga_s": d,
+        "delay": int(fastest["delay"]),
+        "speedup": s / d if math.isfinite(s) and d > 0 else math.nan,
+        "dga_final_accuracy": float(fastest["final_accuracy"]),
+        "sync_final_accuracy": float(sync.iloc[0]["final_accuracy"]),
+    }
     ctx.headline["at_largest_latency"] = best
     percent = f"{100 * target:.0f}%"
-    ctx.figure(f"time to {percent} accuracy at {top:g} ms latency: sync DP ÷ fastest DGA "
-               f"(D = {best['delay']})", theory="> 1×", source=SOURCE,
-               measured=format_ratio(best["speedup"]),
-               gap=f"{format_seconds(s)} vs {format_seconds(d)}")  # fmt: skip
+    ctx.figure(
+        f"time to {percent} accuracy at {top:g} ms latency: sync DP ÷ fastest DGA "
+        f"(D = {best['delay']})",
+        theory="> 1×",
+        source=SOURCE,
+        measured=format_ratio(best["speedup"]),
+        gap=f"{format_seconds(s)} vs {format_seconds(d)}",
+    )
     points = 100 * (best["dga_final_accuracy"] - best["sync_final_accuracy"])
-    ctx.figure(f"final accuracy at {top:g} ms, DGA (D = {best['delay']}) − sync DP (points)",
-               theory="≈ 0", source=SOURCE, measured=f"{points:+.2f}")  # fmt: skip
-    return prose(__package__, "at_largest_latency", latency=f"{top:g}", delay=best["delay"],
-                 percent=percent, dga=format_seconds(d), sync=format_seconds(s),
-                 speedup=format_ratio(best["speedup"]), sooner=not math.isfinite(s) or d < s,
-                 dga_final=f"{100 * best['dga_final_accuracy']:.2f}%",
-                 sync_final=f"{100 * best['sync_final_accuracy']:.2f}%")  # fmt: skip
+    ctx.figure(
+        f"final accuracy at {top:g} ms, DGA (D = {best['delay']}) − sync DP (points)",
+        theory="≈ 0",
+        source=SOURCE,
+        measured=f"{points:+.2f}",
+    )
+    return prose(
+        __package__,
+        "at_largest_latency",
+        latency=f"{top:g}",
+        delay=best["delay"],
+        percent=percent,
+        dga=format_seconds(d),
+        sync=format_seconds(s),
+        speedup=format_ratio(best["speedup"]),
+        sooner=not math.isfinite(s) or d < s,
+        dga_final=f"{100 * best['dga_final_accuracy']:.2f}%",
+        sync_final=f"{100 * best['sync_final_accuracy']:.2f}%",
+    )
 
 
 def _findings(ctx: Context, rows: pd.DataFrame) -> None:
@@ -196,11 +244,17 @@ def _findings(ctx: Context, rows: pd.DataFrame) -> None:
     points = 100 * (dga["final_accuracy"].to_numpy() - base["final_accuracy"].to_numpy())
     keys = [ctx.key(r) for _, r in dga.iterrows()]
     slower = [f"{k}: {s:+g} steps" for k, s in zip(keys, steps, strict=True) if not s <= 0]
-    ctx.finding("DGA reaches the target in no more steps than sync DP (staleness costs no "
-                "convergence)", not slower, "; ".join(slower))  # fmt: skip
+    ctx.finding(
+        "DGA reaches the target in no more steps than sync DP (staleness costs no convergence)",
+        not slower,
+        "; ".join(slower),
+    )
     off = [f"{k}: {p:+.2f} points" for k, p in zip(keys, points, strict=True) if not p >= -1]
-    ctx.finding("DGA ends within 1 point of sync DP's final accuracy at the same latency",
-                not off, "; ".join(off))  # fmt: skip
+    ctx.finding(
+        "DGA ends within 1 point of sync DP's final accuracy at the same latency",
+        not off,
+        "; ".join(off),
+    )
 
 
 def time_to_accuracy(ctx: Context) -> str | None:

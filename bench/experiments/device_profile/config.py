@@ -31,16 +31,26 @@ def _cpu_shapes() -> list[list[int]]:
     """Squares, then a GPT layer's GEMMs at 2048 tokens and width 1024: QKV (d → 3d), the
     attention output (d → d), the MLP's up (d → 4d) and down (4d → d) projections."""
     squares = [[n, n, n] for n in (128, 256, 512, 1024, 2048)]
-    return [*squares, [2048, 3072, 1024], [2048, 1024, 1024], [2048, 4096, 1024],
-            [2048, 1024, 4096]]  # fmt: skip
+    return [
+        *squares,
+        [2048, 3072, 1024],
+        [2048, 1024, 1024],
+        [2048, 4096, 1024],
+        [2048, 1024, 4096],
+    ]
 
 
 def _gpu_shapes() -> list[list[int]]:
     """The same at a GPU's scale: squares to 8192 (where MAMF's best shapes sit), and a
     GPT layer's GEMMs at 8192 tokens and width 4096."""
     squares = [[n, n, n] for n in (512, 1024, 2048, 4096, 8192)]
-    return [*squares, [8192, 12288, 4096], [8192, 4096, 4096], [8192, 16384, 4096],
-            [8192, 4096, 16384]]  # fmt: skip
+    return [
+        *squares,
+        [8192, 12288, 4096],
+        [8192, 4096, 4096],
+        [8192, 16384, 4096],
+        [8192, 4096, 16384],
+    ]
 
 
 DEFAULT_DTYPES = {"cpu": ["fp32", "bf16"], "cuda": ["bf16", "fp16", "tf32", "fp32"]}
@@ -50,10 +60,11 @@ DEFAULT_DTYPES = {"cpu": ["fp32", "bf16"], "cuda": ["bf16", "fp16", "tf32", "fp3
 def _check_shapes(shapes: list) -> None:
     """[m, n, k] triples of integers ≥ 1, none repeated."""
     if not shapes or any(
-        not isinstance(s, list) or len(s) != 3
+        not isinstance(s, list)
+        or len(s) != 3
         or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in s)
         for s in shapes
-    ):  # fmt: skip
+    ):
         raise ValueError(f"gemm_shapes={shapes}: give [m, n, k] triples of integers ≥ 1")
     check_unique("gemm_shapes", [tuple(s) for s in shapes])
 
@@ -94,8 +105,9 @@ class DeviceProfileConfig(TimedGridConfig):
             check_choices("gemm_dtypes", self.gemm_dtypes, GEMM_DTYPE_NAMES)
             check_unique("gemm_dtypes", self.gemm_dtypes)
             if self.device == "cpu" and "tf32" in self.gemm_dtypes:
-                raise ValueError("gemm_dtypes=[..., tf32]: tf32 is a CUDA tensor-core mode; "
-                                 "device=cpu has none")  # fmt: skip
+                raise ValueError(
+                    "gemm_dtypes=[..., tf32]: tf32 is a CUDA tensor-core mode; device=cpu has none"
+                )
         if self.gemm_shapes is not None:
             _check_shapes(self.gemm_shapes)
         check_positive("copy_mib", [self.copy_mib])
@@ -104,8 +116,10 @@ class DeviceProfileConfig(TimedGridConfig):
         check_positive("world_sizes", self.world_sizes, minimum=2)
         check_choice("dtype", self.dtype, MESSAGE_DTYPES)
         if len(set(self.message_bytes)) < 2:
-            raise ValueError(f"message_bytes={self.message_bytes}: give at least 2 distinct "
-                             "sizes (the link's α and β are fitted to them)")  # fmt: skip
+            raise ValueError(
+                f"message_bytes={self.message_bytes}: give at least 2 distinct "
+                "sizes (the link's α and β are fitted to them)"
+            )
         super().__post_init__()
 
     def on_cuda(self) -> bool:

@@ -19,16 +19,29 @@ __all__ = ["EXPERIMENT", "DeviceProfileConfig", "cells", "to_row"]
 MESSAGE_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
-def _key(measurement: str, dtype: str, m: int = 0, n: int = 0, k: int = 0, world_size: int = 1,
-         message_bytes: int = 0) -> dict[str, Any]:  # fmt: skip
-    return {"measurement": measurement, "dtype": dtype, "m": m, "n": n, "k": k,
-            "world_size": world_size, "message_bytes": message_bytes}  # fmt: skip
+def _key(
+    measurement: str,
+    dtype: str,
+    m: int = 0,
+    n: int = 0,
+    k: int = 0,
+    world_size: int = 1,
+    message_bytes: int = 0,
+) -> dict[str, Any]:
+    return {
+        "measurement": measurement,
+        "dtype": dtype,
+        "m": m,
+        "n": n,
+        "k": k,
+        "world_size": world_size,
+        "message_bytes": message_bytes,
+    }
 
 
 def cells(cfg: DeviceProfileConfig) -> list[Cell]:
     """The device's cells on one rank, then the ring's, N ascending (one pool per N)."""
-    device = [_key("gemm", dtype, m, n, k) for dtype in cfg.dtypes()
-              for m, n, k in cfg.shapes()]  # fmt: skip
+    device = [_key("gemm", dtype, m, n, k) for dtype in cfg.dtypes() for m, n, k in cfg.shapes()]
     device += [_key("copy", "fp32", message_bytes=cfg.copy_mib * 2**20), _key("launch", "fp32")]
     out = [Cell(world_size=1, key=key, fn=ranks.run) for key in device]
     ring = CollectiveCall("all_reduce", "distbench", "ring")
@@ -72,7 +85,7 @@ EXPERIMENT = _DeviceProfile(
             group="dtype",
             kind="scatter",
             log_x=True,
-        ),  # fmt: skip
+        ),
         Chart(
             title="Ring all-reduce time by size",
             x="message_bytes",
@@ -81,6 +94,6 @@ EXPERIMENT = _DeviceProfile(
             kind="scatter",
             log_x=True,
             log_y=True,
-        ),  # fmt: skip
+        ),
     ),
 )

@@ -54,8 +54,11 @@ def _origin(rows: pd.DataFrame) -> dict[str, str]:
         return values.iloc[0] if len(values) else "?"
 
     stamps = rows["timestamp"].dropna().astype(str) if "timestamp" in rows else pd.Series()
-    return {"date": stamps.max()[:10] if len(stamps) else "?",
-            "device": first("profiled_device"), "host": first("host")}  # fmt: skip
+    return {
+        "date": stamps.max()[:10] if len(stamps) else "?",
+        "device": first("profiled_device"),
+        "host": first("host"),
+    }
 
 
 def _gemm(rows: pd.DataFrame) -> tuple[dict[str, float], tuple, str]:
@@ -99,15 +102,20 @@ def _sources(rows: pd.DataFrame, first: str, ring_n: int, cuda: bool) -> dict[st
         "regression)" + (_GLOO_ON_GPU if cuda and backend == "gloo" else ""),
         "inter": "assumption: one machine profiled, inter = intra; set your cluster's network "
         "here for plans across nodes",
-        "devices_per_node": f"{here}: " + ("the GPUs torch sees" if cuda else
-                                           f"the ring's {ring_n} ranks, {threads} thread(s) each"),
-        "memory_bytes": f"{here}: " + ("the GPU's memory" if cuda else
-                                       "the host's physical memory ÷ devices_per_node"),
-        "comm_overlap": "a GPU's collectives run beside compute" if cuda else
-        "this repo's collectives block the rank's one computing thread (gloo)",
+        "devices_per_node": f"{here}: "
+        + (
+            "the GPUs torch sees"
+            if cuda
+            else f"the ring's {ring_n} ranks, {threads} thread(s) each"
+        ),
+        "memory_bytes": f"{here}: "
+        + ("the GPU's memory" if cuda else "the host's physical memory ÷ devices_per_node"),
+        "comm_overlap": "a GPU's collectives run beside compute"
+        if cuda
+        else "this repo's collectives block the rank's one computing thread (gloo)",
         "not profiled": "fp8 (refused), FlashAttention (priced as GEMMs), per-action and "
         "meeting costs (0; planner_validation fits them on this host)",
-    }  # fmt: skip
+    }
 
 
 def build_preset(rows: pd.DataFrame) -> Any:
@@ -139,8 +147,9 @@ def build_preset(rows: pd.DataFrame) -> Any:
     alpha, beta = fits[n]
     device = rows[rows["measurement"] != "all_reduce"]
     cuda = "cuda" in set(device.get("device_kind", pd.Series(dtype=str)).astype(str))
-    link = Link(name=f"ring all-reduce over {n} ranks, measured", alpha_s=alpha,
-                bandwidth=1.0 / beta)  # fmt: skip
+    link = Link(
+        name=f"ring all-reduce over {n} ranks, measured", alpha_s=alpha, bandwidth=1.0 / beta
+    )
     o = _origin(rows)
     return Hardware(
         name=f"{o['device']} on {o['host']}, measured {o['date']}",

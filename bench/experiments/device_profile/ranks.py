@@ -55,8 +55,13 @@ def _device_facts(cfg: DeviceProfileConfig, device: str) -> dict[str, Any]:
 
 def _measure(cfg: DeviceProfileConfig, key: dict[str, Any], device: str) -> dict[str, Any]:
     """Time the cell's step, then check its result (`wrong`: elements off the reference)."""
-    timing = {"warmup": cfg.warmup, "repeats": cfg.repeats, "window_s": cfg.window_s,
-              "max_iters": cfg.max_iters, "device": device}  # fmt: skip
+    timing = {
+        "warmup": cfg.warmup,
+        "repeats": cfg.repeats,
+        "window_s": cfg.window_s,
+        "max_iters": cfg.max_iters,
+        "device": device,
+    }
     kind = key["measurement"]
     if kind == "gemm":
         m, n, k = key["m"], key["n"], key["k"]

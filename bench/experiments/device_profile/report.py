@@ -65,13 +65,13 @@ def preset(ctx: Context) -> str | None:
         ("peak " + dtype, f"{flops / 1e9:.4g} GFLOP/s") for dtype, flops in hw.peak_flops.items()
     ]
     table += [
-        ("memory bandwidth",     f"{hw.memory_bandwidth / 1e9:.4g} GB/s"),
-        ("kernel overhead",      format_seconds(hw.kernel_overhead_s)),
-        ("link α (per round)",   format_seconds(hw.intra.alpha_s)),
+        ("memory bandwidth", f"{hw.memory_bandwidth / 1e9:.4g} GB/s"),
+        ("kernel overhead", format_seconds(hw.kernel_overhead_s)),
+        ("link α (per round)", format_seconds(hw.intra.alpha_s)),
         ("link bandwidth (1/β)", f"{hw.intra.bandwidth / 1e9:.4g} GB/s"),
-        ("devices per node",     str(hw.devices_per_node)),
-        ("memory per device",    format_bytes(hw.memory_bytes)),
-    ]  # fmt: skip
+        ("devices per node", str(hw.devices_per_node)),
+        ("memory per device", format_bytes(hw.memory_bytes)),
+    ]
     for figure, value in table:
         ctx.figure(f"device_profile: {figure}", measured=value)
     shown = markdown_table(pd.DataFrame(table, columns=["number", "value"]), numparse=False)
@@ -89,14 +89,16 @@ def gemm(ctx: Context) -> str | None:
     if rows.empty:
         return None
     rows["efficiency"] = rows["flop_rate"] / rows.groupby("dtype")["flop_rate"].transform("max")
-    shown = pd.DataFrame({
-        "dtype": rows["dtype"],
-        "m × n × k": [f"{r.m:.0f}×{r.n:.0f}×{r.k:.0f}" for r in rows.itertuples()],
-        "GFLOP": (rows["flops"] / 1e9).map(lambda v: f"{v:.3g}"),
-        "time": rows["time_s"].map(format_seconds),
-        "GFLOP/s": (rows["flop_rate"] / 1e9).map(lambda v: f"{v:.4g}"),
-        "of peak": rows["efficiency"].map(format_percent),
-    })  # fmt: skip
+    shown = pd.DataFrame(
+        {
+            "dtype": rows["dtype"],
+            "m × n × k": [f"{r.m:.0f}×{r.n:.0f}×{r.k:.0f}" for r in rows.itertuples()],
+            "GFLOP": (rows["flops"] / 1e9).map(lambda v: f"{v:.3g}"),
+            "time": rows["time_s"].map(format_seconds),
+            "GFLOP/s": (rows["flop_rate"] / 1e9).map(lambda v: f"{v:.4g}"),
+            "of peak": rows["efficiency"].map(format_percent),
+        }
+    )
     fig, (ax,) = new_figure(7, 4)
     for dtype, group in rows.groupby("dtype", sort=False):
         group = group.sort_values("flops")
@@ -116,8 +118,14 @@ def memory_and_launch(ctx: Context) -> str | None:
     time. Launch overhead: a one-element in-place add, issued back to back (on a GPU, a
     hundred kernels before each synchronisation): what every kernel costs beyond its work."""
     copy, launch = _of(ctx, "copy"), _of(ctx, "launch")
-    rows = [("copy " + format_bytes(r.message_bytes), format_seconds(r.time_s),
-             f"{r.bandwidth / 1e9:.4g} GB/s") for r in copy.itertuples()]  # fmt: skip
+    rows = [
+        (
+            "copy " + format_bytes(r.message_bytes),
+            format_seconds(r.time_s),
+            f"{r.bandwidth / 1e9:.4g} GB/s",
+        )
+        for r in copy.itertuples()
+    ]
     rows += [
         ("one-element add", format_seconds(r.time_s), "per kernel") for r in launch.itertuples()
     ]
@@ -146,14 +154,16 @@ def ring(ctx: Context) -> str | None:
         alpha, beta = fits[n]
         model = 2 * (n - 1) * alpha + 2 * (n - 1) / n * row.message_bytes * beta
         errors.append(abs(model / row.time_s - 1))
-        out.append({
-            "N": n,
-            "size": format_bytes(row.message_bytes),
-            "measured": format_seconds(row.time_s),
-            "α–β": format_seconds(model),
-            "error": f"{model / row.time_s - 1:+.1%}",
-            "wrong": int(row.wrong),
-        })  # fmt: skip
+        out.append(
+            {
+                "N": n,
+                "size": format_bytes(row.message_bytes),
+                "measured": format_seconds(row.time_s),
+                "α–β": format_seconds(model),
+                "error": f"{model / row.time_s - 1:+.1%}",
+                "wrong": int(row.wrong),
+            }
+        )
     shown = [(n, format_seconds(a), f"{1 / b / 1e9:.4g}") for n, (a, b) in fits.items()]
     ctx.headline["ring_median_abs_error"] = float(np.median(errors)) if errors else None
     table = markdown_table(pd.DataFrame(out), numparse=False)

@@ -105,8 +105,10 @@ class GradientCompressionConfig:
         if self.network is not None:
             unknown = set(self.network) - set(NETWORK_KEYS)
             if unknown:
-                raise ValueError(f"network has unknown key(s) {sorted(unknown)}; allowed: "
-                                 f"{', '.join(NETWORK_KEYS)}")  # fmt: skip
+                raise ValueError(
+                    f"network has unknown key(s) {sorted(unknown)}; allowed: "
+                    f"{', '.join(NETWORK_KEYS)}"
+                )
             SimulatedNetwork.from_units(**self.network)
         check_positive("draws", [self.draws], minimum=2)
         check_positive("dgc_warmup_steps", [self.dgc_warmup_steps], minimum=0)

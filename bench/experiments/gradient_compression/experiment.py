@@ -48,12 +48,16 @@ def setting_label(method: str, setting: Any) -> str:
 def cells(cfg: GradientCompressionConfig) -> list[Cell]:
     """Every (seed, method, setting); the cell carries the numeric setting."""
     return [
-        Cell(world_size=cfg.world_size, fn=run, carry=setting,
-             key={"method": method, "setting": setting_label(method, setting), "seed": seed})
+        Cell(
+            world_size=cfg.world_size,
+            fn=run,
+            carry=setting,
+            key={"method": method, "setting": setting_label(method, setting), "seed": seed},
+        )
         for seed in cfg.seeds
         for method in cfg.methods
         for setting in _settings(cfg, method)
-    ]  # fmt: skip
+    ]
 
 
 def _median(values: list[float]) -> float:
@@ -103,8 +107,15 @@ def to_row(cfg: GradientCompressionConfig, cell: Cell, per_rank: list[dict]) -> 
         ),
     }
     quantizer = first.get("quantizer") or {}
-    for name in ("bias_stat", "relative_bias", "variance", "variance_bound",
-                 "variance_expected", "draws", "numel"):  # fmt: skip
+    for name in (
+        "bias_stat",
+        "relative_bias",
+        "variance",
+        "variance_bound",
+        "variance_expected",
+        "draws",
+        "numel",
+    ):
         row[f"quant_{name}"] = quantizer.get(name, math.nan)
     return row
 

@@ -83,13 +83,22 @@ class _Record:
     def result(self, task: Task) -> dict[str, Any]:
         _, _, loss, accuracy = self.evals[-1]
         return {
-            **{name: getattr(self, name) for name in ("losses", "step_times_s", "sync_times_s",
-                                                      "simulated_s", "bytes_sent", "rounds",
-                                                      "evals")},
+            **{
+                name: getattr(self, name)
+                for name in (
+                    "losses",
+                    "step_times_s",
+                    "sync_times_s",
+                    "simulated_s",
+                    "bytes_sent",
+                    "rounds",
+                    "evals",
+                )
+            },
             "final_loss": loss,
             "final_accuracy": accuracy,
             "params": sum(p.numel() for p in task.model.parameters()),
-        }  # fmt: skip
+        }
 
 
 def _train(
@@ -156,9 +165,13 @@ def run(cfg: GradientCompressionConfig, cell: Cell) -> dict[str, Any]:
             loss = task.loss(dp(x).float(), y)
             loss.backward()
             dp.synchronize_and_step()
-        return {"loss": loss.detach(), "sync_times_s": dp.last_sync_s,
-                "simulated_s": comm.simulated_s - simulated,
-                "bytes_sent": traffic.bytes_sent, "rounds": traffic.rounds}  # fmt: skip
+        return {
+            "loss": loss.detach(),
+            "sync_times_s": dp.last_sync_s,
+            "simulated_s": comm.simulated_s - simulated,
+            "bytes_sent": traffic.bytes_sent,
+            "rounds": traffic.rounds,
+        }
 
     out = _train(cfg, task, dp.updater.optimizer, step).result(task)
     if method in ("qsgd", "terngrad") and comm.rank == 0:
@@ -193,8 +206,13 @@ def _run_torch(cfg: GradientCompressionConfig, cell: Cell, task: Task) -> dict[s
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         # torch's traffic is out of our counters' sight: -1 marks "not counted".
-        return {"loss": loss.detach(), "sync_times_s": math.nan, "simulated_s": 0.0,
-                "bytes_sent": -1, "rounds": -1}  # fmt: skip
+        return {
+            "loss": loss.detach(),
+            "sync_times_s": math.nan,
+            "simulated_s": 0.0,
+            "bytes_sent": -1,
+            "rounds": -1,
+        }
 
     return _train(cfg, task, optimizer, step).result(task)
 

@@ -130,18 +130,20 @@ def every_method(ctx: Context) -> str | None:
     if ctx.ok.empty:
         return None
     means = settings_means(ctx.ok)
-    table = pd.DataFrame({
-        "method": [label(m, s) for m, s in zip(means["method"], means["setting"], strict=True)],
-        "final accuracy": means["final_accuracy"].map(lambda v: format_percent(v, 2)),
-        "vs DP (points)": (means["final_accuracy"] - means["baseline_accuracy"]).map(_pts),
-        "bytes / step": means["bytes_per_step"].map(format_bytes),
-        "compression": means["compression_ratio"].map(format_ratio),
-        "step time": means["step_time_s"].map(format_seconds),
-        "exchange": means["comm_time_s"].map(format_seconds),
-        "simulated link": means["simulated_s"].map(format_seconds),
-        "held-out loss": means["final_loss"].map(lambda v: f"{v:.4f}"),
-        "seeds": means["seeds"],
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "method": [label(m, s) for m, s in zip(means["method"], means["setting"], strict=True)],
+            "final accuracy": means["final_accuracy"].map(lambda v: format_percent(v, 2)),
+            "vs DP (points)": (means["final_accuracy"] - means["baseline_accuracy"]).map(_pts),
+            "bytes / step": means["bytes_per_step"].map(format_bytes),
+            "compression": means["compression_ratio"].map(format_ratio),
+            "step time": means["step_time_s"].map(format_seconds),
+            "exchange": means["comm_time_s"].map(format_seconds),
+            "simulated link": means["simulated_s"].map(format_seconds),
+            "held-out loss": means["final_loss"].map(lambda v: f"{v:.4f}"),
+            "seeds": means["seeds"],
+        }
+    )
     note = ""
     if set(means["task"]) == {"digits"}:
         note = prose(__package__, "one_image", points=f"{100 / 359:.2f}") + "\n\n"

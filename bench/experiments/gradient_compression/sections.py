@@ -70,13 +70,19 @@ def _quantizer_entries(ok: pd.DataFrame) -> list[dict[str, Any]]:
     stat = pd.to_numeric(ok["quant_bias_stat"], errors="coerce")
     rows = ok[ok["method"].isin(SOURCES) & stat.notna()]
     return [
-        {"method": row.method, "setting": row.setting, "seed": int(row.seed),
-         "bias_stat": float(row.quant_bias_stat), "variance": float(row.quant_variance),
-         "bound": float(row.quant_variance_bound),
-         "expected": float(row.quant_variance_expected),
-         "numel": row.quant_numel, "draws": row.quant_draws}
+        {
+            "method": row.method,
+            "setting": row.setting,
+            "seed": int(row.seed),
+            "bias_stat": float(row.quant_bias_stat),
+            "variance": float(row.quant_variance),
+            "bound": float(row.quant_variance_bound),
+            "expected": float(row.quant_variance_expected),
+            "numel": row.quant_numel,
+            "draws": row.quant_draws,
+        }
         for row in _ordered(with_setting_text(rows)).itertuples()
-    ]  # fmt: skip
+    ]
 
 
 def _ratio(variance: float, bound: float) -> float:
@@ -112,16 +118,19 @@ def quantizers(ctx: Context) -> str | None:
             0.5 < e["bias_stat"] < 2 and ratio <= 1,
             f"S = {e['bias_stat']:.3f}, variance ÷ bound = {ratio:.3f}",
         )
-    table = pd.DataFrame({
-        "method": [label(e["method"], e["setting"]) for e in entries],
-        "seed": [e["seed"] for e in entries],
-        "bias statistic S (≈ 1: unbiased)": [f"{e['bias_stat']:.3f}" for e in entries],
-        "E‖Q(g) − g‖² measured": [f"{e['variance']:.4g}" for e in entries],
-        "paper's bound": [f"{e['bound']:.4g}" for e in entries],
-        "measured ÷ bound": [f"{_ratio(e['variance'], e['bound']):.3f}" for e in entries],
-        "exact expectation": [f"{e['expected']:.4g}" if math.isfinite(e["expected"]) else "—"
-                              for e in entries],
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "method": [label(e["method"], e["setting"]) for e in entries],
+            "seed": [e["seed"] for e in entries],
+            "bias statistic S (≈ 1: unbiased)": [f"{e['bias_stat']:.3f}" for e in entries],
+            "E‖Q(g) − g‖² measured": [f"{e['variance']:.4g}" for e in entries],
+            "paper's bound": [f"{e['bound']:.4g}" for e in entries],
+            "measured ÷ bound": [f"{_ratio(e['variance'], e['bound']):.3f}" for e in entries],
+            "exact expectation": [
+                f"{e['expected']:.4g}" if math.isfinite(e["expected"]) else "—" for e in entries
+            ],
+        }
+    )
     numel, draws = count(entries[0]["numel"]), count(entries[0]["draws"])
     text = prose(__package__, "quantizer_draws", numel=numel, draws=draws, **SOURCES)
     return f"{text}\n\n{markdown_table(table, numparse=False)}"
@@ -149,20 +158,29 @@ def torch_hooks(ctx: Context) -> str | None:
     rows, lines = [], []
     for ra, rb in pairs:
         diff = float(ra["final_accuracy"] - rb["final_accuracy"])
-        rows.append({"ours": ra["method"], "torch": rb["method"], "setting": ra["setting"],
-                     "accuracy": float(ra["final_accuracy"]),
-                     "torch_accuracy": float(rb["final_accuracy"]), "diff": diff,
-                     "step_time_s": float(ra["step_time_s"]),
-                     "torch_step_time_s": float(rb["step_time_s"])})  # fmt: skip
-        lines.append({
-            "distbench": label(ra["method"], ra["setting"]),
-            "torch": label(rb["method"], rb["setting"]),
-            "accuracy (distbench / torch)": f"{format_percent(ra['final_accuracy'], 2)} / "
-                                            f"{format_percent(rb['final_accuracy'], 2)}",
-            "difference (points)": "—" if not math.isfinite(diff) else f"{100 * diff:+.2f}",
-            "step time (distbench / torch)": f"{format_seconds(ra['step_time_s'])} / "
-                                             f"{format_seconds(rb['step_time_s'])}",
-        })  # fmt: skip
+        rows.append(
+            {
+                "ours": ra["method"],
+                "torch": rb["method"],
+                "setting": ra["setting"],
+                "accuracy": float(ra["final_accuracy"]),
+                "torch_accuracy": float(rb["final_accuracy"]),
+                "diff": diff,
+                "step_time_s": float(ra["step_time_s"]),
+                "torch_step_time_s": float(rb["step_time_s"]),
+            }
+        )
+        lines.append(
+            {
+                "distbench": label(ra["method"], ra["setting"]),
+                "torch": label(rb["method"], rb["setting"]),
+                "accuracy (distbench / torch)": f"{format_percent(ra['final_accuracy'], 2)} / "
+                f"{format_percent(rb['final_accuracy'], 2)}",
+                "difference (points)": "—" if not math.isfinite(diff) else f"{100 * diff:+.2f}",
+                "step time (distbench / torch)": f"{format_seconds(ra['step_time_s'])} / "
+                f"{format_seconds(rb['step_time_s'])}",
+            }
+        )
         if ra["method"] == "powersgd":
             ctx.figure(
                 f"PowerSGD {ra['setting']}: accuracy, distbench − torch powerSGD_hook (points)",

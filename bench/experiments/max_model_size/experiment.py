@@ -25,15 +25,20 @@ def cells(cfg: MaxModelSizeConfig) -> list[Cell]:
     """Every memory × N × stage, each on a one-rank world; `carry` is the bytes per
     parameter as the cost model takes them."""
     b = cfg.costs()
-    shared = {"mp": cfg.mp, "params": cfg.params, "weight_bytes_per_param": b.weights,
-              "grad_bytes_per_param": b.gradients, "optim_bytes_per_param": b.optimizer}  # fmt: skip
+    shared = {
+        "mp": cfg.mp,
+        "params": cfg.params,
+        "weight_bytes_per_param": b.weights,
+        "grad_bytes_per_param": b.gradients,
+        "optim_bytes_per_param": b.optimizer,
+    }
     return [
         Cell(
             world_size=1,
             key={"stage": stage, "gpu_memory_gb": memory, "dp": dp, **shared},
             fn=ranks.run,
             carry=b,
-        )  # fmt: skip
+        )
         for memory in cfg.gpu_memory_gb
         for dp in cfg.dp
         for stage in STAGES

@@ -96,14 +96,16 @@ def lecture(ctx: Context) -> str | None:
     for stage, (lecture_b, arithmetic) in LECTURE.items():
         entry = outcome[stage] = _lecture_outcome(rows, stage, lecture_b)
         _, computed, billions, match = entry.values()
-        table.append({
-            "stage": STAGE_NAMES[stage],
-            "lecture (80 GB, N = 64)": f"{lecture_b}B",
-            "slide's arithmetic": arithmetic,
-            "cost model Ψ_max": "not in this grid" if computed is None else f"{computed:,}",
-            "floored to billions": "—" if billions is None else f"{billions}B",
-            "match": "—" if match is None else ("✓" if match else "✗"),
-        })  # fmt: skip
+        table.append(
+            {
+                "stage": STAGE_NAMES[stage],
+                "lecture (80 GB, N = 64)": f"{lecture_b}B",
+                "slide's arithmetic": arithmetic,
+                "cost model Ψ_max": "not in this grid" if computed is None else f"{computed:,}",
+                "floored to billions": "—" if billions is None else f"{billions}B",
+                "match": "—" if match is None else ("✓" if match else "✗"),
+            }
+        )
         ctx.figure(
             f"largest trainable model, 80 GB, N = 64, {STAGE_NAMES[stage]}",
             theory=f"{lecture_b}B",
@@ -218,15 +220,20 @@ def _figure1(ctx: Context, rows: pd.DataFrame, psi: float, at: int) -> dict[str,
 
 def _breakdown(rows: pd.DataFrame, memory: float) -> str:
     fits = pd.to_numeric(rows["fits"], errors="coerce")
-    return markdown_table(pd.DataFrame({
-        "stage": rows["stage"].map(STAGE_NAMES),
-        "weights": (rows["param_bytes"] / 1e9).map(_gb),
-        "gradients": (rows["grad_bytes"] / 1e9).map(_gb),
-        "optimizer": (rows["optim_bytes"] / 1e9).map(_gb),
-        "total": rows["per_device_gb"].map(_gb),
-        f"fits {memory:g} GB": fits.map(lambda v: "—" if not _finite(v) else
-                                        ("yes" if v else "no")),
-    }))  # fmt: skip
+    return markdown_table(
+        pd.DataFrame(
+            {
+                "stage": rows["stage"].map(STAGE_NAMES),
+                "weights": (rows["param_bytes"] / 1e9).map(_gb),
+                "gradients": (rows["grad_bytes"] / 1e9).map(_gb),
+                "optimizer": (rows["optim_bytes"] / 1e9).map(_gb),
+                "total": rows["per_device_gb"].map(_gb),
+                f"fits {memory:g} GB": fits.map(
+                    lambda v: "—" if not _finite(v) else ("yes" if v else "no")
+                ),
+            }
+        )
+    )
 
 
 def _zero_memory_errors(path: Path) -> tuple[pd.DataFrame | None, str]:
@@ -263,13 +270,16 @@ def measured_match(ctx: Context) -> str | None:
     ns = rows.groupby("stage")["world_size"].agg(
         lambda s: ", ".join(str(int(n)) for n in sorted(set(s)))
     )
-    table = pd.DataFrame({
-        "stage": [STAGE_NAMES.get(s, str(s)) for s in by_stage.index],
-        "N measured": [ns[s] for s in by_stage.index],
-        "largest error": [format_percent(e, 2) for e in by_stage],
-        f"within {MODEL_STATE_TARGET:.0%}": ["✓" if e <= MODEL_STATE_TARGET else "✗"
-                                             for e in by_stage],
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "stage": [STAGE_NAMES.get(s, str(s)) for s in by_stage.index],
+            "N measured": [ns[s] for s in by_stage.index],
+            "largest error": [format_percent(e, 2) for e in by_stage],
+            f"within {MODEL_STATE_TARGET:.0%}": [
+                "✓" if e <= MODEL_STATE_TARGET else "✗" for e in by_stage
+            ],
+        }
+    )
     worst = float(by_stage.max())
     ctx.headline["cost_model_vs_measured"] = {
         "available": True,
@@ -310,10 +320,15 @@ def gpu(ctx: Context) -> str | None:
     missing = [c for c in GPU_COLUMNS if c not in found.columns]
     if missing:
         return prose(__package__, "gpu_lacks", file=GPU_FILE, columns=", ".join(missing))
-    records = [{"device": r.device, "measured": float(r.params_fit_measured),
-                "predicted": float(r.params_fit_predicted),
-                "ratio": r.params_fit_measured / r.params_fit_predicted}
-               for r in found.itertuples()]  # fmt: skip
+    records = [
+        {
+            "device": r.device,
+            "measured": float(r.params_fit_measured),
+            "predicted": float(r.params_fit_predicted),
+            "ratio": r.params_fit_measured / r.params_fit_predicted,
+        }
+        for r in found.itertuples()
+    ]
     for r in records:
         ctx.figure(
             f"largest model on one {r['device']} (no sharding)",
@@ -323,12 +338,16 @@ def gpu(ctx: Context) -> str | None:
             gap=f"{r['ratio']:.3f}×",
         )
     ctx.headline["gpu"] = records
-    return markdown_table(pd.DataFrame({
-        "device": [r["device"] for r in records],
-        "largest model trained (measured)": [_billions(r["measured"]) for r in records],
-        "cost model (model states only)": [_billions(r["predicted"]) for r in records],
-        "measured / predicted": [f"{r['ratio']:.3f}×" for r in records],
-    }))  # fmt: skip
+    return markdown_table(
+        pd.DataFrame(
+            {
+                "device": [r["device"] for r in records],
+                "largest model trained (measured)": [_billions(r["measured"]) for r in records],
+                "cost model (model states only)": [_billions(r["predicted"]) for r in records],
+                "measured / predicted": [f"{r['ratio']:.3f}×" for r in records],
+            }
+        )
+    )
 
 
 REPORT = Report(

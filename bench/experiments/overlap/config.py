@@ -47,8 +47,9 @@ def _check_network(network: Any) -> None:
         raise ValueError(f"networks: {network!r} is neither null nor a mapping")
     unknown = sorted(set(network) - set(NETWORK_KEYS))
     if unknown:
-        raise ValueError(f"networks: unknown key(s) {unknown} in {network}; allowed: "
-                         f"{', '.join(NETWORK_KEYS)}")  # fmt: skip
+        raise ValueError(
+            f"networks: unknown key(s) {unknown} in {network}; allowed: {', '.join(NETWORK_KEYS)}"
+        )
     try:
         SimulatedNetwork.from_units(**network)
     except ValueError as error:
@@ -74,9 +75,13 @@ class OverlapConfig:
     """Ranks (data-parallel replicas) of every cell."""
     model: dict[str, Any] = field(
         default_factory=lambda: {
-            "vocab_size": 256, "seq_len": 64, "d_model": 128, "n_heads": 4, "n_layers": 4,
+            "vocab_size": 256,
+            "seq_len": 64,
+            "d_model": 128,
+            "n_heads": 4,
+            "n_layers": 4,
         }
-    )  # fmt: skip
+    )
     """`GPTConfig` keyword arguments."""
     batch_size: int = batch_key(8)
     """Sequences per rank per step."""

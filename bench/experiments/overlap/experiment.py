@@ -35,15 +35,19 @@ def cells(cfg: OverlapConfig) -> list[Cell]:
     """Every (network, bucket cap, overlap), overlap off before on within a pair; each
     cell carries its plan: the link, its own overlap flag and (paired) its twin's."""
     return [
-        Cell(world_size=cfg.world_size, fn=run,
-             key={"network": network_label(network), "bucket_cap_bytes": cap,
-                  "overlap": overlap},
-             carry=Plan(network=dict(network) if network is not None else None,
-                        sides=(overlap, not overlap) if cfg.paired else (overlap,)))
+        Cell(
+            world_size=cfg.world_size,
+            fn=run,
+            key={"network": network_label(network), "bucket_cap_bytes": cap, "overlap": overlap},
+            carry=Plan(
+                network=dict(network) if network is not None else None,
+                sides=(overlap, not overlap) if cfg.paired else (overlap,),
+            ),
+        )
         for network in cfg.networks
         for cap in cfg.bucket_caps_bytes
         for overlap in sorted(cfg.overlap)
-    ]  # fmt: skip
+    ]
 
 
 def _per_step(per_rank: list[dict], key: str, reduce=max) -> list[float]:
@@ -59,9 +63,10 @@ def _hidden_fraction(per_rank: list[dict]) -> list[float]:
     """Per step, the mean over ranks of each rank's hidden share of its all-reduce time."""
     return [
         statistics.fmean(h / a if a > 0 else 0.0 for h, a in pairs)
-        for pairs in zip(*(zip(r["hidden_s"], r["allreduce_s"], strict=True) for r in per_rank),
-                         strict=True)
-    ]  # fmt: skip
+        for pairs in zip(
+            *(zip(r["hidden_s"], r["allreduce_s"], strict=True) for r in per_rank), strict=True
+        )
+    ]
 
 
 def to_row(cfg: OverlapConfig, cell: Cell, per_rank: list[dict]) -> dict:

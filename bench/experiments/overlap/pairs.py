@@ -51,8 +51,11 @@ def _pair(network: str, cap: Any, s: pd.Series, o: pd.Series) -> dict[str, Any]:
     ideal = serial_step - saving
     pooled_serial = _pooled(serial_step, number(o, "twin_step_time_s"))
     separate = _ratio(serial_step, number(o, "step_time_s"))
-    paired = [v for v in (number(s, "paired_speedup"), number(o, "paired_speedup"))
-              if math.isfinite(v) and v > 0]  # fmt: skip
+    paired = [
+        v
+        for v in (number(s, "paired_speedup"), number(o, "paired_speedup"))
+        if math.isfinite(v) and v > 0
+    ]
     return {
         "network": network,
         "bucket_cap_bytes": cap,
@@ -84,8 +87,9 @@ def pairs(ok: pd.DataFrame) -> pd.DataFrame:
     serial = ok[~ok["overlap"]].set_index(["network", "bucket_cap_bytes"])
     overlapped = ok[ok["overlap"]].set_index(["network", "bucket_cap_bytes"])
     common = [i for i in serial.index if i in overlapped.index]
-    rows = [_pair(net, cap, serial.loc[(net, cap)], overlapped.loc[(net, cap)])
-            for net, cap in common]  # fmt: skip
+    rows = [
+        _pair(net, cap, serial.loc[(net, cap)], overlapped.loc[(net, cap)]) for net, cap in common
+    ]
     return pd.DataFrame(rows, columns=None if rows else ["network", "bucket_cap_bytes"])
 
 
@@ -110,7 +114,8 @@ def best_per_network(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
             "hidden_fraction": float(best["hidden_fraction"]),
             "hideable_fraction": float(best["hideable_fraction"]),
             "best_serial_bucket_cap_bytes": int(fastest_serial["bucket_cap_bytes"]),
-            "best_vs_best_speedup": _ratio(float(fastest_serial["serial_step_s"]),
-                                           float(best["overlap_step_s"])),
-        }  # fmt: skip
+            "best_vs_best_speedup": _ratio(
+                float(fastest_serial["serial_step_s"]), float(best["overlap_step_s"])
+            ),
+        }
     return out

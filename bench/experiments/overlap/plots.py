@@ -33,23 +33,39 @@ def step_time_figure(ok: pd.DataFrame, table: pd.DataFrame) -> Any:
         pooled[(r.network, r.bucket_cap_bytes, False)] = r.serial_step_s
         pooled[(r.network, r.bucket_cap_bytes, True)] = r.overlap_step_s
     for ax, network in zip(axes, networks, strict=True):
-        for overlap, colour, name in ((False, "#DD8452", "overlap off"),
-                                      (True, "#4C72B0", "overlap on")):  # fmt: skip
+        for overlap, colour, name in (
+            (False, "#DD8452", "overlap off"),
+            (True, "#4C72B0", "overlap on"),
+        ):
             rows = ok[(ok["network"] == network) & (flags == overlap)]
             rows = rows.sort_values("bucket_cap_bytes")
-            steps = [pooled.get((network, int(cap), overlap), own)
-                     for cap, own in zip(rows["bucket_cap_bytes"], rows["step_time_s"],
-                                         strict=True)]  # fmt: skip
-            ax.plot(rows["bucket_cap_bytes"], 1e3 * np.asarray(steps, dtype=float), "o-",
-                    color=colour, label=name)  # fmt: skip
+            steps = [
+                pooled.get((network, int(cap), overlap), own)
+                for cap, own in zip(rows["bucket_cap_bytes"], rows["step_time_s"], strict=True)
+            ]
+            ax.plot(
+                rows["bucket_cap_bytes"],
+                1e3 * np.asarray(steps, dtype=float),
+                "o-",
+                color=colour,
+                label=name,
+            )
         ideal = table[table["network"] == network] if len(table) else table
         if len(ideal):
             ideal = ideal.sort_values("bucket_cap_bytes")
-            ax.plot(ideal["bucket_cap_bytes"], 1e3 * ideal["ideal_step_s"], "k--", alpha=0.6,
-                    label="ideal: serial − S (derived from measurements)")  # fmt: skip
+            ax.plot(
+                ideal["bucket_cap_bytes"],
+                1e3 * ideal["ideal_step_s"],
+                "k--",
+                alpha=0.6,
+                label="ideal: serial − S (derived from measurements)",
+            )
         log2_axis(ax, _caps(ok), as_bytes=True)
-        ax.set(xlabel="bucket cap", ylabel="step time (ms, slowest rank, median; with twin)",
-               title=network)  # fmt: skip
+        ax.set(
+            xlabel="bucket cap",
+            ylabel="step time (ms, slowest rank, median; with twin)",
+            title=network,
+        )
         ax.set_ylim(bottom=0)
         ax.legend(fontsize="small")
     return fig
@@ -64,18 +80,32 @@ def hidden_figure(ok: pd.DataFrame) -> Any:
         colour = f"C{i % 10}"
         rows = ok[ok["network"] == network].assign(_on=flags).sort_values("bucket_cap_bytes")
         on, off = rows[rows["_on"]], rows[~rows["_on"]]
-        hidden_ax.plot(on["bucket_cap_bytes"], 100 * on["hidden_fraction"], "o-",
-                       color=colour, label=network)  # fmt: skip
-        exposed_ax.plot(off["bucket_cap_bytes"], 1e3 * off["exposed_sync_s"], "s--",
-                        color=colour, label=f"{network}, overlap off")  # fmt: skip
-        exposed_ax.plot(on["bucket_cap_bytes"], 1e3 * on["exposed_sync_s"], "o-",
-                        color=colour, label=f"{network}, overlap on")  # fmt: skip
+        hidden_ax.plot(
+            on["bucket_cap_bytes"], 100 * on["hidden_fraction"], "o-", color=colour, label=network
+        )
+        exposed_ax.plot(
+            off["bucket_cap_bytes"],
+            1e3 * off["exposed_sync_s"],
+            "s--",
+            color=colour,
+            label=f"{network}, overlap off",
+        )
+        exposed_ax.plot(
+            on["bucket_cap_bytes"],
+            1e3 * on["exposed_sync_s"],
+            "o-",
+            color=colour,
+            label=f"{network}, overlap on",
+        )
     for ax in (hidden_ax, exposed_ax):
         log2_axis(ax, _caps(ok), as_bytes=True)
         ax.set_xlabel("bucket cap")
         ax.legend(fontsize="small")
-    hidden_ax.set(ylabel="all-reduce time before backward ended (%)", ylim=(0, 100),
-                  title="Hidden behind backward (overlap on)")  # fmt: skip
+    hidden_ax.set(
+        ylabel="all-reduce time before backward ended (%)",
+        ylim=(0, 100),
+        title="Hidden behind backward (overlap on)",
+    )
     exposed_ax.set(ylabel="exposed sync per step (ms)", title="Sync the step still waited for")
     exposed_ax.set_ylim(bottom=0)
     return fig

@@ -128,19 +128,25 @@ def what_was_measured(ctx: Context) -> str | None:
 
 
 def _pairs_table(table: pd.DataFrame) -> str:
-    return markdown_table(pd.DataFrame({
-        "network": table["network"],
-        "bucket cap": table["bucket_cap_bytes"].map(format_bytes),
-        "buckets": table["buckets"],
-        "step, off": table["serial_step_s"].map(format_seconds),
-        "step, on": table["overlap_step_s"].map(format_seconds),
-        "speed-up (off ÷ on)": table["speedup"].map(format_ratio),
-        "basis": table["speedup_basis"],
-        "across cells": table["separate_speedup"].map(format_ratio),
-        "ideal (derived)": table["ideal_speedup"].map(format_ratio),
-        "hidden": table["hidden_fraction"].map(lambda v: format_percent(v, 0)),
-        "hideable (derived)": table["hideable_fraction"].map(lambda v: format_percent(v, 0)),
-    }))  # fmt: skip
+    return markdown_table(
+        pd.DataFrame(
+            {
+                "network": table["network"],
+                "bucket cap": table["bucket_cap_bytes"].map(format_bytes),
+                "buckets": table["buckets"],
+                "step, off": table["serial_step_s"].map(format_seconds),
+                "step, on": table["overlap_step_s"].map(format_seconds),
+                "speed-up (off ÷ on)": table["speedup"].map(format_ratio),
+                "basis": table["speedup_basis"],
+                "across cells": table["separate_speedup"].map(format_ratio),
+                "ideal (derived)": table["ideal_speedup"].map(format_ratio),
+                "hidden": table["hidden_fraction"].map(lambda v: format_percent(v, 0)),
+                "hideable (derived)": table["hideable_fraction"].map(
+                    lambda v: format_percent(v, 0)
+                ),
+            }
+        )
+    )
 
 
 def _figures_and_findings(ctx: Context, table: pd.DataFrame, best: dict[str, dict]) -> None:

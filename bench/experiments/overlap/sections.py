@@ -87,22 +87,24 @@ def every_cell(ctx: Context) -> str | None:
     ok = ctx.ok
     if ok.empty:
         return None
-    table = pd.DataFrame({
-        "network": ok["network"],
-        "bucket cap": ok["bucket_cap_bytes"].map(format_bytes),
-        "buckets": ok["buckets"].map(lambda v: whole(float(v))),
-        "overlap": flag(ok["overlap"]).map({True: "on", False: "off"}),
-        "step time": ok["step_time_s"].map(format_seconds),
-        "forward": ok["forward_s"].map(format_seconds),
-        "backward": ok["backward_s"].map(format_seconds),
-        "all-reduce": ok["allreduce_s"].map(format_seconds),
-        "last bucket": ok["last_bucket_s"].map(format_seconds),
-        "exposed sync": ok["exposed_sync_s"].map(format_seconds),
-        "hidden": ok["hidden_fraction"].map(lambda v: format_percent(v, 0)),
-        "simulated": ok["simulated_s"].map(format_seconds),
-        "bytes / step": ok["bytes_per_step"].map(format_bytes),
-        "wrong": ok["wrong"].map(lambda v: whole(float(v))),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "network": ok["network"],
+            "bucket cap": ok["bucket_cap_bytes"].map(format_bytes),
+            "buckets": ok["buckets"].map(lambda v: whole(float(v))),
+            "overlap": flag(ok["overlap"]).map({True: "on", False: "off"}),
+            "step time": ok["step_time_s"].map(format_seconds),
+            "forward": ok["forward_s"].map(format_seconds),
+            "backward": ok["backward_s"].map(format_seconds),
+            "all-reduce": ok["allreduce_s"].map(format_seconds),
+            "last bucket": ok["last_bucket_s"].map(format_seconds),
+            "exposed sync": ok["exposed_sync_s"].map(format_seconds),
+            "hidden": ok["hidden_fraction"].map(lambda v: format_percent(v, 0)),
+            "simulated": ok["simulated_s"].map(format_seconds),
+            "bytes / step": ok["bytes_per_step"].map(format_bytes),
+            "wrong": ok["wrong"].map(lambda v: whole(float(v))),
+        }
+    )
     return markdown_table(table)
 
 

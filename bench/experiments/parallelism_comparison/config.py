@@ -33,9 +33,13 @@ AXES = ("dp", "pp", "tp")  # the parallel axes a layout may name
 
 
 # One stage per rank, micro-batched, the backward whole: the schedules HybridTrainer runs.
-SCHEDULES = tuple(sorted(name for name, spec in PIPELINE_SCHEDULES.items()
-                         if spec.chunks == "one" and spec.microbatched
-                         and not spec.split_backward))  # fmt: skip
+SCHEDULES = tuple(
+    sorted(
+        name
+        for name, spec in PIPELINE_SCHEDULES.items()
+        if spec.chunks == "one" and spec.microbatched and not spec.split_backward
+    )
+)
 # Relative errors against single-device training. float32 throughout: TP sums partial
 # matmuls in another order, micro-batches and the dp average add gradients in pieces.
 # After 3 AdamW steps the update ends 1e-6 (CI's GPT) to 1.1e-4 (the full grid's) from the
@@ -45,9 +49,17 @@ SCHEDULES = tuple(sorted(name for name, spec in PIPELINE_SCHEDULES.items()
 # replicas instead of a mean is off by d − 1, a lost micro-batch by tens of percent.
 TOLERANCES = {"update": 1e-3, "grad": 1e-3, "loss": 1e-5}
 DEFAULT_LAYOUTS = [
-    {"dp": 4}, {"tp": 4}, {"pp": 4}, {"dp": 2, "tp": 2}, {"dp": 2, "pp": 2}, {"pp": 2, "tp": 2},
-    {"dp": 8}, {"tp": 8}, {"pp": 8}, {"dp": 2, "pp": 2, "tp": 2},
-]  # fmt: skip
+    {"dp": 4},
+    {"tp": 4},
+    {"pp": 4},
+    {"dp": 2, "tp": 2},
+    {"dp": 2, "pp": 2},
+    {"pp": 2, "tp": 2},
+    {"dp": 8},
+    {"tp": 8},
+    {"pp": 8},
+    {"dp": 2, "pp": 2, "tp": 2},
+]
 
 
 @dataclass(kw_only=True)
@@ -61,10 +73,14 @@ class ParallelismComparisonConfig:
     """Mesh degrees per cell, e.g. `{dp: 2, tp: 2}`; an axis left out has degree 1."""
     model: dict[str, Any] = field(
         default_factory=lambda: {
-            "d_model": 128, "n_layers": 8, "n_heads": 8, "seq_len": 64, "vocab_size": 256,
+            "d_model": 128,
+            "n_layers": 8,
+            "n_heads": 8,
+            "seq_len": 64,
+            "vocab_size": 256,
             "bias": False,
         }
-    )  # fmt: skip
+    )
     """`GPTConfig` keyword arguments. tp must divide n_heads, d_ff and vocab_size; pp must
     not exceed n_layers. Without biases: k_proj's bias has an identically zero gradient,
     which Adam turns into noise steps no distributed run matches (see zero_memory)."""

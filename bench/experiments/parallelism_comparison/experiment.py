@@ -61,9 +61,12 @@ def cells(cfg: ParallelismComparisonConfig) -> list[Cell]:
     model = GPTConfig(**cfg.model)
     out = []
     for degrees in sorted(cfg.layouts, key=lambda d: math.prod(d.values())):
-        layout = Layout(**degrees, gpt=model,
-                        micro_batch=cfg.batch_size // (degrees["dp"] * cfg.microbatches),
-                        plan=build_plan(cfg.schedule, degrees["pp"], cfg.microbatches))  # fmt: skip
+        layout = Layout(
+            **degrees,
+            gpt=model,
+            micro_batch=cfg.batch_size // (degrees["dp"] * cfg.microbatches),
+            plan=build_plan(cfg.schedule, degrees["pp"], cfg.microbatches),
+        )
         key = {"world_size": math.prod(degrees.values()), **degrees}
         out.append(Cell(world_size=key["world_size"], key=key, fn=run, carry=layout))
     return out

@@ -15,17 +15,30 @@ from matplotlib.ticker import FuncFormatter, MultipleLocator
 
 from bench.report import Context, format_bytes, new_figure
 
-__all__ = ["AXIS_COLOURS", "ORDER", "PARTS", "ordered", "plot_comm", "plot_memory",
-           "plot_utilization"]  # fmt: skip
+__all__ = [
+    "AXIS_COLOURS",
+    "ORDER",
+    "PARTS",
+    "ordered",
+    "plot_comm",
+    "plot_memory",
+    "plot_utilization",
+]
 
 ORDER = ("DP", "TP", "PP", "2D", "3D")  # the lecture's rows, then the compositions
-PARTS = {"param_bytes": "weights", "grad_bytes": "gradients", "optim_bytes": "AdamW moments",
-         "activation_peak_bytes": "saved activations (peak)"}  # fmt: skip
+PARTS = {
+    "param_bytes": "weights",
+    "grad_bytes": "gradients",
+    "optim_bytes": "AdamW moments",
+    "activation_peak_bytes": "saved activations (peak)",
+}
 PART_COLOURS = ("#4C72B0", "#DD8452", "#55A868", "#8172B3")
 AXIS_COLOURS = {"dp": "#4C72B0", "pp": "#55A868", "tp": "#C44E52"}
-TIME_PARTS = (("compute", "#55A868", "compute (replayed)"),
-              ("comm", "#C44E52", "communication rounds (replayed)"),
-              ("wait", "#BBBBBB", "waiting: bubbles, transfers (replayed)"))  # fmt: skip
+TIME_PARTS = (
+    ("compute", "#55A868", "compute (replayed)"),
+    ("comm", "#C44E52", "communication rounds (replayed)"),
+    ("wait", "#BBBBBB", "waiting: bubbles, transfers (replayed)"),
+)
 
 
 def ordered(rows: pd.DataFrame) -> pd.DataFrame:
@@ -86,8 +99,9 @@ def plot_memory(ctx: Context, ok: pd.DataFrame) -> str:
         x = _bars(ax, rows, parts)
         ax.scatter(x, rows["theory_model_state_bytes"], marker="D", color="black", zorder=5)
         _bytes_axis(ax, rows, list(PARTS), "theory_model_state_bytes")
-    handles = [Patch(color=c, label=label) for label, c in zip(PARTS.values(), PART_COLOURS,
-                                                               strict=True)]  # fmt: skip
+    handles = [
+        Patch(color=c, label=label) for label, c in zip(PARTS.values(), PART_COLOURS, strict=True)
+    ]
     handles.append(_marker("theory: 16Ψ/k model states (mean per rank)"))
     title = "Memory per rank (the fullest rank), measured"
     return _save(ctx, fig, handles, title, "memory_per_rank", "memory per rank")
@@ -113,16 +127,19 @@ def plot_utilization(ctx: Context, ok: pd.DataFrame) -> str:
     fig, panels = _panels(ok)
     for ax, rows in panels:
         shares = rows.assign(
-            compute=rows["util_replayed"], comm=rows["comm_fraction_replayed"],
+            compute=rows["util_replayed"],
+            comm=rows["comm_fraction_replayed"],
             wait=1 - rows["util_replayed"] - rows["comm_fraction_replayed"],
-        )  # fmt: skip
+        )
         x = _bars(ax, shares, [(column, colour) for column, colour, _ in TIME_PARTS])
         ax.scatter(x, rows["util_wall"], marker="o", color="black", zorder=5)
         ax.scatter(x, rows["util_theory"], marker="_", s=400, color="black", zorder=5)
         ax.set_ylim(0, 1.05)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * v:.0f}%"))
     handles = [Patch(color=colour, label=label) for _, colour, label in TIME_PARTS]
-    handles += [_marker("utilization, wall clock", "o"),
-                _marker("bubble bound M/(M+pp−1)", "_", markersize=14)]  # fmt: skip
+    handles += [
+        _marker("utilization, wall clock", "o"),
+        _marker("bubble bound M/(M+pp−1)", "_", markersize=14),
+    ]
     title = "Where the step's rank-time goes, replayed as if every rank had its own device"
     return _save(ctx, fig, handles, title, "utilization", "utilization")

@@ -198,10 +198,15 @@ def _profiled_step(trainer, clock, comms, lock, inputs, targets) -> dict[str, An
         clock.turns = None
     computes = [r for r in result.pipeline.records if r.kind in COMPUTE_KINDS]
     actions = [
-        {"action": r.action, "cpu_s": r.cpu_s, "round_cpu_s": in_rounds,
-         "tp_bytes": t.bytes_sent, "tp_rounds": t.rounds}
+        {
+            "action": r.action,
+            "cpu_s": r.cpu_s,
+            "round_cpu_s": in_rounds,
+            "tp_bytes": t.bytes_sent,
+            "tp_rounds": t.rounds,
+        }
         for r, (t, in_rounds) in zip(computes, per_action, strict=True)
-    ]  # fmt: skip
+    ]
     return {
         "actions": actions,
         "cpu_s": cpu,
@@ -274,9 +279,14 @@ def run(cfg: ParallelismComparisonConfig, cell: Cell) -> dict[str, Any]:
     """
     layout: Layout = cell.carry
     mesh = Mesh(dist.get_world_size(), **layout.degrees)
-    trainer = HybridTrainer(gpt(cfg.model, cfg.seed), mesh, _adamw(cfg.lr),
-                            global_batch_size=cfg.batch_size, microbatches=cfg.microbatches,
-                            schedule=cfg.schedule)  # fmt: skip
+    trainer = HybridTrainer(
+        gpt(cfg.model, cfg.seed),
+        mesh,
+        _adamw(cfg.lr),
+        global_batch_size=cfg.batch_size,
+        microbatches=cfg.microbatches,
+        schedule=cfg.schedule,
+    )
     comms = {axis: mesh.communicator(axis) for axis in AXES}
     clock = _RoundClock(list(comms.values()))
     inputs, targets = seeded_batch(layout.gpt, cfg.batch_size, cfg.seed)
@@ -288,8 +298,10 @@ def run(cfg: ParallelismComparisonConfig, cell: Cell) -> dict[str, Any]:
     activation = layout.micro_batch * layout.gpt.seq_len * layout.gpt.d_model
     tp_call_cpu_s = _call_overhead_s(comms["tp"], clock, activation)
     with HostComputeLock() as lock:
-        profile = [_profiled_step(trainer, clock, comms, lock, inputs, targets)
-                   for _ in range(cfg.profile_steps)]  # fmt: skip
+        profile = [
+            _profiled_step(trainer, clock, comms, lock, inputs, targets)
+            for _ in range(cfg.profile_steps)
+        ]
     probe_s = [probe_pairs(torch.zeros(max(1, n // 4)), exchange=True) for n in PROBE_BYTES]
     mesh.close()  # the pool serves more cells: leave no idle groups behind
     return {

@@ -120,15 +120,19 @@ def memory(ctx: Context) -> str | None:
     if ctx.ok.empty:
         return None
     rows = ordered(ctx.ok)
-    table = pd.DataFrame({
-        "N": rows["world_size"].map(count), "layout": rows["layout"],
-        **{label: rows[c].map(format_bytes) for c, label in PARTS.items()},
-        "model states (max rank)": rows["model_state_bytes"].map(format_bytes),
-        "model states (mean)": rows["model_state_bytes_mean"].map(format_bytes),
-        "theory 16Ψ/k": rows["theory_model_state_bytes"].map(format_bytes),
-        "mean ÷ theory": ratio(rows["model_state_bytes_mean"],
-                               rows["theory_model_state_bytes"]).map(format_ratio),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "N": rows["world_size"].map(count),
+            "layout": rows["layout"],
+            **{label: rows[c].map(format_bytes) for c, label in PARTS.items()},
+            "model states (max rank)": rows["model_state_bytes"].map(format_bytes),
+            "model states (mean)": rows["model_state_bytes_mean"].map(format_bytes),
+            "theory 16Ψ/k": rows["theory_model_state_bytes"].map(format_bytes),
+            "mean ÷ theory": ratio(
+                rows["model_state_bytes_mean"], rows["theory_model_state_bytes"]
+            ).map(format_ratio),
+        }
+    )
     return plot_memory(ctx, ctx.ok) + "\n\n" + markdown_table(table)
 
 
@@ -145,13 +149,18 @@ def communication(ctx: Context) -> str | None:
     if ctx.ok.empty:
         return None
     rows = ordered(ctx.ok)
-    table = pd.DataFrame({
-        "N": rows["world_size"].map(count), "layout": rows["layout"],
-        **{f"{a} (counted)": rows[f"comm_bytes_{a}"].map(format_bytes) for a in AXIS_COLOURS},
-        **{f"{a} (predicted)": rows[f"predicted_comm_bytes_{a}"].map(format_bytes)
-           for a in AXIS_COLOURS},
-        "rounds": rows["comm_rounds_per_step"].map(count),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "N": rows["world_size"].map(count),
+            "layout": rows["layout"],
+            **{f"{a} (counted)": rows[f"comm_bytes_{a}"].map(format_bytes) for a in AXIS_COLOURS},
+            **{
+                f"{a} (predicted)": rows[f"predicted_comm_bytes_{a}"].map(format_bytes)
+                for a in AXIS_COLOURS
+            },
+            "rounds": rows["comm_rounds_per_step"].map(count),
+        }
+    )
     return plot_comm(ctx, ctx.ok) + "\n\n" + markdown_table(table)
 
 
@@ -177,20 +186,24 @@ def utilization(ctx: Context) -> str | None:
     waiting = step - rows["replayed_compute_s"]
     waiting -= rows["replayed_comm_latency_s"] + rows["replayed_comm_bandwidth_s"]
     waiting = waiting.where(waiting > 1e-9 * step, 0.0)  # rounding
-    table = pd.DataFrame({
-        "N": rows["world_size"].map(count), "layout": rows["layout"],
-        "replayed step": step.map(format_seconds),
-        "compute": rows["replayed_compute_s"].map(format_seconds),
-        "comm: latency": rows["replayed_comm_latency_s"].map(format_seconds),
-        "comm: bytes": rows["replayed_comm_bandwidth_s"].map(format_seconds),
-        "waiting": waiting.map(format_seconds),
-        "rounds": rows["comm_rounds_per_step"].map(count),
-        "α per round": rows["link_alpha_s"].map(format_seconds),
-        "β per MiB": (rows["link_beta_s_per_byte"] * 2**20).map(format_seconds),
-        "TP all-reduce's own work": [format_seconds(v) if t > 1 else "—"
-                                     for v, t in zip(rows["tp_call_cpu_s"], rows["tp"],
-                                                     strict=True)],
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "N": rows["world_size"].map(count),
+            "layout": rows["layout"],
+            "replayed step": step.map(format_seconds),
+            "compute": rows["replayed_compute_s"].map(format_seconds),
+            "comm: latency": rows["replayed_comm_latency_s"].map(format_seconds),
+            "comm: bytes": rows["replayed_comm_bandwidth_s"].map(format_seconds),
+            "waiting": waiting.map(format_seconds),
+            "rounds": rows["comm_rounds_per_step"].map(count),
+            "α per round": rows["link_alpha_s"].map(format_seconds),
+            "β per MiB": (rows["link_beta_s_per_byte"] * 2**20).map(format_seconds),
+            "TP all-reduce's own work": [
+                format_seconds(v) if t > 1 else "—"
+                for v, t in zip(rows["tp_call_cpu_s"], rows["tp"], strict=True)
+            ],
+        }
+    )
     text = plot_utilization(ctx, ctx.ok) + "\n\n" + markdown_table(table)
     return text + _tp_latency_text(rows)
 
@@ -229,13 +242,18 @@ def errors(ctx: Context) -> str | None:
     def sig(column: str, digits: int = 2):
         return rows[column].map(lambda v: f"{v:.{digits}g}")
 
-    table = pd.DataFrame({
-        "N": rows["world_size"].map(count), "layout": rows["layout"], "loss": sig("loss", 6),
-        "loss error (relative)": sig("loss_error"),
-        "update error (relative)": sig("update_error"),
-        "gradient error (relative)": sig("grad_error"),
-        "max param diff": sig("max_param_diff"), "wrong": rows["wrong"].map(count),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "N": rows["world_size"].map(count),
+            "layout": rows["layout"],
+            "loss": sig("loss", 6),
+            "loss error (relative)": sig("loss_error"),
+            "update error (relative)": sig("update_error"),
+            "gradient error (relative)": sig("grad_error"),
+            "max param diff": sig("max_param_diff"),
+            "wrong": rows["wrong"].map(count),
+        }
+    )
     return markdown_table(table)
 
 
@@ -248,7 +266,10 @@ def _column(df: pd.DataFrame, name: str) -> pd.Series:
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """The columns the targets read: counted traffic's distance from the papers' count,
     model states against one copy cut k ways, PP's utilization against its bound."""
-    counted, predicted = _column(df, "comm_bytes_per_step"), _column(df, "predicted_comm_bytes_per_step")  # fmt: skip
+    counted, predicted = (
+        _column(df, "comm_bytes_per_step"),
+        _column(df, "predicted_comm_bytes_per_step"),
+    )
     alone = (_column(df, "world_size") == 1) & (counted == 0) & (predicted == 0)
     df["comm_count_error"] = ratio((counted - predicted).abs(), predicted).mask(alone, 0.0)
     states = _column(df, "model_state_bytes_mean")
@@ -260,22 +281,29 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
 TARGETS = (
     Target(
         figure="bytes sent per step: counted vs the papers' count, relative gap",
-        column="comm_count_error", op="<=", bound=1e-3,
+        column="comm_count_error",
+        op="<=",
+        bound=1e-3,
         source="Megatron-LM §3, GPipe, ring 2(n−1)/n; the barrier and loss add a few bytes",
         fmt=lambda v: f"{100 * v:.2g}%",
     ),
     Target(
         figure="model states per rank (mean) ÷ one copy cut k = pp·tp ways (16Ψ/k)",
-        column="model_state_vs_theory", op="<=", bound=1.1,
+        column="model_state_vs_theory",
+        op="<=",
+        bound=1.1,
         source="PTD-P §2; TP's replicated LayerNorms, PP's end stages: a few percent",
     ),
     Target(
         figure="pure pipelines (PP): utilization (replayed) ÷ bubble bound M/(M+P−1)",
-        column="util_vs_bound", op=">=", bound=0.85, where={"strategy": "PP"},
+        column="util_vs_bound",
+        op=">=",
+        bound=0.85,
+        where={"strategy": "PP"},
         source=f"{BUBBLE_SOURCE}; the 2(P−1) transfers at α + β·bytes on its critical "
         "path and the end stages' extra work: 4–10% on this host's links",
     ),
-)  # fmt: skip
+)
 
 REPORT = Report(
     title="Parallelism comparison: DP, TP, PP and their 2D/3D compositions, measured",

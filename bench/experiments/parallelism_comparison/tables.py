@@ -22,8 +22,18 @@ from bench.report import (
     prose,
 )
 
-__all__ = ["BUBBLE_SOURCE", "LECTURE", "count", "figures_and_headline", "lecture_rows", "number",
-           "orderings", "pure", "ratio", "why_text"]  # fmt: skip
+__all__ = [
+    "BUBBLE_SOURCE",
+    "LECTURE",
+    "count",
+    "figures_and_headline",
+    "lecture_rows",
+    "number",
+    "orderings",
+    "pure",
+    "ratio",
+    "why_text",
+]
 
 _prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
 
@@ -88,24 +98,27 @@ def lecture_rows(ok: pd.DataFrame, n: int, rows: pd.DataFrame) -> pd.DataFrame:
         return ratio(rows[column], math.nan if dp is None else dp[column]).map(format_ratio)
 
     words = rows["strategy"].map(lambda s: LECTURE.get(s, ("—",) * 3))
-    return pd.DataFrame({
-        "strategy": rows["strategy"], "layout": rows["layout"],
-        "utilization (replayed)": rows["util_replayed"].map(format_percent),
-        "utilization (wall clock)": rows["util_wall"].map(format_percent),
-        "bubble bound": rows["util_theory"].map(format_percent),
-        "lecture: utilization": words.map(lambda w: w[0]),
-        "memory per rank": rows["memory_per_rank_bytes"].map(format_bytes),
-        "model states": rows["model_state_bytes"].map(format_bytes),
-        "model states ÷ DP": vs_dp("model_state_bytes"),
-        "saved activations": rows["activation_peak_bytes"].map(format_bytes),
-        "lecture: memory": words.map(lambda w: w[1]),
-        "communication per step": rows["comm_bytes_per_step"].map(format_bytes),
-        "comm ÷ DP": vs_dp("comm_bytes_per_step"),
-        "lecture: communication": words.map(lambda w: w[2]),
-        "step time (wall)": rows["step_time_s"].map(format_seconds),
-        "step time (replayed)": rows["replayed_step_time_s"].map(format_seconds),
-        "wrong": rows["wrong"].map(count),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "strategy": rows["strategy"],
+            "layout": rows["layout"],
+            "utilization (replayed)": rows["util_replayed"].map(format_percent),
+            "utilization (wall clock)": rows["util_wall"].map(format_percent),
+            "bubble bound": rows["util_theory"].map(format_percent),
+            "lecture: utilization": words.map(lambda w: w[0]),
+            "memory per rank": rows["memory_per_rank_bytes"].map(format_bytes),
+            "model states": rows["model_state_bytes"].map(format_bytes),
+            "model states ÷ DP": vs_dp("model_state_bytes"),
+            "saved activations": rows["activation_peak_bytes"].map(format_bytes),
+            "lecture: memory": words.map(lambda w: w[1]),
+            "communication per step": rows["comm_bytes_per_step"].map(format_bytes),
+            "comm ÷ DP": vs_dp("comm_bytes_per_step"),
+            "lecture: communication": words.map(lambda w: w[2]),
+            "step time (wall)": rows["step_time_s"].map(format_seconds),
+            "step time (replayed)": rows["replayed_step_time_s"].map(format_seconds),
+            "wrong": rows["wrong"].map(count),
+        }
+    )
 
 
 def _shown(column: str, value: float) -> str:
@@ -146,9 +159,13 @@ def _memory(ctx: Context, n: int, dp: pd.Series, row: pd.Series, name: str, entr
     entry[f"{name.lower()}_memory_per_rank_vs_dp"] = ratio(
         row["memory_per_rank_bytes"], dp["memory_per_rank_bytes"]
     )
-    ctx.figure(f"{name} model states per rank (mean) ÷ DP's, N = {n}",
-               theory=f"1/{n} = {1 / n:.3f}", source=MEMORY_SOURCE, measured=f"{states:.3f}",
-               gap=_gap(states - 1 / n, 3))  # fmt: skip
+    ctx.figure(
+        f"{name} model states per rank (mean) ÷ DP's, N = {n}",
+        theory=f"1/{n} = {1 / n:.3f}",
+        source=MEMORY_SOURCE,
+        measured=f"{states:.3f}",
+        gap=_gap(states - 1 / n, 3),
+    )
 
 
 def _communication(ctx: Context, n: int, dp: pd.Series, tp: pd.Series, entry: dict) -> None:
@@ -156,9 +173,13 @@ def _communication(ctx: Context, n: int, dp: pd.Series, tp: pd.Series, entry: di
     theory = ratio(tp["predicted_comm_bytes_per_step"], dp["predicted_comm_bytes_per_step"])
     entry["tp_comm_vs_dp"] = measured
     entry["tp_comm_vs_dp_theory"] = theory
-    ctx.figure(f"TP communication per step ÷ DP's, N = {n}",
-               theory=f"{theory:.2f}× (lecture: higher)", source=COMM_SOURCE,
-               measured=format_ratio(measured), gap=f"{_gap(measured - theory)}×")  # fmt: skip
+    ctx.figure(
+        f"TP communication per step ÷ DP's, N = {n}",
+        theory=f"{theory:.2f}× (lecture: higher)",
+        source=COMM_SOURCE,
+        measured=format_ratio(measured),
+        gap=f"{_gap(measured - theory)}×",
+    )
 
 
 def _utilization(ctx: Context, n: int, name: str, row: pd.Series, entry: dict) -> None:
@@ -170,8 +191,13 @@ def _utilization(ctx: Context, n: int, name: str, row: pd.Series, entry: dict) -
         entry["pp_util_bound"] = bound
         theory, source = format_percent(bound), BUBBLE_SOURCE
         gap = f"{_gap(100 * (util - bound), 1)} pts"
-    ctx.figure(f"{name} utilization, replayed, N = {n}, M = {count(row['microbatches'])}",
-               theory=theory, source=source, measured=format_percent(util), gap=gap)  # fmt: skip
+    ctx.figure(
+        f"{name} utilization, replayed, N = {n}, M = {count(row['microbatches'])}",
+        theory=theory,
+        source=source,
+        measured=format_percent(util),
+        gap=gap,
+    )
 
 
 def figures_and_headline(ctx: Context) -> None:

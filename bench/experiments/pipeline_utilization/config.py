@@ -31,15 +31,29 @@ from impls.pipeline import SCHEDULES, Plan, build_plan
 from impls.pipeline.schedules import INTERLEAVED as DISTBENCH_INTERLEAVED
 from impls.pipeline.schedules import V_SHAPED
 
-__all__ = ["ALLOWED", "PAIR_KEYS", "Carry", "PipelineUtilizationConfig", "alpa_refuses",
-           "declared_columns", "plan_or_reason", "why_not"]  # fmt: skip
+__all__ = [
+    "ALLOWED",
+    "PAIR_KEYS",
+    "Carry",
+    "PipelineUtilizationConfig",
+    "alpa_refuses",
+    "declared_columns",
+    "plan_or_reason",
+    "why_not",
+]
 
 ALLOWED = [*SCHEDULES, *TORCH_SCHEDULES]
 # torch's twin of an interleaved schedule interleaves too
 INTERLEAVED = DISTBENCH_INTERLEAVED | {torch_twin(s) for s in DISTBENCH_INTERLEAVED} - {None}
 MODEL_KEYS = ("d_model", "n_layers", "n_heads", "seq_len", "vocab_size")
-LIST_KEYS = ("schedules", "stages", "microbatches", "trace_microbatches", "slicings",
-             "slicing_pairs")  # fmt: skip
+LIST_KEYS = (
+    "schedules",
+    "stages",
+    "microbatches",
+    "trace_microbatches",
+    "slicings",
+    "slicing_pairs",
+)
 PAIR_KEYS = ("schedule", "stages", "microbatches")
 
 
@@ -166,8 +180,10 @@ class PipelineUtilizationConfig:
     def _check_pairs(self) -> None:
         for pair in self.slicing_pairs:
             if not isinstance(pair, dict) or set(pair) != set(PAIR_KEYS):
-                raise ValueError(f"slicing_pairs: {pair!r} must be a mapping with exactly the "
-                                 f"keys {', '.join(PAIR_KEYS)}")  # fmt: skip
+                raise ValueError(
+                    f"slicing_pairs: {pair!r} must be a mapping with exactly the "
+                    f"keys {', '.join(PAIR_KEYS)}"
+                )
             schedule, p, m = (pair[k] for k in PAIR_KEYS)
             for key, value in (("stages", p), ("microbatches", m)):
                 _check_count(f"slicing_pairs {key}", value, 1)
@@ -207,11 +223,20 @@ def declared_columns(schedule: str) -> dict[str, Any]:
     which have no spec."""
     spec = SCHEDULES.get(schedule)
     if spec is None:
-        return {"schedule_rank": None, "schedule_label": "", "bound_source": "", "marker": "",
-                "split_backward": None}  # fmt: skip
-    return {"schedule_rank": list(SCHEDULES).index(schedule), "schedule_label": spec.label,
-            "bound_source": spec.bound_source, "marker": spec.marker,
-            "split_backward": int(spec.split_backward)}  # fmt: skip
+        return {
+            "schedule_rank": None,
+            "schedule_label": "",
+            "bound_source": "",
+            "marker": "",
+            "split_backward": None,
+        }
+    return {
+        "schedule_rank": list(SCHEDULES).index(schedule),
+        "schedule_label": spec.label,
+        "bound_source": spec.bound_source,
+        "marker": spec.marker,
+        "split_backward": int(spec.split_backward),
+    }
 
 
 def plan_or_reason(schedule: str, p: int, m: int, v: int) -> tuple[Plan | None, str | None]:

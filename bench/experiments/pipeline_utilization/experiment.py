@@ -60,8 +60,11 @@ def cells(cfg: PipelineUtilizationConfig) -> list[Cell]:
                         skipped.append(f"{schedule} P={p} M={m}")
                     else:
                         keys.append(_key(cfg, schedule, p, m, cut))
-    paired = [_key(cfg, *(pair[k] for k in PAIR_KEYS), cut)
-              for pair in cfg.slicing_pairs for cut in ("equal", "alpa")]  # fmt: skip
+    paired = [
+        _key(cfg, *(pair[k] for k in PAIR_KEYS), cut)
+        for pair in cfg.slicing_pairs
+        for cut in ("equal", "alpa")
+    ]
     keys += [k for k in paired if k not in keys]
     if skipped:
         log.info("left out (the schedule cannot take them): %s", ", ".join(skipped))
@@ -75,12 +78,18 @@ def cells(cfg: PipelineUtilizationConfig) -> list[Cell]:
 
 
 def _key(cfg: PipelineUtilizationConfig, schedule: str, p: int, m: int, cut: str) -> dict:
-    return {"schedule": schedule, "stages": p, "microbatches": m,
-            "virtual_stages": cfg.virtual(schedule), "slicing": cut}  # fmt: skip
+    return {
+        "schedule": schedule,
+        "stages": p,
+        "microbatches": m,
+        "virtual_stages": cfg.virtual(schedule),
+        "slicing": cut,
+    }
 
 
-def _costs(cfg: PipelineUtilizationConfig, key: dict[str, Any],
-           cache: dict[int, slicing.LayerCosts]) -> slicing.LayerCosts:  # fmt: skip
+def _costs(
+    cfg: PipelineUtilizationConfig, key: dict[str, Any], cache: dict[int, slicing.LayerCosts]
+) -> slicing.LayerCosts:
     size = cfg.batch_size // key["microbatches"]
     if size not in cache:
         cache[size] = slicing.measure_layer_costs(cfg.model(), size, cfg.seed)
@@ -88,8 +97,9 @@ def _costs(cfg: PipelineUtilizationConfig, key: dict[str, Any],
     return cache[size]
 
 
-def _carry(cfg: PipelineUtilizationConfig, key: dict[str, Any],
-           costs: slicing.LayerCosts | None) -> Carry:  # fmt: skip
+def _carry(
+    cfg: PipelineUtilizationConfig, key: dict[str, Any], costs: slicing.LayerCosts | None
+) -> Carry:
     schedule, p, m = key["schedule"], key["stages"], key["microbatches"]
     if schedule in TORCH_SCHEDULES:
         return Carry(plan=None, torch_schedule=TORCH_SCHEDULES[schedule], trace=None)
@@ -171,8 +181,9 @@ def _against_reference(per_rank: list[dict], loss: float) -> dict[str, Any]:
     return {"reference_loss": reference, "grad_error": worst, "wrong": int(missed)}
 
 
-def artefacts(cfg: PipelineUtilizationConfig, cell: Cell, per_rank: list[dict],
-              report_dir: Path) -> dict:  # fmt: skip
+def artefacts(
+    cfg: PipelineUtilizationConfig, cell: Cell, per_rank: list[dict], report_dir: Path
+) -> dict:
     """A traced distbench cell's Chrome trace and Gantt spans, under `<trace_dir>/traces/`."""
     carry: Carry = cell.carry
     if carry.plan is None or carry.trace is None:

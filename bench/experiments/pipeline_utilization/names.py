@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SLICINGS", "TORCH_SCHEDULES", "declared", "slicing_of", "torch_refuses",
-           "torch_twin"]  # fmt: skip
+__all__ = ["SLICINGS", "TORCH_SCHEDULES", "declared", "slicing_of", "torch_refuses", "torch_twin"]
 
 # distbench name of each torch.distributed.pipelining baseline -> torch's schedule class
 TORCH_SCHEDULES = {

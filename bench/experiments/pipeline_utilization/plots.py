@@ -20,8 +20,9 @@ __all__ = ["gantt", "memory", "utilization"]
 KIND_COLOURS = {"F": "#4C72B0", "B": "#55A868", "I": "#DD8452", "W": "#8172B3"}
 
 
-def _panels(rows: pd.DataFrame, draw: Callable[..., None], title: str, schedules: list[str],
-            **shared: Any) -> Figure:  # fmt: skip
+def _panels(
+    rows: pd.DataFrame, draw: Callable[..., None], title: str, schedules: list[str], **shared: Any
+) -> Figure:
     """One row of two panels per P; `draw(left, right, p, group, styles)` fills a row.
 
     Each schedule keeps its colour and marker in every panel, so overlapping lines stay
@@ -46,14 +47,19 @@ def _panels(rows: pd.DataFrame, draw: Callable[..., None], title: str, schedules
 
 
 def utilization(rows: pd.DataFrame, schedules: list[str]) -> Figure:
-    return _panels(rows, _draw_utilization,
-                   "Pipeline utilization vs micro-batches (measured; bounds from the papers)",
-                   schedules, sharey=True)  # fmt: skip
+    return _panels(
+        rows,
+        _draw_utilization,
+        "Pipeline utilization vs micro-batches (measured; bounds from the papers)",
+        schedules,
+        sharey=True,
+    )
 
 
 def memory(rows: pd.DataFrame, schedules: list[str]) -> Figure:
-    return _panels(rows, _draw_memory, "Activation memory per rank by schedule (measured)",
-                   schedules)  # fmt: skip
+    return _panels(
+        rows, _draw_memory, "Activation memory per rank by schedule (measured)", schedules
+    )
 
 
 def _lines(group: pd.DataFrame, styles: dict) -> Iterator[tuple[str, Any, str, pd.DataFrame]]:
@@ -64,33 +70,58 @@ def _lines(group: pd.DataFrame, styles: dict) -> Iterator[tuple[str, Any, str, p
             yield schedule, colour, marker, line
 
 
-def _draw_utilization(replayed_ax: Any, wall_ax: Any, p: int, group: pd.DataFrame,
-                      styles: dict) -> None:  # fmt: skip
+def _draw_utilization(
+    replayed_ax: Any, wall_ax: Any, p: int, group: pd.DataFrame, styles: dict
+) -> None:
     for schedule, colour, marker, line in _lines(group, styles):
-        replayed_ax.plot(line["microbatches"], line["util_replayed"], marker=marker, ls="-",
-                         color=colour, label=f"{schedule} (replayed)")  # fmt: skip
+        replayed_ax.plot(
+            line["microbatches"],
+            line["util_replayed"],
+            marker=marker,
+            ls="-",
+            color=colour,
+            label=f"{schedule} (replayed)",
+        )
         theory = line.dropna(subset=["util_theory"])
-        replayed_ax.plot(theory["microbatches"], theory["util_theory"], "--", color=colour,
-                         alpha=0.7, label=f"{schedule} bound")  # fmt: skip
-        wall_ax.plot(line["microbatches"], line["util_wall"], marker=marker, ls=":",
-                     color=colour, label=schedule)  # fmt: skip
-    for ax, what in ((replayed_ax, "replayed (solid) vs bound (dashed)"),
-                     (wall_ax, "wall clock, this host")):  # fmt: skip
+        replayed_ax.plot(
+            theory["microbatches"],
+            theory["util_theory"],
+            "--",
+            color=colour,
+            alpha=0.7,
+            label=f"{schedule} bound",
+        )
+        wall_ax.plot(
+            line["microbatches"],
+            line["util_wall"],
+            marker=marker,
+            ls=":",
+            color=colour,
+            label=schedule,
+        )
+    for ax, what in (
+        (replayed_ax, "replayed (solid) vs bound (dashed)"),
+        (wall_ax, "wall clock, this host"),
+    ):
         ax.set(ylabel="utilization", ylim=(0, 1.02), title=f"P = {p}: {what}")
     replayed_ax.legend(fontsize=7, ncol=2, loc="lower right")
 
 
-def _draw_memory(memory_ax: Any, count_ax: Any, p: int, group: pd.DataFrame,
-                 styles: dict) -> None:  # fmt: skip
+def _draw_memory(memory_ax: Any, count_ax: Any, p: int, group: pd.DataFrame, styles: dict) -> None:
     for schedule, colour, marker, line in _lines(group, styles):
         style = {"marker": marker, "color": colour, "label": schedule, "alpha": 0.85}
         memory_ax.plot(line["microbatches"], line["peak_activation_bytes"] / 2**20, **style)
         count_ax.plot(line["microbatches"], line["max_inflight_microbatches"], **style)
     count_ax.axhline(p, color="black", lw=0.8, ls="--", label="P (1F1B's limit)")
-    memory_ax.set(ylabel="peak activation MiB (busiest rank)",
-                  title=f"P = {p}: peak saved activations", ylim=(0, None))  # fmt: skip
-    count_ax.set(ylabel="micro-batches held at once",
-                 title=f"P = {p}: max in-flight (measured; interleaved: chunks)")  # fmt: skip
+    memory_ax.set(
+        ylabel="peak activation MiB (busiest rank)",
+        title=f"P = {p}: peak saved activations",
+        ylim=(0, None),
+    )
+    count_ax.set(
+        ylabel="micro-batches held at once",
+        title=f"P = {p}: max in-flight (measured; interleaved: chunks)",
+    )
     count_ax.legend(fontsize=7)
 
 
@@ -105,8 +136,16 @@ def _gantt_panel(ax: Any, spans: pd.DataFrame, title: str) -> None:
             ax.barh(y + 0.33, width, left=start, height=0.12, color="0.6")
             continue
         ax.barh(y, width, left=start, height=0.6, color=colour, edgecolor="white", lw=0.5)
-        ax.text(start + width / 2, y, f"{row.kind}{row.microbatch}", ha="center",
-                va="center", fontsize=6, color="white", clip_on=True)  # fmt: skip
+        ax.text(
+            start + width / 2,
+            y,
+            f"{row.kind}{row.microbatch}",
+            ha="center",
+            va="center",
+            fontsize=6,
+            color="white",
+            clip_on=True,
+        )
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.invert_yaxis()
     ax.set(xlabel="time (ms)", title=title)
@@ -120,8 +159,11 @@ def gantt(cells: list[tuple[str, pd.Series, pd.DataFrame]]) -> Figure:
         for j, timeline in enumerate(("replayed", "wall")):
             part = spans[spans["timeline"] == timeline]
             name = "replayed (own device per rank)" if timeline == "replayed" else "wall clock"
-            _gantt_panel(axes[2 * i + j], part, f"{label}: {name}, utilization "
-                         f"{format_percent(util[timeline])}")  # fmt: skip
+            _gantt_panel(
+                axes[2 * i + j],
+                part,
+                f"{label}: {name}, utilization {format_percent(util[timeline])}",
+            )
     kinds = set().union(*(set(spans["kind"]) for _, _, spans in cells))
     handles = [Patch(color=c, label=k) for k, c in KIND_COLOURS.items() if k in kinds]
     handles.append(Patch(color="0.6", label="transfer round (wall clock)"))

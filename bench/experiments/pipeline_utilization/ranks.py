@@ -89,13 +89,21 @@ def _distbench(cfg: PipelineUtilizationConfig, cell: Cell, twin: bool = False) -
     `twin` on the carried 1F1B twin's (`Carry.fused_twin`, a model of its own)."""
     p, m, v = _shape(cell)
     model, stages, inputs, targets = _model(cfg, cell)
-    schedule, plan = ("1f1b", cell.carry.fused_twin) if twin else (cell.key["schedule"],
-                                                                  cell.carry.plan)  # fmt: skip
+    schedule, plan = (
+        ("1f1b", cell.carry.fused_twin) if twin else (cell.key["schedule"], cell.carry.plan)
+    )
     placed = stage_ranks(schedule, p, v)  # ZB-V: stages r and 2P−1−r on rank r
     mine = {s: stages[s] for s in range(p * v) if rank_of(s, p, placed) == dist.get_rank()}
-    executor = PipelineExecutor(Communicator(), mine, plan, num_stages=p * v,
-                                microbatches=m, loss_fn=lm_loss, stage_ranks=placed,
-                                activation_shape=_activation(cfg, cell).shape)  # fmt: skip
+    executor = PipelineExecutor(
+        Communicator(),
+        mine,
+        plan,
+        num_stages=p * v,
+        microbatches=m,
+        loss_fn=lm_loss,
+        stage_ranks=placed,
+        activation_shape=_activation(cfg, cell).shape,
+    )
     first, last = 0 in mine, p * v - 1 in mine
 
     def step(**kw: Any) -> Any:
@@ -189,7 +197,7 @@ def _run_distbench(cfg: PipelineUtilizationConfig, cell: Cell) -> dict[str, Any]
             _activation(cfg, cell),
             exchange=False,
             wraps=cell.key["virtual_stages"] > 1 and cell.key["schedule"] != "zero_bubble_v",
-        ),  # fmt: skip
+        ),
         **_against_reference(cfg, model, modules),
     }
 
@@ -213,7 +221,11 @@ def paired_step_times(cfg: PipelineUtilizationConfig, cell: Cell) -> dict[str, f
     step, modules, _ = _distbench(cfg, cell)
     twin, twin_modules, _ = _torch(cfg, cell)
     sides = {"distbench": _fresh(step, modules), "torch": _fresh(twin, twin_modules)}
-    medians = {n: t.median for n, t in alternate(sides, warmup=cfg.warmup,
-                                                   repeats=cfg.repeats).items()}  # fmt: skip
-    return {"distbench_s": medians["distbench"], "torch_s": medians["torch"],
-            "distbench_vs_torch": medians["distbench"] / medians["torch"]}  # fmt: skip
+    medians = {
+        n: t.median for n, t in alternate(sides, warmup=cfg.warmup, repeats=cfg.repeats).items()
+    }
+    return {
+        "distbench_s": medians["distbench"],
+        "torch_s": medians["torch"],
+        "distbench_vs_torch": medians["distbench"] / medians["torch"],
+    }

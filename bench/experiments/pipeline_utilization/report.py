@@ -75,14 +75,23 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     ok = ok_rows(df)
     torch_ok = ok[ok["schedule"].astype(str).str.startswith("torch_")]  # torch: equal split
     columns = ["schedule", "stages", "microbatches", "step_time_s", "loss"]
-    theirs = {(r.schedule, int(r.stages), int(r.microbatches)): (r.step_time_s, r.loss)
-              for r in torch_ok.reindex(columns=columns).itertuples()}  # fmt: skip
-    twins = [(torch_twin(str(s)), int(p), int(m))
-             for s, p, m in zip(df["schedule"], df["stages"], df["microbatches"], strict=True)]  # fmt: skip
-    equal = (df["slicing"].map(slicing_of) if "slicing" in df.columns
-             else pd.Series("equal", index=df.index)) == "equal"  # fmt: skip
-    df["torch_twin"] = [t is not None and torch_refuses(t, p, m) is None and e
-                        for (t, p, m), e in zip(twins, equal, strict=True)]  # fmt: skip
+    theirs = {
+        (r.schedule, int(r.stages), int(r.microbatches)): (r.step_time_s, r.loss)
+        for r in torch_ok.reindex(columns=columns).itertuples()
+    }
+    twins = [
+        (torch_twin(str(s)), int(p), int(m))
+        for s, p, m in zip(df["schedule"], df["stages"], df["microbatches"], strict=True)
+    ]
+    equal = (
+        df["slicing"].map(slicing_of)
+        if "slicing" in df.columns
+        else pd.Series("equal", index=df.index)
+    ) == "equal"
+    df["torch_twin"] = [
+        t is not None and torch_refuses(t, p, m) is None and e
+        for (t, p, m), e in zip(twins, equal, strict=True)
+    ]
     cell = [theirs.get(t, (math.nan, math.nan)) for t in twins]
     df["torch_cell_s"] = pd.to_numeric(pd.Series([c[0] for c in cell], index=df.index))
     df["loss_gap"] = (_number(df, "loss") - pd.Series([c[1] for c in cell], index=df.index)).abs()
@@ -111,14 +120,16 @@ def _against_1f1b(df: pd.DataFrame, equal: pd.Series) -> pd.DataFrame:
     ratio, split, basis = [math.nan] * n, [math.nan] * n, ["—"] * n
     if "replayed_makespan_s" in df.columns:
         # by position: a frame put together from several runs may repeat index labels
-        measured = (df["status"].isin(MEASURED).to_numpy() if "status" in df.columns
-                    else [True] * n)  # fmt: skip
+        measured = df["status"].isin(MEASURED).to_numpy() if "status" in df.columns else [True] * n
         chosen = measured & equal.to_numpy()
         schedule = df["schedule"].to_numpy()
         twin_s = _number(df, "twin_1f1b_replayed_s").to_numpy()
         records = df.to_dict("records")
-        fused = {(int(r["stages"]), int(r["microbatches"])): r for r, keep, name
-                 in zip(records, chosen, schedule, strict=True) if keep and name == "1f1b"}  # fmt: skip
+        fused = {
+            (int(r["stages"]), int(r["microbatches"])): r
+            for r, keep, name in zip(records, chosen, schedule, strict=True)
+            if keep and name == "1f1b"
+        }
         for i, row in enumerate(records):
             if not (chosen[i] and schedule[i] == "zero_bubble_h1"):
                 continue
@@ -142,8 +153,11 @@ def split_backward_ratio(fused_costs: Any, split_costs: Any) -> float:
     if not isinstance(fused_costs, str) or not isinstance(split_costs, str):
         return math.nan
     fused, split = json.loads(fused_costs), json.loads(split_costs)
-    ratios = [(split[s]["I"] + split[s]["W"]) / fused[s]["B"] for s in fused
-              if {"I", "W"} <= set(split.get(s, {})) and (fused[s].get("B") or 0) > 0]  # fmt: skip
+    ratios = [
+        (split[s]["I"] + split[s]["W"]) / fused[s]["B"]
+        for s in fused
+        if {"I", "W"} <= set(split.get(s, {})) and (fused[s].get("B") or 0) > 0
+    ]
     return max(ratios) if ratios and len(ratios) == len(fused) else math.nan
 
 
@@ -151,23 +165,38 @@ def _vs_torch(schedule: str, name: str) -> Target:
     return Target(
         figure=f"{name} step time ÷ torch.distributed.pipelining, P = 2, every M torch's "
         "schedule takes (paired; separate cells where the run did not pair)",
-        column="step_time_vs_torch", op="<=", bound=TORCH_RATIO_TARGET,
+        column="step_time_vs_torch",
+        op="<=",
+        bound=TORCH_RATIO_TARGET,
         source="issue #3: ≤ 1.1× for GPipe and 1F1B at P = 2",
         where={"schedule": schedule, "stages": TORCH_RATIO_STAGES, "torch_twin": True},
         wall_clock=True,
-    )  # fmt: skip
+    )
 
 
 def _lecture_rows(rows: pd.DataFrame) -> list[dict[str, Any]]:
     out = []
     for (schedule, p, m), (lecture, exact, formula) in LECTURE.items():
-        hit = rows[(rows["schedule"] == schedule) & (rows["stages"] == p)
-                   & (rows["microbatches"] == m)] if len(rows) else rows  # fmt: skip
+        hit = (
+            rows[
+                (rows["schedule"] == schedule) & (rows["stages"] == p) & (rows["microbatches"] == m)
+            ]
+            if len(rows)
+            else rows
+        )
         found = not hit.empty
-        out.append({"schedule": schedule, "stages": p, "microbatches": m, "lecture": lecture,
-                    "theory": exact, "formula": formula,
-                    "replayed": float(hit["util_replayed"].iloc[0]) if found else None,
-                    "wall": float(hit["util_wall"].iloc[0]) if found else None})  # fmt: skip
+        out.append(
+            {
+                "schedule": schedule,
+                "stages": p,
+                "microbatches": m,
+                "lecture": lecture,
+                "theory": exact,
+                "formula": formula,
+                "replayed": float(hit["util_replayed"].iloc[0]) if found else None,
+                "wall": float(hit["util_wall"].iloc[0]) if found else None,
+            }
+        )
     return out
 
 
@@ -179,23 +208,36 @@ def lecture_figure(ctx: Context) -> str:
     micro-batches raise it to 57% (the lecture calls it a 2.5× improvement; the exact
     ratio is (4/7)/(1/4) = 2.29×)."""
     lecture = _lecture_rows(distbench_rows(ctx.ok))
-    table = pd.DataFrame({
-        "pipeline": [f"{r['schedule']}, {r['stages']} stages × {r['microbatches']} "
-                     "micro-batch(es)" for r in lecture],
-        "lecture": [f"{100 * r['lecture']:.0f}%" for r in lecture],
-        "theory": [f"{format_percent(r['theory'])} = {r['formula']}" for r in lecture],
-        "replayed (measured)": [format_percent(r["replayed"]) for r in lecture],
-        "wall clock (measured)": [format_percent(r["wall"]) for r in lecture],
-        "replayed − theory": [points(r["replayed"], r["theory"]) for r in lecture],
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "pipeline": [
+                f"{r['schedule']}, {r['stages']} stages × {r['microbatches']} micro-batch(es)"
+                for r in lecture
+            ],
+            "lecture": [f"{100 * r['lecture']:.0f}%" for r in lecture],
+            "theory": [f"{format_percent(r['theory'])} = {r['formula']}" for r in lecture],
+            "replayed (measured)": [format_percent(r["replayed"]) for r in lecture],
+            "wall clock (measured)": [format_percent(r["wall"]) for r in lecture],
+            "replayed − theory": [points(r["replayed"], r["theory"]) for r in lecture],
+        }
+    )
     for r in lecture:
         name = "naive pipeline" if r["schedule"] == "naive" else "GPipe"
         many = f" × {r['microbatches']} micro-batches" if r["microbatches"] > 1 else ""
-        measured = "not measured" if r["replayed"] is None else (
-            f"{format_percent(r['replayed'])} replayed (wall clock {format_percent(r['wall'])})")  # fmt: skip
-        ctx.figure(f"{name} utilization, {r['stages']} stages{many}",
-                   theory=f"{100 * r['lecture']:.0f}%", source=f"{LECTURE_SOURCE}; {r['formula']}",
-                   measured=measured, gap=points(r["replayed"], r["theory"]))  # fmt: skip
+        measured = (
+            "not measured"
+            if r["replayed"] is None
+            else (
+                f"{format_percent(r['replayed'])} replayed (wall clock {format_percent(r['wall'])})"
+            )
+        )
+        ctx.figure(
+            f"{name} utilization, {r['stages']} stages{many}",
+            theory=f"{100 * r['lecture']:.0f}%",
+            source=f"{LECTURE_SOURCE}; {r['formula']}",
+            measured=measured,
+            gap=points(r["replayed"], r["theory"]),
+        )
         prefix = "naive_p4" if r["schedule"] == "naive" else "gpipe_p4_m4"
         ctx.headline[f"{prefix}_util_replayed"] = r["replayed"]
         ctx.headline[f"{prefix}_util_wall"] = r["wall"]
@@ -227,8 +269,9 @@ def how_measured(ctx: Context) -> str | None:
         return None
     first = rows.iloc[0]
     keys = ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "batch_size")
-    model = ", ".join(f"{k}={int(first[k])}" for k in keys
-                      if k in rows.columns and pd.notna(first[k]))  # fmt: skip
+    model = ", ".join(
+        f"{k}={int(first[k])}" for k in keys if k in rows.columns and pd.notna(first[k])
+    )
     return _prose(
         "setup",
         model=model,
@@ -252,24 +295,30 @@ def _torch_headline(ratios: pd.DataFrame) -> dict[str, dict[str, Any]]:
     for schedule, rows in ratios.groupby("schedule"):
         has = (rows["stages"] == TORCH_RATIO_STAGES).any()
         at = rows[rows["stages"] == (TORCH_RATIO_STAGES if has else rows["stages"].min())]
-        out[str(schedule)] = {"stages": int(at["stages"].iloc[0]),
-                              "ratio": float(at["step_time_vs_torch"].median()),
-                              "microbatches": sorted(int(m) for m in at["microbatches"]),
-                              "basis": " + ".join(sorted(set(at["torch_ratio_basis"])))}  # fmt: skip
+        out[str(schedule)] = {
+            "stages": int(at["stages"].iloc[0]),
+            "ratio": float(at["step_time_vs_torch"].median()),
+            "microbatches": sorted(int(m) for m in at["microbatches"]),
+            "basis": " + ".join(sorted(set(at["torch_ratio_basis"]))),
+        }
     return out
 
 
 def _interleaved_figure(ctx: Context, ratios: pd.DataFrame) -> None:
-    at = ratios[(ratios["schedule"] == "interleaved_1f1b")
-                & (ratios["stages"] == TORCH_RATIO_STAGES)]  # fmt: skip
+    at = ratios[
+        (ratios["schedule"] == "interleaved_1f1b") & (ratios["stages"] == TORCH_RATIO_STAGES)
+    ]
     if at.empty:
         return
     worst = at.loc[at["step_time_vs_torch"].idxmax()]
-    ctx.figure("interleaved 1F1B step time ÷ torch.distributed.pipelining, P = 2, every M",
-               theory="no target: the issue's ≤ 1.1× names GPipe and 1F1B", source="issue #3",
-               measured=f"median {format_ratio(at['step_time_vs_torch'].median())} over "
-               f"{len(at)} cells; worst {format_ratio(worst['step_time_vs_torch'])} "
-               f"({ctx.key(worst)})")  # fmt: skip
+    ctx.figure(
+        "interleaved 1F1B step time ÷ torch.distributed.pipelining, P = 2, every M",
+        theory="no target: the issue's ≤ 1.1× names GPipe and 1F1B",
+        source="issue #3",
+        measured=f"median {format_ratio(at['step_time_vs_torch'].median())} over "
+        f"{len(at)} cells; worst {format_ratio(worst['step_time_vs_torch'])} "
+        f"({ctx.key(worst)})",
+    )
 
 
 def against_torch(ctx: Context) -> str | None:
@@ -291,18 +340,22 @@ def against_torch(ctx: Context) -> str | None:
     headline = _torch_headline(ratios)
     ctx.headline["step_time_vs_torch"] = headline
     _interleaved_figure(ctx, ratios)
-    torch_s = _number(ratios, "torch_step_time_s").where(ratios["torch_ratio_basis"] == "paired",
-                                                ratios["torch_cell_s"])  # fmt: skip
-    shown = pd.DataFrame({
-        "schedule": ratios["schedule"], "stages": ratios["stages"],
-        "microbatches": ratios["microbatches"],
-        "distbench step": ratios["step_time_s"].map(format_seconds),
-        "torch step": torch_s.map(format_seconds),
-        "distbench ÷ torch": ratios["step_time_vs_torch"].map(format_ratio),
-        "basis": ratios["torch_ratio_basis"],
-        "torch's own cell": ratios["torch_cell_s"].map(format_seconds),
-        "|Δ loss|": ratios["loss_gap"].map(lambda v: "—" if pd.isna(v) else f"{v:.1e}"),
-    })  # fmt: skip
+    torch_s = _number(ratios, "torch_step_time_s").where(
+        ratios["torch_ratio_basis"] == "paired", ratios["torch_cell_s"]
+    )
+    shown = pd.DataFrame(
+        {
+            "schedule": ratios["schedule"],
+            "stages": ratios["stages"],
+            "microbatches": ratios["microbatches"],
+            "distbench step": ratios["step_time_s"].map(format_seconds),
+            "torch step": torch_s.map(format_seconds),
+            "distbench ÷ torch": ratios["step_time_vs_torch"].map(format_ratio),
+            "basis": ratios["torch_ratio_basis"],
+            "torch's own cell": ratios["torch_cell_s"].map(format_seconds),
+            "|Δ loss|": ratios["loss_gap"].map(lambda v: "—" if pd.isna(v) else f"{v:.1e}"),
+        }
+    )
     summary = "; ".join(
         _prose(
             "torch_ratio",
@@ -345,8 +398,10 @@ def traces(ctx: Context) -> str | None:
     traced = rows[rows["trace_file"].map(lambda v: isinstance(v, str) and v != "")]
     if traced.empty:
         return None
-    return ", ".join(f"[{r.schedule} P={r.stages} M={r.microbatches}]({r.trace_file})"
-                     for r in traced.sort_values(["stages", "microbatches"]).itertuples())  # fmt: skip
+    return ", ".join(
+        f"[{r.schedule} P={r.stages} M={r.microbatches}]({r.trace_file})"
+        for r in traced.sort_values(["stages", "microbatches"]).itertuples()
+    )
 
 
 REPORT = Report(
@@ -364,7 +419,7 @@ REPORT = Report(
         against_torch,
         same_loss,
         traces,
-    ),  # fmt: skip
+    ),
     targets=(
         _vs_torch("gpipe", "GPipe"),
         _vs_torch("1f1b", "1F1B"),
@@ -386,7 +441,7 @@ REPORT = Report(
             source="issue #15: B + W within 10% of the fused backward per stage",
             where={"schedule": "zero_bubble_h1"},
         ),
-    ),  # fmt: skip
+    ),
     prepare=prepare,
     correctness=_prose("correctness"),
 )

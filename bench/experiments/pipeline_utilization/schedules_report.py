@@ -24,8 +24,16 @@ from bench.report import (
     prose,
 )
 
-__all__ = ["distbench_rows", "gantt", "memory", "points", "schedule_order",
-           "stage_costs", "utilization", "zero_bubble"]  # fmt: skip
+__all__ = [
+    "distbench_rows",
+    "gantt",
+    "memory",
+    "points",
+    "schedule_order",
+    "stage_costs",
+    "utilization",
+    "zero_bubble",
+]
 
 NEAR_BOUND = 0.05  # points of utilization a replay may sit from its bound and "reach" it
 
@@ -49,8 +57,9 @@ def distbench_rows(ok: pd.DataFrame) -> pd.DataFrame:
     rows = ok[~ok["schedule"].astype(str).str.startswith("torch_")]
     if "slicing" in rows.columns:
         rows = rows[rows["slicing"].map(slicing_of) == "equal"]
-    return rows.assign(stages=rows["stages"].astype(int),
-                       microbatches=rows["microbatches"].astype(int))  # fmt: skip
+    return rows.assign(
+        stages=rows["stages"].astype(int), microbatches=rows["microbatches"].astype(int)
+    )
 
 
 def schedule_order(rows: pd.DataFrame) -> list[str]:
@@ -78,10 +87,14 @@ def utilization(ctx: Context) -> str | None:
     if any(float(v) == 1 for v in declared(rows, "split_backward").values()):
         parts.append(_prose("split_backward"))
     for p, group in rows.groupby("stages"):
-        cells = [f"{format_percent(r.util_replayed)} / {format_percent(r.util_wall)} / "
-                 f"{format_percent(r.util_theory)}" for r in group.itertuples()]  # fmt: skip
-        shown = group.assign(cell=cells).pivot(index="schedule", columns="microbatches",
-                                               values="cell")  # fmt: skip
+        cells = [
+            f"{format_percent(r.util_replayed)} / {format_percent(r.util_wall)} / "
+            f"{format_percent(r.util_theory)}"
+            for r in group.itertuples()
+        ]
+        shown = group.assign(cell=cells).pivot(
+            index="schedule", columns="microbatches", values="cell"
+        )
         shown = shown.reindex(schedule_order(group)).fillna("—")
         shown.columns = [f"M={int(m)}" for m in shown.columns]
         crowded = f" ({p} ranks on {int(ctx.cores)} cores)" if ctx.crowded(p) else ""
@@ -104,10 +117,12 @@ def _against_bounds(ctx: Context, rows: pd.DataFrame, order: list[str]) -> None:
         formula, source = str(sources[schedule]).split(" — ", 1)
         name = labels.get(schedule, schedule)
         where = f"{points(gap[far], 0)} ({ctx.key(one.loc[far])})"
-        ctx.figure(f"{name} replayed utilization − its bubble bound, every cell",
-                   theory=f"0 pts (bound {formula})", source=source,
-                   measured=f"median {points(gap.median(), 0)} over {len(gap)} cells; "
-                   f"farthest {where}")  # fmt: skip
+        ctx.figure(
+            f"{name} replayed utilization − its bubble bound, every cell",
+            theory=f"0 pts (bound {formula})",
+            source=source,
+            measured=f"median {points(gap.median(), 0)} over {len(gap)} cells; farthest {where}",
+        )
         # A cell with a bound but no measured value does not reach it either.
         near = (gap.abs() <= NEAR_BOUND).all() and len(gap) == one["util_theory"].notna().sum()
         claim = _prose("bound_finding", name=name, formula=formula, near=f"{100 * NEAR_BOUND:.0f}")
@@ -123,8 +138,11 @@ def _rises_with_m(ctx: Context, rows: pd.DataFrame, order: list[str]) -> None:
         lines = [(p, util) for p, util in lines if len(util) > 1]
         if not lines:
             continue
-        falls = [f"P={p}: " + ", ".join(map(format_percent, util))
-                 for p, util in lines if not (util.diff().dropna() > 0).all()]  # fmt: skip
+        falls = [
+            f"P={p}: " + ", ".join(map(format_percent, util))
+            for p, util in lines
+            if not (util.diff().dropna() > 0).all()
+        ]
         claim = _prose("rises_finding", name=labels.get(schedule, schedule))
         ctx.finding(claim, not falls, "; ".join(falls))
 
@@ -143,15 +161,24 @@ def memory(ctx: Context) -> str | None:
     if rows.empty:
         return None
     table = rows.sort_values(["stages", "microbatches"])[
-        ["schedule", "stages", "microbatches", "peak_activation_bytes",
-         "max_inflight_microbatches", "max_inflight_plan"]
-    ].copy()  # fmt: skip
+        [
+            "schedule",
+            "stages",
+            "microbatches",
+            "peak_activation_bytes",
+            "max_inflight_microbatches",
+            "max_inflight_plan",
+        ]
+    ].copy()
     table["peak_activation_bytes"] = table["peak_activation_bytes"].map(format_bytes)
     holds = _inflight(ctx, rows)
-    verdict = "; ".join(f"{name}: {'holds' if ok else '**violated**'}"
-                        for name, ok in holds.items()) or "no 1F1B/GPipe cells"  # fmt: skip
-    plot = ctx.plot(plots.memory(rows, schedule_order(rows)), "activation_memory",
-                    "activation_memory")  # fmt: skip
+    verdict = (
+        "; ".join(f"{name}: {'holds' if ok else '**violated**'}" for name, ok in holds.items())
+        or "no 1F1B/GPipe cells"
+    )
+    plot = ctx.plot(
+        plots.memory(rows, schedule_order(rows)), "activation_memory", "activation_memory"
+    )
     return f"Checks (measured): {verdict}.\n\n{markdown_table(table)}\n\n{plot}"
 
 
@@ -169,16 +196,23 @@ def _inflight(ctx: Context, rows: pd.DataFrame) -> dict[str, bool]:
         holds["1F1B in-flight ≤ P"] = bool((inflight[one_f.index] <= one_f["stages"]).all())
         most = _finite_int(inflight[one_f.index].max())
         p, m = int(one_f["stages"].max()), int(one_f["microbatches"].max())
-        ctx.figure(f"1F1B micro-batches in flight (max over ranks and M ≤ {m}, P = {p})",
-                   theory=f"≤ P = {p}", source="Narayanan et al. 2021 (PipeDream-Flush)",
-                   measured=str(most) if most is not None else "not measured",
-                   gap="within" if holds["1F1B in-flight ≤ P"] else "exceeds")  # fmt: skip
+        ctx.figure(
+            f"1F1B micro-batches in flight (max over ranks and M ≤ {m}, P = {p})",
+            theory=f"≤ P = {p}",
+            source="Narayanan et al. 2021 (PipeDream-Flush)",
+            measured=str(most) if most is not None else "not measured",
+            gap="within" if holds["1F1B in-flight ≤ P"] else "exceeds",
+        )
     if not gpipe.empty:
         ok = bool((inflight[gpipe.index] == gpipe["microbatches"]).all())
         holds["GPipe in-flight = M"] = ok
-        ctx.figure("GPipe micro-batches in flight", theory="= M", source="GPipe paper, §2.3",
-                   measured="= M in every cell" if ok else "≠ M in some cell",
-                   gap="match" if ok else "mismatch")  # fmt: skip
+        ctx.figure(
+            "GPipe micro-batches in flight",
+            theory="= M",
+            source="GPipe paper, §2.3",
+            measured="= M in every cell" if ok else "≠ M in some cell",
+            gap="match" if ok else "mismatch",
+        )
     for claim, ok in holds.items():
         ctx.finding(claim, ok)
     ctx.headline["inflight_checks"] = holds
@@ -202,8 +236,11 @@ def zero_bubble(ctx: Context) -> str | None:
     columns = ["stages", "microbatches", "replayed_makespan_s", "step_time_s"]
     if rows.empty or not set(columns) <= set(rows.columns) or "replayed_vs_1f1b" not in rows:
         return None
-    zb = rows[(rows["schedule"] == "zero_bubble_h1") & (rows["microbatches"] >= rows["stages"])
-              & rows["replayed_vs_1f1b"].notna()]  # fmt: skip
+    zb = rows[
+        (rows["schedule"] == "zero_bubble_h1")
+        & (rows["microbatches"] >= rows["stages"])
+        & rows["replayed_vs_1f1b"].notna()
+    ]
     if zb.empty:
         return None
     fused = rows[rows["schedule"] == "1f1b"][["stages", "microbatches", "step_time_s"]]
@@ -211,24 +248,38 @@ def zero_bubble(ctx: Context) -> str | None:
         fused, on=["stages", "microbatches"], how="left", suffixes=("_zb", "_1f1b")
     )
     sooner = both["replayed_vs_1f1b"] < 1.0
-    late = [f"P={r.stages}, M={r.microbatches} ({r.replayed_vs_1f1b:.3f}×)"
-            for r in both[~sooner].itertuples()]  # fmt: skip
+    late = [
+        f"P={r.stages}, M={r.microbatches} ({r.replayed_vs_1f1b:.3f}×)"
+        for r in both[~sooner].itertuples()
+    ]
     ctx.finding(
         _prose("h1_finding"),
         bool(sooner.all()),
         f"not sooner in {len(late)} of {len(both)} cells ({'; '.join(late)})",
     )
-    shown = both.rename(columns={
-        "replayed_makespan_s": "ZB-H1 replayed", "replayed_vs_1f1b": "ZB-H1 ÷ 1F1B replayed",
-        "vs_1f1b_basis": "1F1B side", "step_time_s_zb": "ZB-H1 wall clock",
-        "step_time_s_1f1b": "1F1B wall clock (its cell)"})  # fmt: skip
+    shown = both.rename(
+        columns={
+            "replayed_makespan_s": "ZB-H1 replayed",
+            "replayed_vs_1f1b": "ZB-H1 ÷ 1F1B replayed",
+            "vs_1f1b_basis": "1F1B side",
+            "step_time_s_zb": "ZB-H1 wall clock",
+            "step_time_s_1f1b": "1F1B wall clock (its cell)",
+        }
+    )
     for other, label in (("zero_bubble_h2", "ZB-H2"), ("zero_bubble_v", "ZB-V")):
         mine = rows[rows["schedule"] == other]
         extra = mine[["stages", "microbatches", "replayed_makespan_s"]]
-        _beats_h1(ctx, both.rename(columns={"replayed_makespan_s": "replayed_makespan_s_zb"}),
-                  mine.reindex(columns=[*extra.columns, "util_theory"]), label)  # fmt: skip
-        shown = shown.merge(extra.rename(columns={"replayed_makespan_s": f"{label} replayed"}),
-                            on=["stages", "microbatches"], how="left")  # fmt: skip
+        _beats_h1(
+            ctx,
+            both.rename(columns={"replayed_makespan_s": "replayed_makespan_s_zb"}),
+            mine.reindex(columns=[*extra.columns, "util_theory"]),
+            label,
+        )
+        shown = shown.merge(
+            extra.rename(columns={"replayed_makespan_s": f"{label} replayed"}),
+            on=["stages", "microbatches"],
+            how="left",
+        )
     for column in shown.columns[2:]:
         if column == "ZB-H1 ÷ 1F1B replayed":
             shown[column] = shown[column].map(lambda x: f"{x:.3f}×")
@@ -249,9 +300,11 @@ def _beats_h1(ctx: Context, both: pd.DataFrame, other: pd.DataFrame, label: str)
     if pair.empty:
         return
     sooner = pair["replayed_makespan_s"] < pair["replayed_makespan_s_zb"]
-    late = [f"P={r.stages}, M={r.microbatches} "
-            f"({r.replayed_makespan_s / r.replayed_makespan_s_zb:.2f}×)"
-            for r in pair[~sooner].itertuples()]  # fmt: skip
+    late = [
+        f"P={r.stages}, M={r.microbatches} "
+        f"({r.replayed_makespan_s / r.replayed_makespan_s_zb:.2f}×)"
+        for r in pair[~sooner].itertuples()
+    ]
     detail = _prose(
         "beats_h1_late", late=len(late), cells=len(pair), listing="; ".join(late), outside=outside
     )
@@ -274,11 +327,9 @@ def stage_costs(ctx: Context) -> str | None:
     for p, group in rows.groupby("stages"):
         split = group[(group["schedule"] == "zero_bubble_h1") & group["stage_costs"].notna()]
         fused_cells = group[(group["schedule"] == "1f1b") & group["stage_costs"].notna()]
-        fused_by_m = dict(zip(fused_cells["microbatches"], fused_cells["stage_costs"],
-                              strict=True))  # fmt: skip
+        fused_by_m = dict(zip(fused_cells["microbatches"], fused_cells["stage_costs"], strict=True))
         if "twin_1f1b_stage_costs" in split.columns:
-            for m, twin in zip(split["microbatches"], split["twin_1f1b_stage_costs"],
-                               strict=True):  # fmt: skip
+            for m, twin in zip(split["microbatches"], split["twin_1f1b_stage_costs"], strict=True):
                 if isinstance(twin, str) and twin:
                     fused_by_m[m] = twin
         ms = sorted(set(fused_by_m) & set(split["microbatches"]))
@@ -295,11 +346,19 @@ def stage_costs(ctx: Context) -> str | None:
             if None in (f_fused, f, b, i, w):
                 continue
             ratios.append((i + w) / b)
-            table.append({"stage": int(stage), "F fused": format_seconds(f_fused),
-                          "F": format_seconds(f), "B": format_seconds(b),
-                          "I": format_seconds(i), "W": format_seconds(w),
-                          "(I+W)/B": f"{(i + w) / b:.2f}", "I/F": f"{i / f:.2f}",
-                          "W/F": f"{w / f:.2f}"})  # fmt: skip
+            table.append(
+                {
+                    "stage": int(stage),
+                    "F fused": format_seconds(f_fused),
+                    "F": format_seconds(f),
+                    "B": format_seconds(b),
+                    "I": format_seconds(i),
+                    "W": format_seconds(w),
+                    "(I+W)/B": f"{(i + w) / b:.2f}",
+                    "I/F": f"{i / f:.2f}",
+                    "W/F": f"{w / f:.2f}",
+                }
+            )
         if table:
             tables.append(f"P = {p}, M = {m}:\n\n" + markdown_table(pd.DataFrame(table)))
             ctx.headline.setdefault("split_backward_ratio", {})[f"P={p}"] = max(ratios)

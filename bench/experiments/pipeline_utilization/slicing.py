@@ -71,8 +71,9 @@ def _cpu_seconds(call: Callable[[], None], repeats: int, prepare: Callable[[], N
     return statistics.median(samples)
 
 
-def measure_layer_costs(model: dict[str, int], microbatch_size: int, seed: int,
-                        repeats: int = COST_REPEATS) -> LayerCosts:  # fmt: skip
+def measure_layer_costs(
+    model: dict[str, int], microbatch_size: int, seed: int, repeats: int = COST_REPEATS
+) -> LayerCosts:
     """The three layer costs of the GPT `model` (`GPTConfig` keywords) on one micro-batch of
     `microbatch_size` sequences, measured in this process."""
     before = torch.get_num_threads()
@@ -112,8 +113,9 @@ def equal_layers(n_layers: int, stages: int) -> tuple[int, ...]:
     return tuple(len(r) for r in stage_layer_ranges(n_layers, stages, unit="blocks"))
 
 
-def alpa_layers(costs: LayerCosts, n_layers: int, stages: int,
-                microbatches: int) -> tuple[int, ...]:  # fmt: skip
+def alpa_layers(
+    costs: LayerCosts, n_layers: int, stages: int, microbatches: int
+) -> tuple[int, ...]:
     """Blocks per stage of Alpa's cut (Algorithm 1's DP over the chain, B = M): the first
     stage holds the embedding and the last the head whatever the counts, so an end stage
     may hold no block."""

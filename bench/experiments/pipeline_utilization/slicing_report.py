@@ -66,11 +66,16 @@ def slicing_pairs(ok: pd.DataFrame) -> list[dict[str, Any]]:
             continue
         m = int(alpa["microbatches"])
         costs = {k: _number(alpa, k) for k in COSTS}
-        record = {"schedule": alpa["schedule"], "stages": int(alpa["stages"]), "microbatches": m,
-                  "equal_layers": str(twin["stage_layers"]),
-                  "alpa_layers": str(alpa["stage_layers"]), **costs,
-                  "predicted_equal_s": eq2(costs, twin["stage_layers"], m),
-                  "predicted_alpa_s": eq2(costs, alpa["stage_layers"], m)}  # fmt: skip
+        record = {
+            "schedule": alpa["schedule"],
+            "stages": int(alpa["stages"]),
+            "microbatches": m,
+            "equal_layers": str(twin["stage_layers"]),
+            "alpa_layers": str(alpa["stage_layers"]),
+            **costs,
+            "predicted_equal_s": eq2(costs, twin["stage_layers"], m),
+            "predicted_alpa_s": eq2(costs, alpa["stage_layers"], m),
+        }
         for name, column in (("replayed", "replayed_makespan_s"), ("wall", "step_time_s")):
             record[f"{name}_equal_s"] = _number(twin, column)
             record[f"{name}_alpa_s"] = _number(alpa, column)
@@ -85,18 +90,24 @@ def slicing_pairs(ok: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _table(pairs: list[dict[str, Any]]) -> str:
-    frame = pd.DataFrame({
-        "cell": [f"{p['schedule']}, P={p['stages']}, M={p['microbatches']}" for p in pairs],
-        "blocks per stage, equal → alpa": [f"{p['equal_layers']} → {p['alpa_layers']}"
-                                           for p in pairs],
-        "embedding / block / head (fwd+bwd, one micro-batch)": [
-            " / ".join(format_seconds(p[k]) for k in COSTS) for p in pairs],
-        "predicted equal ÷ alpa (Eq. 2)": [format_ratio(p["predicted_ratio"]) for p in pairs],
-        "replayed step, equal / alpa": [f"{format_seconds(p['replayed_equal_s'])} / "
-                                        f"{format_seconds(p['replayed_alpa_s'])}" for p in pairs],
-        "replayed equal ÷ alpa (measured)": [format_ratio(p["replayed_ratio"]) for p in pairs],
-        "wall-clock equal ÷ alpa (measured)": [format_ratio(p["wall_ratio"]) for p in pairs],
-    })  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "cell": [f"{p['schedule']}, P={p['stages']}, M={p['microbatches']}" for p in pairs],
+            "blocks per stage, equal → alpa": [
+                f"{p['equal_layers']} → {p['alpa_layers']}" for p in pairs
+            ],
+            "embedding / block / head (fwd+bwd, one micro-batch)": [
+                " / ".join(format_seconds(p[k]) for k in COSTS) for p in pairs
+            ],
+            "predicted equal ÷ alpa (Eq. 2)": [format_ratio(p["predicted_ratio"]) for p in pairs],
+            "replayed step, equal / alpa": [
+                f"{format_seconds(p['replayed_equal_s'])} / {format_seconds(p['replayed_alpa_s'])}"
+                for p in pairs
+            ],
+            "replayed equal ÷ alpa (measured)": [format_ratio(p["replayed_ratio"]) for p in pairs],
+            "wall-clock equal ÷ alpa (measured)": [format_ratio(p["wall_ratio"]) for p in pairs],
+        }
+    )
     return markdown_table(frame, numparse=False)
 
 
@@ -148,10 +159,13 @@ def _findings(ctx: Context, pairs: list[dict[str, Any]]) -> str:
     lines = []
     if differ:
         faster = all(p["replayed_ratio"] > 1 for p in differ)
-        detail = "; ".join(f"{p['schedule']} P={p['stages']} M={p['microbatches']}: "
-                           f"{p['equal_layers']} → {p['alpa_layers']}, replayed equal ÷ alpa "
-                           f"{format_ratio(p['replayed_ratio'])} (predicted "
-                           f"{format_ratio(p['predicted_ratio'])})" for p in differ)  # fmt: skip
+        detail = "; ".join(
+            f"{p['schedule']} P={p['stages']} M={p['microbatches']}: "
+            f"{p['equal_layers']} → {p['alpa_layers']}, replayed equal ÷ alpa "
+            f"{format_ratio(p['replayed_ratio'])} (predicted "
+            f"{format_ratio(p['predicted_ratio'])})"
+            for p in differ
+        )
         ctx.finding(_prose("alpa_finding"), faster, detail)
         lines.append(_prose("alpa_differs", faster=faster, detail=detail))
         slower = [p for p in differ if not p["replayed_ratio"] > 1]
@@ -183,15 +197,29 @@ def alpa_vs_equal(ctx: Context) -> str | None:
     if not pairs:
         return None
     ctx.headline["alpa_vs_equal"] = [
-        {k: p[k] for k in ("schedule", "stages", "microbatches", "equal_layers", "alpa_layers",
-                           "predicted_ratio", "profiled_ratio", "replayed_ratio", "wall_ratio")}
+        {
+            k: p[k]
+            for k in (
+                "schedule",
+                "stages",
+                "microbatches",
+                "equal_layers",
+                "alpa_layers",
+                "predicted_ratio",
+                "profiled_ratio",
+                "replayed_ratio",
+                "wall_ratio",
+            )
+        }
         for p in pairs
-    ]  # fmt: skip
+    ]
     for p in pairs:
-        ctx.figure(f"equal ÷ Alpa-sliced step time, {p['schedule']} P={p['stages']} "
-                   f"M={p['microbatches']} ({p['equal_layers']} → {p['alpa_layers']})",
-                   source="Alpa (Zheng et al. 2022) Eq. 2 on layer costs measured here",
-                   model=format_ratio(p["predicted_ratio"]),
-                   measured=f"{format_ratio(p['replayed_ratio'])} replayed (wall clock "
-                   f"{format_ratio(p['wall_ratio'])})")  # fmt: skip
+        ctx.figure(
+            f"equal ÷ Alpa-sliced step time, {p['schedule']} P={p['stages']} "
+            f"M={p['microbatches']} ({p['equal_layers']} → {p['alpa_layers']})",
+            source="Alpa (Zheng et al. 2022) Eq. 2 on layer costs measured here",
+            model=format_ratio(p["predicted_ratio"]),
+            measured=f"{format_ratio(p['replayed_ratio'])} replayed (wall clock "
+            f"{format_ratio(p['wall_ratio'])})",
+        )
     return f"{_table(pairs)}\n\n{_findings(ctx, pairs)}"

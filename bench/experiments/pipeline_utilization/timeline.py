@@ -59,8 +59,9 @@ def _transfer(per_rank: list[dict]) -> float:
     return statistics.median(probes) if probes else 0.0
 
 
-def replayed(plan: Plan, key: dict[str, Any], per_rank: list[dict],
-             field: str = "isolated_records") -> Timeline:  # fmt: skip
+def replayed(
+    plan: Plan, key: dict[str, Any], per_rank: list[dict], field: str = "isolated_records"
+) -> Timeline:
     """The plan replayed with the action costs of the profiling steps in `field` and the
     probed transfer."""
     costs = action_costs(_steps(per_rank, field))
@@ -69,21 +70,25 @@ def replayed(plan: Plan, key: dict[str, Any], per_rank: list[dict],
 
 def _theory(key: dict[str, Any]) -> float:
     try:
-        return utilization_bound(key["schedule"], key["stages"], key["microbatches"],
-                                 key["virtual_stages"])  # fmt: skip
+        return utilization_bound(
+            key["schedule"], key["stages"], key["microbatches"], key["virtual_stages"]
+        )
     except ValueError:  # e.g. ZB-H1's bound assumes M ≥ P, ZB-H2's M ≥ 2P−1
         return math.nan
 
 
-def columns(plan: Plan, key: dict[str, Any], per_rank: list[dict],
-            fused_twin: Plan | None = None) -> dict[str, Any]:  # fmt: skip
+def columns(
+    plan: Plan, key: dict[str, Any], per_rank: list[dict], fused_twin: Plan | None = None
+) -> dict[str, Any]:
     """Utilization wall-clock and replayed, memory and in-flight counts; with `fused_twin`
     (a ZB-H1 cell's 1F1B twin), the twin's replayed step and stage costs from its own
     profiling steps, which alternated with the cell's."""
     steps = _steps(per_rank, "records")
     timeline = replayed(plan, key, per_rank)
-    in_step = [replay_measured(plan, records, _stage_count(key), stage_ranks=_stage_ranks(key))
-               for records in steps]  # fmt: skip
+    in_step = [
+        replay_measured(plan, records, _stage_count(key), stage_ranks=_stage_ranks(key))
+        for records in steps
+    ]
     return {
         "util_wall": statistics.median(utilization_wall(records) for records in steps),
         "util_replayed": timeline.utilization,
@@ -108,8 +113,10 @@ def _twin_columns(plan: Plan | None, key: dict[str, Any], per_rank: list[dict]) 
     twin_key = {**key, "schedule": "1f1b", "virtual_stages": 1}
     twin = replayed(plan, twin_key, per_rank, field="twin_isolated_records")
     steps = _steps(per_rank, "twin_isolated_records")
-    return {"twin_1f1b_replayed_s": twin.makespan,
-            "twin_1f1b_stage_costs": json.dumps(stage_costs(steps))}  # fmt: skip
+    return {
+        "twin_1f1b_replayed_s": twin.makespan,
+        "twin_1f1b_stage_costs": json.dumps(stage_costs(steps)),
+    }
 
 
 def stage_costs(steps: list[Records]) -> dict[str, dict[str, float]]:
@@ -144,8 +151,9 @@ def action_costs(steps: list[Records]) -> dict[Action, float]:
     return {action: cost[(action.stage, action.kind)] for action in actions}
 
 
-def write_trace(folder: Path, stem: str, plan: Plan, key: dict[str, Any],
-                per_rank: list[dict]) -> dict[str, str]:  # fmt: skip
+def write_trace(
+    folder: Path, stem: str, plan: Plan, key: dict[str, Any], per_rank: list[dict]
+) -> dict[str, str]:
     """`folder/traces/<stem>.json` (Chrome trace) and `<stem>_spans.csv` (the Gantt data) of
     the timed step whose wall-clock utilization is the median; their paths from `folder`."""
     steps = _steps(per_rank, "records")
@@ -163,17 +171,38 @@ def _write_spans(path: Path, records_by_rank: Records, timeline: Timeline) -> No
     rows = []
     for span in timeline.spans:
         action = span.action
-        rows.append(["replayed", span.rank, str(action), action.stage, action.kind,
-                     action.microbatch, span.start, span.end])  # fmt: skip
+        rows.append(
+            [
+                "replayed",
+                span.rank,
+                str(action),
+                action.stage,
+                action.kind,
+                action.microbatch,
+                span.start,
+                span.end,
+            ]
+        )
     origin = min((rec.start_s for recs in records_by_rank.values() for rec in recs), default=0.0)
     for rank, records in sorted(records_by_rank.items()):
         for rec in records:
             action = Action.parse(rec.action)
-            rows.append(["wall", rank, rec.action, action.stage, action.kind, action.microbatch,
-                         rec.start_s - origin, rec.end_s - origin])  # fmt: skip
+            rows.append(
+                [
+                    "wall",
+                    rank,
+                    rec.action,
+                    action.stage,
+                    action.kind,
+                    action.microbatch,
+                    rec.start_s - origin,
+                    rec.end_s - origin,
+                ]
+            )
     text = io.StringIO(newline="")
     writer = csv.writer(text)
-    writer.writerow(["timeline", "rank", "action", "stage", "kind", "microbatch",
-                     "start_s", "end_s"])  # fmt: skip
+    writer.writerow(
+        ["timeline", "rank", "action", "stage", "kind", "microbatch", "start_s", "end_s"]
+    )
     writer.writerows(rows)
     write_text_atomic(path, text.getvalue())

@@ -24,10 +24,24 @@ from bench.kit.workloads import reference_step
 from impls.costmodel.comm import allreduce_rounds
 from impls.costmodel.presets import host_hardware
 
-__all__ = ["MEETING_RANKS", "REFERENCE", "REFERENCE_MICRO", "RUNTIMES", "STATISTICS",
-           "action_overhead", "calibrate", "collective_meeting", "fit_for", "fit_reference",
-           "host_hardware", "rank_calibration", "reference_plan", "straggler",
-           "thread_speedup", "tp_call_work"]  # fmt: skip
+__all__ = [
+    "MEETING_RANKS",
+    "REFERENCE",
+    "REFERENCE_MICRO",
+    "RUNTIMES",
+    "STATISTICS",
+    "action_overhead",
+    "calibrate",
+    "collective_meeting",
+    "fit_for",
+    "fit_reference",
+    "host_hardware",
+    "rank_calibration",
+    "reference_plan",
+    "straggler",
+    "thread_speedup",
+    "tp_call_work",
+]
 
 _CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
 _RANK_CALIBRATIONS: dict[tuple, dict[str, Any]] = {}
@@ -36,8 +50,10 @@ ROWS = 8  # calibration GEMMs are (8n × n)·(n × n): tall, as tokens × width 
 CHAIN = 50  # tiny ops in the per-kernel overhead probe (each runs forward and backward)
 SPEEDUP_ROUNDS = 3  # alternating one-thread / rank-thread rounds of the speedup probe
 MEETING_RANKS = 2  # the meeting probe's pool: the wall-clock rows of N ≥ 2 ranks ≤ cores
-STATISTICS: dict[str, Callable[[list[float]], float]] = {"median": statistics.median,
-                                                         "fastest": min}  # fmt: skip
+STATISTICS: dict[str, Callable[[list[float]], float]] = {
+    "median": statistics.median,
+    "fastest": min,
+}
 """The statistics of a ground-truth row's time, each with a reference fit of its own."""
 _SUFFIX = {"median": "", "fastest": "_fastest"}  # keys: reference_fp32_s, ..._fastest_s
 
@@ -171,8 +187,15 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
       are fitted to calls made back to back, where no rank waits for a computing one.
     """
     window = cfg.reference_window_s
-    key = (tuple(cfg.gemm_sizes), cfg.copy_mib, cfg.repeats, window, threads,
-           cfg.meeting_segment_s, cfg.meeting_rounds)  # fmt: skip
+    key = (
+        tuple(cfg.gemm_sizes),
+        cfg.copy_mib,
+        cfg.repeats,
+        window,
+        threads,
+        cfg.meeting_segment_s,
+        cfg.meeting_rounds,
+    )
     if key in _CALIBRATIONS:
         return _CALIBRATIONS[key]
     before = torch.get_num_threads()
@@ -284,8 +307,10 @@ def rank_calibration(cfg: Any, threads: int) -> dict[str, Any]:
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
-        result: dict[str, Any] = {"threads": threads,
-                                  "adamw_s_per_param": _adamw_seconds_per_param(cfg.repeats)}  # fmt: skip
+        result: dict[str, Any] = {
+            "threads": threads,
+            "adamw_s_per_param": _adamw_seconds_per_param(cfg.repeats),
+        }
         micro, per_round = REFERENCE_MICRO[-1], max(1, cfg.repeats // SPEEDUP_ROUNDS)
         for dtype in ("fp32", "bf16"):
             one = at = None
@@ -322,11 +347,16 @@ def reference_plan(micro: int) -> tuple[Any, Any]:
     from impls.costmodel.compute import TransformerSpec
     from impls.simulator import ParallelPlan
 
-    spec = TransformerSpec(n_layers=REFERENCE["n_layers"], d_model=REFERENCE["d_model"],
-                           n_heads=REFERENCE["n_heads"], vocab_size=REFERENCE["vocab_size"],
-                           seq_len=REFERENCE["seq_len"])  # fmt: skip
-    plan = ParallelPlan(dp=1, tp=1, pp=1, microbatch_size=micro,
-                        stage_layers=(REFERENCE["n_layers"] + 2,))  # fmt: skip
+    spec = TransformerSpec(
+        n_layers=REFERENCE["n_layers"],
+        d_model=REFERENCE["d_model"],
+        n_heads=REFERENCE["n_heads"],
+        vocab_size=REFERENCE["vocab_size"],
+        seq_len=REFERENCE["seq_len"],
+    )
+    plan = ParallelPlan(
+        dp=1, tp=1, pp=1, microbatch_size=micro, stage_layers=(REFERENCE["n_layers"] + 2,)
+    )
     return spec, plan
 
 

@@ -20,8 +20,14 @@ from bench.config import (
 )
 from bench.kit.meeting import MEETING_SEGMENT_S
 
-__all__ = ["HELD_OUT", "PROBE_LINK", "SOURCES", "SPLITS", "PlannerValidationConfig",
-           "repository_reports"]  # fmt: skip
+__all__ = [
+    "HELD_OUT",
+    "PROBE_LINK",
+    "SOURCES",
+    "SPLITS",
+    "PlannerValidationConfig",
+    "repository_reports",
+]
 
 SOURCES = ("parallelism_comparison", "zero_memory", "pipeline_utilization")
 """The experiments whose measured rows are the ground truth (DP/TP/PP/hybrids, ZeRO,
@@ -98,8 +104,9 @@ class PlannerValidationConfig:
         check_choices("held_out", self.held_out, SOURCES)
         check_unique("held_out", self.held_out)
         if self.reports_root is not None and not str(self.reports_root).strip():
-            raise ValueError("reports_root='': give a folder, or null for the repository's "
-                             "reports/")  # fmt: skip
+            raise ValueError(
+                "reports_root='': give a folder, or null for the repository's reports/"
+            )
         if self.max_rows is not None:
             check_positive("max_rows", [self.max_rows])
         check_positive("gemm_sizes", self.gemm_sizes)
@@ -114,17 +121,21 @@ class PlannerValidationConfig:
         check_positive("meeting_rounds", [self.meeting_rounds])
         least = REFERENCE_CONFIGURATIONS * self.repeats * self.reference_window_s
         if least >= self.timeout_s:
-            raise ValueError(f"repeats={self.repeats}, reference_window_s="
-                             f"{self.reference_window_s}: the reference rounds alone step "
-                             f"{least:,.0f} s ({REFERENCE_CONFIGURATIONS} configurations × "
-                             f"repeats × reference_window_s), past timeout_s={self.timeout_s}; "
-                             "lower them or raise timeout_s")  # fmt: skip
+            raise ValueError(
+                f"repeats={self.repeats}, reference_window_s="
+                f"{self.reference_window_s}: the reference rounds alone step "
+                f"{least:,.0f} s ({REFERENCE_CONFIGURATIONS} configurations × "
+                f"repeats × reference_window_s), past timeout_s={self.timeout_s}; "
+                "lower them or raise timeout_s"
+            )
         check_number("timeout_s", self.timeout_s)
         for name in self.sources:
             if not (self.root() / name / "results.csv").is_file():
-                raise ValueError(f"reports_root={str(self.root())!r}: {name}/results.csv does "
-                                 f"not exist (run `python -m bench experiment={name}` "
-                                 "first)")  # fmt: skip
+                raise ValueError(
+                    f"reports_root={str(self.root())!r}: {name}/results.csv does "
+                    f"not exist (run `python -m bench experiment={name}` "
+                    "first)"
+                )
 
     def split(self, source: str) -> str:
         """Which half (`SPLITS`) a row of `source` belongs to."""

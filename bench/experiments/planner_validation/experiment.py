@@ -28,19 +28,44 @@ from bench.experiments.planner_validation import ranks, report
 from bench.experiments.planner_validation.config import PROBE_LINK, PlannerValidationConfig
 from bench.kit.profile import fit_ring
 
-__all__ = ["CONFIGURATION_COLUMNS", "EXPERIMENT", "PlannerValidationConfig", "cells",
-           "ground_truth", "measured", "ok_rows", "source_host_probe", "to_row"]  # fmt: skip
+__all__ = [
+    "CONFIGURATION_COLUMNS",
+    "EXPERIMENT",
+    "PlannerValidationConfig",
+    "cells",
+    "ground_truth",
+    "measured",
+    "ok_rows",
+    "source_host_probe",
+    "to_row",
+]
 
 _ZERO_METHODS = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 _MODEL = ("d_model", "n_layers", "n_heads", "seq_len", "vocab_size")
 _SHARED = (*_MODEL, "bias", "world_size", "host_cores", "status", "git_sha")
 CONFIGURATION_COLUMNS = {
-    "parallelism_comparison": (*_SHARED, "dp", "tp", "pp", "layout", "microbatches",
-                               "schedule", "batch_size"),
+    "parallelism_comparison": (
+        *_SHARED,
+        "dp",
+        "tp",
+        "pp",
+        "layout",
+        "microbatches",
+        "schedule",
+        "batch_size",
+    ),
     "zero_memory": (*_SHARED, "impl", "method", "precision", "batch_size"),
-    "pipeline_utilization": (*_SHARED, "impl", "slicing", "schedule", "stages",
-                             "microbatches", "virtual_stages", "microbatch_size"),
-}  # fmt: skip
+    "pipeline_utilization": (
+        *_SHARED,
+        "impl",
+        "slicing",
+        "schedule",
+        "stages",
+        "microbatches",
+        "virtual_stages",
+        "microbatch_size",
+    ),
+}
 """Per source, the columns of a ground-truth row its prediction may read: what the cell
 was (and whether it ran), never what it measured."""
 
@@ -51,8 +76,10 @@ _WHERE = "_where"  # a row's (results.csv, line), line 1 the header (set on read
 def _read(root: Path, name: str) -> list[dict[str, Any]]:
     path = root / name / "results.csv"
     if not path.is_file():
-        raise ValueError(f"reports_root={str(root)!r}: {name}/results.csv does not exist "
-                         f"(run `python -m bench experiment={name}` first)")  # fmt: skip
+        raise ValueError(
+            f"reports_root={str(root)!r}: {name}/results.csv does not exist "
+            f"(run `python -m bench experiment={name}` first)"
+        )
     return ok_rows(path)
 
 
@@ -74,16 +101,19 @@ def measured(row: dict[str, Any], column: str) -> float:
     or is not a finite number > 0 (a source's own error, refused before any cell runs)."""
     path, line = row[_WHERE]
     if column not in row:
-        raise ValueError(f"{path}:1: the header has no {column} column, which "
-                         "planner_validation reads as a measurement")  # fmt: skip
+        raise ValueError(
+            f"{path}:1: the header has no {column} column, which "
+            "planner_validation reads as a measurement"
+        )
     text = row[column] if row[column] is not None else ""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{path}:{line}: column {column} is {text!r}; a measurement must be "
-                         "a finite number > 0")  # fmt: skip
+        raise ValueError(
+            f"{path}:{line}: column {column} is {text!r}; a measurement must be a finite number > 0"
+        )
     return value
 
 
@@ -134,8 +164,9 @@ def _host_probe(row: dict[str, str]) -> float:
     return float(row.get("host_probe_s") or "nan")
 
 
-def _truth(source: str, row: dict[str, str], config: str, *, replay_statistic: str = "median",
-           **plan: Any) -> dict[str, Any]:  # fmt: skip
+def _truth(
+    source: str, row: dict[str, str], config: str, *, replay_statistic: str = "median", **plan: Any
+) -> dict[str, Any]:
     """One ground-truth configuration; `statistic` is what its measured time is of the
     samples (`calibration.STATISTICS`): the median of timed steps on the wall clock, the
     source's `replay_statistic` of each action's samples when replayed."""
@@ -144,10 +175,19 @@ def _truth(source: str, row: dict[str, str], config: str, *, replay_statistic: s
     label = _label(n, cores, replayed is not None)
     step = measured(row, "step_time_s") if label != "replayed" else replayed
     statistic = replay_statistic if label == "replayed" else "median"
-    return {"source": source, "config": config, "ranks": n, "host_cores": cores,
-            "ground_truth": label, "measured_step_time_s": step, "statistic": statistic,
-            "source_git_sha": row.get("git_sha", ""), "model": _model(row),
-            "position": row[_POSITION], **plan}  # fmt: skip
+    return {
+        "source": source,
+        "config": config,
+        "ranks": n,
+        "host_cores": cores,
+        "ground_truth": label,
+        "measured_step_time_s": step,
+        "statistic": statistic,
+        "source_git_sha": row.get("git_sha", ""),
+        "model": _model(row),
+        "position": row[_POSITION],
+        **plan,
+    }
 
 
 def _parallelism(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
@@ -155,17 +195,30 @@ def _parallelism(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
     for r in rows:
         dp, tp, pp, m = (int(float(r[k])) for k in ("dp", "tp", "pp", "microbatches"))
         micro, model = int(float(r["batch_size"])) // (dp * m), _model(r)
-        out.append(_truth(
-            "parallelism_comparison", r, f"{r['layout']}, M={m}", dp=dp, tp=tp, pp=pp,
-            zero_stage=0, precision="fp32", schedule=r["schedule"] if pp > 1 else "1f1b",
-            microbatches=m, virtual_stages=1, optimizer=True, microbatch_size=micro,
-            measured_peak_bytes=measured(r, "memory_per_rank_bytes"),
-            memory_includes_states=True, replayed=measured(r, "replayed_step_time_s"),
-            # a TP all-reduce carries one micro-batch's activation (b, s, h) in fp32; its
-            # own work per call is measured by this run's calibration at that size
-            tp_call_numel=micro * model["seq_len"] * model["d_model"] if tp > 1 else 0,
-            runtime="executor",  # HybridTrainer runs impls.pipeline's executor
-        ))  # fmt: skip
+        out.append(
+            _truth(
+                "parallelism_comparison",
+                r,
+                f"{r['layout']}, M={m}",
+                dp=dp,
+                tp=tp,
+                pp=pp,
+                zero_stage=0,
+                precision="fp32",
+                schedule=r["schedule"] if pp > 1 else "1f1b",
+                microbatches=m,
+                virtual_stages=1,
+                optimizer=True,
+                microbatch_size=micro,
+                measured_peak_bytes=measured(r, "memory_per_rank_bytes"),
+                memory_includes_states=True,
+                replayed=measured(r, "replayed_step_time_s"),
+                # a TP all-reduce carries one micro-batch's activation (b, s, h) in fp32; its
+                # own work per call is measured by this run's calibration at that size
+                tp_call_numel=micro * model["seq_len"] * model["d_model"] if tp > 1 else 0,
+                runtime="executor",  # HybridTrainer runs impls.pipeline's executor
+            )
+        )
     return out
 
 
@@ -175,17 +228,29 @@ def _zero(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
         if r.get("impl") != "distbench" or r["method"] not in _ZERO_METHODS:
             continue
         n = int(float(r["world_size"]))
-        out.append(_truth(
-            "zero_memory", r, f"{r['method']}, N={n}, {r['precision']}", dp=n, tp=1, pp=1,
-            zero_stage=_ZERO_METHODS[r["method"]], precision=r["precision"],
-            schedule="1f1b", microbatches=1, virtual_stages=1, optimizer=True,
-            microbatch_size=int(float(r["batch_size"])) // n,
-            measured_peak_bytes=measured(r, "peak_bytes"), memory_includes_states=True,
-            # impls.zero gathers / reduce-scatters unit by unit: the GPT's blocks and
-            # the root unit (embeddings, final norm, head), one call each
-            dp_collectives=int(float(r["n_layers"])) + 1,
-            runtime="ledger",  # ZeroDataParallel counts each forward's saved activations
-        ))  # fmt: skip
+        out.append(
+            _truth(
+                "zero_memory",
+                r,
+                f"{r['method']}, N={n}, {r['precision']}",
+                dp=n,
+                tp=1,
+                pp=1,
+                zero_stage=_ZERO_METHODS[r["method"]],
+                precision=r["precision"],
+                schedule="1f1b",
+                microbatches=1,
+                virtual_stages=1,
+                optimizer=True,
+                microbatch_size=int(float(r["batch_size"])) // n,
+                measured_peak_bytes=measured(r, "peak_bytes"),
+                memory_includes_states=True,
+                # impls.zero gathers / reduce-scatters unit by unit: the GPT's blocks and
+                # the root unit (embeddings, final norm, head), one call each
+                dp_collectives=int(float(r["n_layers"])) + 1,
+                runtime="ledger",  # ZeroDataParallel counts each forward's saved activations
+            )
+        )
     return out
 
 
@@ -205,21 +270,36 @@ def _pipeline(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
         if r["schedule"] in UNPLACED:
             continue
         p, m, v = (int(float(r[k])) for k in ("stages", "microbatches", "virtual_stages"))
-        out.append(_truth(
-            "pipeline_utilization", r, f"{r['schedule']}, P={p}, M={m}, V={v}", dp=1, tp=1,
-            pp=p, zero_stage=0, precision="fp32", schedule=r["schedule"], microbatches=m,
-            virtual_stages=v, optimizer=False,
-            microbatch_size=int(float(r["microbatch_size"])),
-            measured_peak_bytes=measured(r, "peak_activation_bytes"),
-            memory_includes_states=False, replayed=measured(r, "replayed_makespan_s"),
-            replay_statistic="fastest",  # its replay prices each action at its fastest
-            runtime="executor",
-        ))  # fmt: skip
+        out.append(
+            _truth(
+                "pipeline_utilization",
+                r,
+                f"{r['schedule']}, P={p}, M={m}, V={v}",
+                dp=1,
+                tp=1,
+                pp=p,
+                zero_stage=0,
+                precision="fp32",
+                schedule=r["schedule"],
+                microbatches=m,
+                virtual_stages=v,
+                optimizer=False,
+                microbatch_size=int(float(r["microbatch_size"])),
+                measured_peak_bytes=measured(r, "peak_activation_bytes"),
+                memory_includes_states=False,
+                replayed=measured(r, "replayed_makespan_s"),
+                replay_statistic="fastest",  # its replay prices each action at its fastest
+                runtime="executor",
+            )
+        )
     return out
 
 
-_PARSERS = {"parallelism_comparison": _parallelism, "zero_memory": _zero,
-            "pipeline_utilization": _pipeline}  # fmt: skip
+_PARSERS = {
+    "parallelism_comparison": _parallelism,
+    "zero_memory": _zero,
+    "pipeline_utilization": _pipeline,
+}
 
 
 def ring_links(root: Path, *, robust: bool = True) -> dict[int, tuple[float, float]]:
@@ -281,9 +361,15 @@ def ground_truth(cfg: PlannerValidationConfig) -> list[dict[str, Any]]:
             t["host_probe_s"] = source_host_probe(probes, t.pop("position"))
             n, split = t["ranks"], cfg.split(source)
             if t["ground_truth"] != "replayed" and n in rings:
-                out.append({**t, "split": split, "link": rings[n],
-                            "link_least_squares": squares[n],
-                            "link_source": f"allreduce_scaling ring, N={n}"})  # fmt: skip
+                out.append(
+                    {
+                        **t,
+                        "split": split,
+                        "link": rings[n],
+                        "link_least_squares": squares[n],
+                        "link_source": f"allreduce_scaling ring, N={n}",
+                    }
+                )
             else:
                 out.append({**t, "split": split, "link": None, "link_source": PROBE_LINK})
     return out
@@ -293,7 +379,7 @@ def cells(cfg: PlannerValidationConfig) -> list[Cell]:
     return [
         Cell(
             world_size=1, key={"source": t["source"], "config": t["config"]}, fn=ranks.run, carry=t
-        )  # fmt: skip
+        )
         for t in ground_truth(cfg)
     ]
 
@@ -320,32 +406,47 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
     return {
         **cell.key,
         "split": t["split"],
-        "ranks": t["ranks"], "source_host_cores": t["host_cores"],
-        "dp": t["dp"], "tp": t["tp"], "pp": t["pp"],
-        "zero_stage": t["zero_stage"], "precision": t["precision"],
-        "schedule": t["schedule"], "microbatches": t["microbatches"],
-        "virtual_stages": t["virtual_stages"], "microbatch_size": t["microbatch_size"],
-        "ground_truth": t["ground_truth"], "statistic": t.get("statistic", "median"),
+        "ranks": t["ranks"],
+        "source_host_cores": t["host_cores"],
+        "dp": t["dp"],
+        "tp": t["tp"],
+        "pp": t["pp"],
+        "zero_stage": t["zero_stage"],
+        "precision": t["precision"],
+        "schedule": t["schedule"],
+        "microbatches": t["microbatches"],
+        "virtual_stages": t["virtual_stages"],
+        "microbatch_size": t["microbatch_size"],
+        "ground_truth": t["ground_truth"],
+        "statistic": t.get("statistic", "median"),
         "source_git_sha": t["source_git_sha"],
         "link_source": t.get("link_source", PROBE_LINK),
         # the same ring rows fitted by least squares: context beside the robust fit used
-        **dict(zip(("link_lsq_alpha_s", "link_lsq_beta_s_per_byte"),
-                   t.get("link_least_squares", (math.nan, math.nan)), strict=True)),
+        **dict(
+            zip(
+                ("link_lsq_alpha_s", "link_lsq_beta_s_per_byte"),
+                t.get("link_least_squares", (math.nan, math.nan)),
+                strict=True,
+            )
+        ),
         "dp_collectives": t.get("dp_collectives", 1),
         "measured_step_time_s": measured_step,
         "predicted_step_time_s": p["predicted_step_time_s"],
         "step_error": _error(p["predicted_step_time_s"], measured_step),
         "step_error_unscaled": _error(p["predicted_unscaled_step_time_s"], measured_step),
-        "step_error_without_straggler": _error(p["predicted_without_straggler_step_time_s"],
-                                               measured_step),
-        "memory_measure": "model states + activations" if t["memory_includes_states"]
+        "step_error_without_straggler": _error(
+            p["predicted_without_straggler_step_time_s"], measured_step
+        ),
+        "memory_measure": "model states + activations"
+        if t["memory_includes_states"]
         else "activations",
         "measured_peak_bytes": measured_peak,
         "predicted_peak_bytes": p["predicted_peak_bytes"],
         "memory_error": _error(p["predicted_peak_bytes"], measured_peak),
-        **{k: v for k, v in p.items() if k not in ("predicted_step_time_s",
-                                                   "predicted_peak_bytes")},
-    }  # fmt: skip
+        **{
+            k: v for k, v in p.items() if k not in ("predicted_step_time_s", "predicted_peak_bytes")
+        },
+    }
 
 
 EXPERIMENT = Experiment(

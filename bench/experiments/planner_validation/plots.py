@@ -15,8 +15,9 @@ __all__ = ["scatter_figure"]
 MARKERS = {"parallelism_comparison": "o", "zero_memory": "s", "pipeline_utilization": "^"}
 
 
-def scatter_figure(rows: pd.DataFrame, measured: str, predicted: str, what: str,
-                   band: float) -> Figure:  # fmt: skip
+def scatter_figure(
+    rows: pd.DataFrame, measured: str, predicted: str, what: str, band: float
+) -> Figure:
     """Predicted vs measured `what`, coloured by source; the ±`band` corridor shaded."""
     fig, axes = new_figure(5.5, 5.0)
     ax = axes[0]
@@ -24,12 +25,22 @@ def scatter_figure(rows: pd.DataFrame, measured: str, predicted: str, what: str,
     values = values[values.map(lambda v: math.isfinite(v) and v > 0)]
     low, high = (values.min() / 1.5, values.max() * 1.5) if len(values) else (1e-3, 1.0)
     for source, sub in rows.groupby("source"):
-        ax.scatter(sub[measured], sub[predicted], label=source, alpha=0.75,
-                   marker=MARKERS.get(str(source), "o"))  # fmt: skip
+        ax.scatter(
+            sub[measured],
+            sub[predicted],
+            label=source,
+            alpha=0.75,
+            marker=MARKERS.get(str(source), "o"),
+        )
     ax.plot([low, high], [low, high], color="black", linewidth=1, label="predicted = measured")
-    ax.fill_between([low, high], [low * (1 - band), high * (1 - band)],
-                    [low * (1 + band), high * (1 + band)], color="grey", alpha=0.2,
-                    label=f"±{band:.0%}")  # fmt: skip
+    ax.fill_between(
+        [low, high],
+        [low * (1 - band), high * (1 - band)],
+        [low * (1 + band), high * (1 + band)],
+        color="grey",
+        alpha=0.2,
+        label=f"±{band:.0%}",
+    )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(low, high)

@@ -74,8 +74,9 @@ def probe_link() -> tuple[float, float]:
     """(α s per round, β s per byte) of this pool's link (collective)."""
     from bench.kit.host import probe_pairs
 
-    small, large = (probe_pairs(torch.zeros(max(1, n // 4)), exchange=True, trials=TRIALS)
-                    for n in LINK_BYTES)  # fmt: skip
+    small, large = (
+        probe_pairs(torch.zeros(max(1, n // 4)), exchange=True, trials=TRIALS) for n in LINK_BYTES
+    )
     # a 1 MiB exchange no slower than 4 bytes (a disturbed α): β floored above 0, as the
     # ring fits floor theirs, so the link keeps a finite bandwidth
     return small, max((large - small) / (LINK_BYTES[1] - LINK_BYTES[0]), 1e-15)
@@ -103,15 +104,20 @@ def probe(link: bool, numels: list[int]) -> dict[str, Any]:
 
 def _merge(per_rank: list[dict[str, Any]], numels: list[int]) -> dict[str, Any]:
     """The medians over the ranks, as `parallelism_comparison` takes them."""
-    out: dict[str, Any] = {"world_size": len(per_rank), "tp_call_cpu_s": {
-        n: statistics.median(r["tp_call_cpu_s"][n] for r in per_rank) for n in numels}}  # fmt: skip
+    out: dict[str, Any] = {
+        "world_size": len(per_rank),
+        "tp_call_cpu_s": {
+            n: statistics.median(r["tp_call_cpu_s"][n] for r in per_rank) for n in numels
+        },
+    }
     if "link" in per_rank[0]:
         out["link"] = tuple(statistics.median(r["link"][i] for r in per_rank) for i in range(2))
     return out
 
 
-def measure(world_size: int, numels: list[int], *, link: bool = False,
-            timeout_s: float = 300.0) -> dict[str, Any]:  # fmt: skip
+def measure(
+    world_size: int, numels: list[int], *, link: bool = False, timeout_s: float = 300.0
+) -> dict[str, Any]:
     """`probe` on a fresh pool of `world_size` gloo ranks, in a child interpreter:
     {"world_size", "tp_call_cpu_s": {numel: s}, and with `link`, "link": (α, β)}.
 
@@ -121,9 +127,14 @@ def measure(world_size: int, numels: list[int], *, link: bool = False,
     """
     if world_size < 2:
         raise ValueError(f"world_size={world_size}: a pool probe needs at least 2 ranks")
-    args = [sys.executable, "-m", "bench.experiments.planner_validation.pool_probes",
-            f"--world-size={world_size}", *(f"--numel={n}" for n in numels),
-            *(["--link"] if link else [])]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "bench.experiments.planner_validation.pool_probes",
+        f"--world-size={world_size}",
+        *(f"--numel={n}" for n in numels),
+        *(["--link"] if link else []),
+    ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]

@@ -15,9 +15,18 @@ from bench.experiments.planner_validation import calibration
 from bench.experiments.planner_validation.config import PlannerValidationConfig
 from impls.costmodel.comm import allreduce_rounds
 
-__all__ = ["activation_stage_bytes", "carries_tp_calls", "optimizer_params",
-           "params_per_stage", "predict", "host_slowdown", "rank_rates", "round_alpha", "run",
-           "stage_layers"]  # fmt: skip
+__all__ = [
+    "activation_stage_bytes",
+    "carries_tp_calls",
+    "optimizer_params",
+    "params_per_stage",
+    "predict",
+    "host_slowdown",
+    "rank_rates",
+    "round_alpha",
+    "run",
+    "stage_layers",
+]
 
 _STAT = 4  # LayerNorm / log-sum-exp statistics are fp32 (activations.activation_bytes)
 _INDEX = 8  # int64 positions
@@ -88,12 +97,14 @@ def _memory(truth: dict[str, Any]) -> dict[str, float]:
         held = held_activation_peak(plan[rank], acts)
         gathered = 0.0
         if truth["zero_stage"] == 3:  # one block and the non-block parameters, gathered
-            gathered = b.weights * (_block_params(m, tp) + params_per_stage(m, 1, tp)[0]
-                                    - m["n_layers"] * _block_params(m, tp))  # fmt: skip
+            gathered = b.weights * (
+                _block_params(m, tp)
+                + params_per_stage(m, 1, tp)[0]
+                - m["n_layers"] * _block_params(m, tp)
+            )
         total = held + (states + gathered if truth["memory_includes_states"] else 0.0)
         if total > best["total"]:
-            best = {"total": total, "states": states, "activations": held,
-                    "gathered": gathered}  # fmt: skip
+            best = {"total": total, "states": states, "activations": held, "gathered": gathered}
     return best
 
 
@@ -115,21 +126,35 @@ def predict(truth: dict[str, Any], hw: Any, adamw_s_per_param: float | None = No
     from impls.simulator import ParallelPlan, simulate
 
     m = truth["model"]
-    spec = TransformerSpec(n_layers=m["n_layers"], d_model=m["d_model"], n_heads=m["n_heads"],
-                           vocab_size=m["vocab_size"], seq_len=m["seq_len"])  # fmt: skip
+    spec = TransformerSpec(
+        n_layers=m["n_layers"],
+        d_model=m["d_model"],
+        n_heads=m["n_heads"],
+        vocab_size=m["vocab_size"],
+        seq_len=m["seq_len"],
+    )
     stages = truth["pp"] * truth["virtual_stages"]
     plan = ParallelPlan(
-        dp=truth["dp"], tp=truth["tp"], pp=truth["pp"], zero_stage=truth["zero_stage"],
-        microbatch_size=truth["microbatch_size"], num_microbatches=truth["microbatches"],
-        schedule=truth["schedule"], virtual_stages=truth["virtual_stages"],
+        dp=truth["dp"],
+        tp=truth["tp"],
+        pp=truth["pp"],
+        zero_stage=truth["zero_stage"],
+        microbatch_size=truth["microbatch_size"],
+        num_microbatches=truth["microbatches"],
+        schedule=truth["schedule"],
+        virtual_stages=truth["virtual_stages"],
         stage_layers=stage_layers(m["n_layers"], stages),
-    )  # fmt: skip
-    p = simulate(spec, plan, hw, dtype=truth["precision"],
-                 dp_collectives=truth.get("dp_collectives", 1))  # fmt: skip
+    )
+    p = simulate(
+        spec, plan, hw, dtype=truth["precision"], dp_collectives=truth.get("dp_collectives", 1)
+    )
     optimizer = 0.0
     if truth["optimizer"]:
-        optimizer = (p.optimizer_s if adamw_s_per_param is None
-                     else adamw_s_per_param * optimizer_params(truth))  # fmt: skip
+        optimizer = (
+            p.optimizer_s
+            if adamw_s_per_param is None
+            else adamw_s_per_param * optimizer_params(truth)
+        )
     memory = _memory(truth)
     return {
         **prediction_row(p, parts="predicted_{part}_s", optimizer_s=optimizer, summary=False),
@@ -229,8 +254,11 @@ def run(cfg: PlannerValidationConfig, cell: Cell) -> dict[str, Any]:
     fit = calibration.fit_for(cal, truth["precision"], truth.get("statistic", "median"))
     own = truth.get("link") is None  # this run's probe, not a ring fit read from a report
     wire = cal["link"] if own else truth["link"]
-    call = (calibration.tp_call_work(cfg, truth["tp"], truth["tp_call_numel"])
-            if carries_tp_calls(truth) else 0.0)  # fmt: skip
+    call = (
+        calibration.tp_call_work(cfg, truth["tp"], truth["tp_call_numel"])
+        if carries_tp_calls(truth)
+        else 0.0
+    )
     probe, cal_probe = truth.get("host_probe_s", math.nan), cal.get("host_probe_s", math.nan)
     slowdown = host_slowdown(probe, cal_probe)
     action = calibration.action_overhead(cal, truth.get("runtime"))
@@ -247,33 +275,51 @@ def run(cfg: PlannerValidationConfig, cell: Cell) -> dict[str, Any]:
         link = (alpha, wire[1] * scale)
         slower = host * straggle
         meeting = calibration.collective_meeting(cal, truth["ranks"], link) if meets else 0.0
-        hw = calibration.host_hardware(cal, link, rate / fit["scale"] / slower,
-                                       overhead_s=fit["overhead_s"] * stretch * slower,
-                                       p2p_blocking=wall_clock,
-                                       action_overhead_s=action * stretch * slower,
-                                       meeting_s=meeting)  # fmt: skip
+        hw = calibration.host_hardware(
+            cal,
+            link,
+            rate / fit["scale"] / slower,
+            overhead_s=fit["overhead_s"] * stretch * slower,
+            p2p_blocking=wall_clock,
+            action_overhead_s=action * stretch * slower,
+            meeting_s=meeting,
+        )
         adamw = local["adamw_s_per_param"] / min(rate, 1.0)  # a core share stretches it
-        return {**predict(truth, hw, adamw * slower), "round_alpha_s": alpha,
-                "link_scale": scale, "collective_meeting_s": meeting}  # fmt: skip
+        return {
+            **predict(truth, hw, adamw * slower),
+            "round_alpha_s": alpha,
+            "link_scale": scale,
+            "collective_meeting_s": meeting,
+        }
 
     # a wall-clock step ends with the slowest of its ranks; a replay prices each action alone
     straggle = calibration.straggler(cal, truth["ranks"]) if wall_clock else 1.0
     row = predicted(slowdown, straggle)
     plain = row if slowdown == 1.0 else predicted(1.0, straggle)
     alone = row if straggle == 1.0 else predicted(slowdown, 1.0)
-    row.update({
-        "predicted_unscaled_step_time_s": plain["predicted_step_time_s"],
-        "predicted_without_straggler_step_time_s": alone["predicted_step_time_s"],
-        "straggler": straggle,
-        "host_probe_s": probe, "cal_host_probe_s": cal_probe, "host_slowdown": slowdown,
-        "threads_per_rank": threads, "compute_rate": rate, "overhead_stretch": stretch,
-        "p2p_blocking": wall_clock, "cal_thread_speedup": speedup,
-        "optimizer_params": optimizer_params(truth),
-        "link_alpha_s": wire[0], "link_beta_s_per_byte": wire[1],
-        "tp_call_numel": truth.get("tp_call_numel", 0), "tp_call_cpu_s": call,
-        "runtime": truth.get("runtime"), "action_overhead_s": action,
-        **_calibration_columns(cal, local, fit, truth["precision"]),
-    })  # fmt: skip
+    row.update(
+        {
+            "predicted_unscaled_step_time_s": plain["predicted_step_time_s"],
+            "predicted_without_straggler_step_time_s": alone["predicted_step_time_s"],
+            "straggler": straggle,
+            "host_probe_s": probe,
+            "cal_host_probe_s": cal_probe,
+            "host_slowdown": slowdown,
+            "threads_per_rank": threads,
+            "compute_rate": rate,
+            "overhead_stretch": stretch,
+            "p2p_blocking": wall_clock,
+            "cal_thread_speedup": speedup,
+            "optimizer_params": optimizer_params(truth),
+            "link_alpha_s": wire[0],
+            "link_beta_s_per_byte": wire[1],
+            "tp_call_numel": truth.get("tp_call_numel", 0),
+            "tp_call_cpu_s": call,
+            "runtime": truth.get("runtime"),
+            "action_overhead_s": action,
+            **_calibration_columns(cal, local, fit, truth["precision"]),
+        }
+    )
     return row
 
 
@@ -283,20 +329,36 @@ def _calibration_columns(cal: dict, local: dict, fit: dict, dtype: str) -> dict[
     micro = calibration.REFERENCE_MICRO
     return {
         "cal_adamw_s_per_param": local["adamw_s_per_param"],
-        **{f"cal_reference_{d}_micro{micro[-1]}_{k}_s": local[f"reference_{d}_{k}_s"]
-           for d in ("fp32", "bf16") for k in ("one_thread", "at_threads")},
-        "cal_peak_fp32_flops": cal["peak_fp32_flops"], "cal_peak_bf16_flops":
-        cal["peak_bf16_flops"], "cal_memory_bandwidth": cal["memory_bandwidth"],
+        **{
+            f"cal_reference_{d}_micro{micro[-1]}_{k}_s": local[f"reference_{d}_{k}_s"]
+            for d in ("fp32", "bf16")
+            for k in ("one_thread", "at_threads")
+        },
+        "cal_peak_fp32_flops": cal["peak_fp32_flops"],
+        "cal_peak_bf16_flops": cal["peak_bf16_flops"],
+        "cal_memory_bandwidth": cal["memory_bandwidth"],
         "cal_kernel_overhead_s": cal["kernel_overhead_s"],
         "cal_gemm_table": ";".join(f"{f:.3g}:{e:.3f}" for f, e in cal["gemm_table"]),
-        "fit_scale": fit["scale"], "fit_overhead_s": fit["overhead_s"],
+        "fit_scale": fit["scale"],
+        "fit_overhead_s": fit["overhead_s"],
         "fit_two_point": fit["two_point"],
-        **{f"fit_{stat}_{k}": calibration.fit_for(cal, dtype, stat)[k]
-           for stat in calibration.STATISTICS for k in ("scale", "overhead_s")},
-        **{f"reference_{d}_micro{b}{k}_s": cal[f"reference_{d}{k}_s"][b]
-           for d in ("fp32", "bf16") for b in micro for k in ("", "_fastest")},
-        **{f"cal_meeting_{k}": (cal.get("meeting") or {}).get(k, math.nan)
-           for k in ("after_compute_s", "call_s", "segment_s", "world_size")},
-        **{f"cal_action_overhead_{name}_s": calibration.action_overhead(cal, name)
-           for name in calibration.RUNTIMES},
-    }  # fmt: skip
+        **{
+            f"fit_{stat}_{k}": calibration.fit_for(cal, dtype, stat)[k]
+            for stat in calibration.STATISTICS
+            for k in ("scale", "overhead_s")
+        },
+        **{
+            f"reference_{d}_micro{b}{k}_s": cal[f"reference_{d}{k}_s"][b]
+            for d in ("fp32", "bf16")
+            for b in micro
+            for k in ("", "_fastest")
+        },
+        **{
+            f"cal_meeting_{k}": (cal.get("meeting") or {}).get(k, math.nan)
+            for k in ("after_compute_s", "call_s", "segment_s", "world_size")
+        },
+        **{
+            f"cal_action_overhead_{name}_s": calibration.action_overhead(cal, name)
+            for name in calibration.RUNTIMES
+        },
+    }

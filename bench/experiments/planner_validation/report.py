@@ -49,8 +49,12 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
 def spearman(measured: pd.Series, predicted: pd.Series) -> float:
     """Spearman's ρ: Pearson's correlation of the ranks (ties averaged), as
     `scipy.stats.spearmanr` computes it; NaN with fewer than 3 rows or a constant side."""
-    pair = pd.DataFrame({"m": pd.to_numeric(measured, errors="coerce"),
-                         "p": pd.to_numeric(predicted, errors="coerce")}).dropna()  # fmt: skip
+    pair = pd.DataFrame(
+        {
+            "m": pd.to_numeric(measured, errors="coerce"),
+            "p": pd.to_numeric(predicted, errors="coerce"),
+        }
+    ).dropna()
     if len(pair) < 3 or pair["m"].nunique() < 2 or pair["p"].nunique() < 2:
         return math.nan
     return float(pair["m"].rank().corr(pair["p"].rank()))
@@ -67,9 +71,7 @@ def _summary(rows: pd.DataFrame) -> dict[str, float]:
         "optimistic_rows": int((signed < 0).sum()),  # predicted faster than measured
         "median_abs_memory_error": float(rows["abs_memory_error"].median()),
         "worst_abs_memory_error": float(rows["abs_memory_error"].max()),
-        "spearman_step_time": spearman(
-            rows["measured_step_time_s"], rows["predicted_step_time_s"]
-        ),  # fmt: skip
+        "spearman_step_time": spearman(rows["measured_step_time_s"], rows["predicted_step_time_s"]),
     }
 
 
@@ -78,19 +80,26 @@ def _signed(value: float) -> str:
 
 
 def _summary_table(summaries: dict[str, dict[str, float]], halves: dict[str, str]) -> str:
-    table = pd.DataFrame([
-        {"rows": name, "half (its sources)": halves.get(name, "—"), "configurations": s["rows"],
-         "median abs step error": format_percent(s["median_abs_step_error"]),
-         "worst abs step error": format_percent(s["worst_abs_step_error"]),
-         f"rows over {STEP_BOUND:.0%}": s["rows_over_bound"],
-         "median step error (signed)": _signed(s["median_step_error"]),
-         "optimistic (predicted < measured)": s["optimistic_rows"],
-         "median abs memory error": format_percent(s["median_abs_memory_error"]),
-         "worst abs memory error": format_percent(s["worst_abs_memory_error"]),
-         "Spearman ρ (step time)": "—" if math.isnan(s["spearman_step_time"])
-         else f"{s['spearman_step_time']:.2f}"}
-        for name, s in summaries.items()
-    ])  # fmt: skip
+    table = pd.DataFrame(
+        [
+            {
+                "rows": name,
+                "half (its sources)": halves.get(name, "—"),
+                "configurations": s["rows"],
+                "median abs step error": format_percent(s["median_abs_step_error"]),
+                "worst abs step error": format_percent(s["worst_abs_step_error"]),
+                f"rows over {STEP_BOUND:.0%}": s["rows_over_bound"],
+                "median step error (signed)": _signed(s["median_step_error"]),
+                "optimistic (predicted < measured)": s["optimistic_rows"],
+                "median abs memory error": format_percent(s["median_abs_memory_error"]),
+                "worst abs memory error": format_percent(s["worst_abs_memory_error"]),
+                "Spearman ρ (step time)": "—"
+                if math.isnan(s["spearman_step_time"])
+                else f"{s['spearman_step_time']:.2f}",
+            }
+            for name, s in summaries.items()
+        ]
+    )
     return markdown_table(table, numparse=False)
 
 
@@ -98,8 +107,9 @@ def _summaries(ok: pd.DataFrame) -> tuple[dict[str, dict[str, float]], dict[str,
     """({rows: summary} for all rows, each half and each source; {source: its half})."""
     summaries = {"all": _summary(ok)}
     split = ok["split"] if "split" in ok.columns else pd.Series("—", index=ok.index)
-    halves = {str(source): str(split[ok["source"] == source].iloc[0])
-              for source in ok["source"].unique()}  # fmt: skip
+    halves = {
+        str(source): str(split[ok["source"] == source].iloc[0]) for source in ok["source"].unique()
+    }
     for half in SPLITS:
         if (split == half).any():
             summaries[half] = _summary(ok[split == half])
@@ -175,31 +185,51 @@ def _index(ctx: Context, summaries: dict[str, dict[str, float]]) -> None:
         s = summaries.get(half)
         if s is None:
             continue
-        ctx.figure(f"simulator vs runs here: median |step-time error|, {half} half "
-                   f"({s['rows']} configurations)", theory=f"≤ {STEP_BOUND:.0%}",
-                   source=HELD_OUT_ISSUE if half == "held_out" else ISSUE + ", context",
-                   gap=format_percent(s["median_abs_step_error"]))  # fmt: skip
+        ctx.figure(
+            f"simulator vs runs here: median |step-time error|, {half} half "
+            f"({s['rows']} configurations)",
+            theory=f"≤ {STEP_BOUND:.0%}",
+            source=HELD_OUT_ISSUE if half == "held_out" else ISSUE + ", context",
+            gap=format_percent(s["median_abs_step_error"]),
+        )
     overall = summaries["all"]
     n = overall["rows"]
-    ctx.figure(f"simulator vs runs here: median |peak-memory error| over {n} configurations",
-               theory=f"≤ {MEMORY_BOUND:.0%}", source=ISSUE,
-               gap=format_percent(overall["median_abs_memory_error"]))  # fmt: skip
+    ctx.figure(
+        f"simulator vs runs here: median |peak-memory error| over {n} configurations",
+        theory=f"≤ {MEMORY_BOUND:.0%}",
+        source=ISSUE,
+        gap=format_percent(overall["median_abs_memory_error"]),
+    )
     rho = overall["spearman_step_time"]
-    ctx.figure(f"simulator vs runs here: Spearman ρ of step times over {n} configurations",
-               theory=f"≥ {SPEARMAN_BOUND}", source=ISSUE,
-               gap="—" if math.isnan(rho) else f"ρ = {rho:.2f}")  # fmt: skip
+    ctx.figure(
+        f"simulator vs runs here: Spearman ρ of step times over {n} configurations",
+        theory=f"≥ {SPEARMAN_BOUND}",
+        source=ISSUE,
+        gap="—" if math.isnan(rho) else f"ρ = {rho:.2f}",
+    )
     median = held["median_abs_step_error"] if held else math.nan
     ctx.headline["held_out_step_target"] = {
-        "median_abs_step_error": median, "bound": STEP_BOUND, "rows": held["rows"] if held else 0,
-        "met": bool(median <= STEP_BOUND), "source": HELD_OUT_ISSUE}  # fmt: skip
-    ctx.finding(f"median |step-time error| ≤ {STEP_BOUND:.0%} on the held-out half",
-                median <= STEP_BOUND,
-                format_percent(median) if held else "no held-out row")  # fmt: skip
-    ctx.finding(f"median |peak-memory error| ≤ {MEMORY_BOUND:.0%}",
-                overall["median_abs_memory_error"] <= MEMORY_BOUND,
-                format_percent(overall["median_abs_memory_error"]))  # fmt: skip
-    ctx.finding(f"Spearman ρ of step times ≥ {SPEARMAN_BOUND}",
-                not math.isnan(rho) and rho >= SPEARMAN_BOUND, f"ρ = {rho:.2f}")  # fmt: skip
+        "median_abs_step_error": median,
+        "bound": STEP_BOUND,
+        "rows": held["rows"] if held else 0,
+        "met": bool(median <= STEP_BOUND),
+        "source": HELD_OUT_ISSUE,
+    }
+    ctx.finding(
+        f"median |step-time error| ≤ {STEP_BOUND:.0%} on the held-out half",
+        median <= STEP_BOUND,
+        format_percent(median) if held else "no held-out row",
+    )
+    ctx.finding(
+        f"median |peak-memory error| ≤ {MEMORY_BOUND:.0%}",
+        overall["median_abs_memory_error"] <= MEMORY_BOUND,
+        format_percent(overall["median_abs_memory_error"]),
+    )
+    ctx.finding(
+        f"Spearman ρ of step times ≥ {SPEARMAN_BOUND}",
+        not math.isnan(rho) and rho >= SPEARMAN_BOUND,
+        f"ρ = {rho:.2f}",
+    )
 
 
 def _host_speed(ctx: Context, ok: pd.DataFrame) -> str:
@@ -215,7 +245,7 @@ def _host_speed(ctx: Context, ok: pd.DataFrame) -> str:
         "min_slowdown": float(slowdown[probed].min()) if probed.any() else math.nan,
         "max_slowdown": float(slowdown[probed].max()) if probed.any() else math.nan,
         "median_abs_step_error_unscaled": float(plain.median()),
-    }  # fmt: skip
+    }
     if not probed.any():
         return "\n\n" + _prose("no_probes", error=format_percent(plain.median()))
     by_source = "; ".join(
@@ -242,10 +272,12 @@ def _stragglers(ctx: Context, ok: pd.DataFrame) -> str:
     factor = pd.to_numeric(ok["straggler"], errors="coerce")
     priced = factor > 1
     alone = pd.to_numeric(ok["step_error_without_straggler"], errors="coerce").abs()
-    per_n = {int(n): float(f) for n, f in
-             ok[priced].groupby("ranks")["straggler"].first().items()}  # fmt: skip
-    ctx.headline["stragglers"] = {"rows": int(priced.sum()), "factor_by_ranks": per_n,
-                                  "median_abs_step_error_without": float(alone.median())}  # fmt: skip
+    per_n = {int(n): float(f) for n, f in ok[priced].groupby("ranks")["straggler"].first().items()}
+    ctx.headline["stragglers"] = {
+        "rows": int(priced.sum()),
+        "factor_by_ranks": per_n,
+        "median_abs_step_error_without": float(alone.median()),
+    }
     if not priced.any():
         return ""
     factors = ", ".join(f"N = {n}: {f:.3f}×" for n, f in per_n.items())
@@ -262,12 +294,24 @@ def scatter(ctx: Context) -> str | None:
     ok = ctx.ok
     if ok.empty:
         return None
-    step = ctx.plot(scatter_figure(ok, "measured_step_time_s", "predicted_step_time_s",
-                                   "step time (s)", STEP_BOUND),
-                    "step_time_scatter", "predicted vs measured step time")  # fmt: skip
-    memory = ctx.plot(scatter_figure(ok, "measured_peak_bytes", "predicted_peak_bytes",
-                                     "peak memory per rank (bytes)", MEMORY_BOUND),
-                      "memory_scatter", "predicted vs measured peak memory")  # fmt: skip
+    step = ctx.plot(
+        scatter_figure(
+            ok, "measured_step_time_s", "predicted_step_time_s", "step time (s)", STEP_BOUND
+        ),
+        "step_time_scatter",
+        "predicted vs measured step time",
+    )
+    memory = ctx.plot(
+        scatter_figure(
+            ok,
+            "measured_peak_bytes",
+            "predicted_peak_bytes",
+            "peak memory per rank (bytes)",
+            MEMORY_BOUND,
+        ),
+        "memory_scatter",
+        "predicted vs measured peak memory",
+    )
     return f"{step}\n\n{memory}"
 
 
@@ -290,41 +334,60 @@ def every_row(ctx: Context) -> str | None:
     ok = ctx.ok
     if ok.empty:
         return None
-    table = pd.DataFrame({
-        "source": ok["source"], "half": ok.get("split", "—"), "configuration": ok["config"],
-        "ranks": ok["ranks"],
-        "ground truth": ok["ground_truth"],
-        "statistic": ok.get("statistic", "median"), "commit": ok["source_git_sha"],
-        "link": ok.get("link_source", PROBE_LINK),
-        "measured": ok["measured_step_time_s"].map(format_seconds),
-        "predicted": ok["predicted_step_time_s"].map(format_seconds),
-        "step error": ok["step_error"].map(lambda v: f"{v:+.0%}"),
-        "host slowdown": ok["host_slowdown"].map(lambda v: f"{v:.3f}×")
-        if "host_slowdown" in ok else "—",
-        "error unscaled": ok["step_error_unscaled"].map(lambda v: f"{v:+.0%}")
-        if "step_error_unscaled" in ok else "—",
-        "straggler": ok["straggler"].map(lambda v: f"{v:.3f}×") if "straggler" in ok else "—",
-        "runtime": ok["runtime"].fillna("—") if "runtime" in ok else "—",
-        "memory": ok["memory_measure"],
-        "measured bytes": ok["measured_peak_bytes"].map(format_bytes),
-        "predicted bytes": ok["predicted_peak_bytes"].map(format_bytes),
-        "memory error": ok["memory_error"].map(lambda v: f"{v:+.1%}"),
-        "compute / bubble / TP / PP / DP / optimizer": ok.apply(_breakdown, axis=1),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "source": ok["source"],
+            "half": ok.get("split", "—"),
+            "configuration": ok["config"],
+            "ranks": ok["ranks"],
+            "ground truth": ok["ground_truth"],
+            "statistic": ok.get("statistic", "median"),
+            "commit": ok["source_git_sha"],
+            "link": ok.get("link_source", PROBE_LINK),
+            "measured": ok["measured_step_time_s"].map(format_seconds),
+            "predicted": ok["predicted_step_time_s"].map(format_seconds),
+            "step error": ok["step_error"].map(lambda v: f"{v:+.0%}"),
+            "host slowdown": ok["host_slowdown"].map(lambda v: f"{v:.3f}×")
+            if "host_slowdown" in ok
+            else "—",
+            "error unscaled": ok["step_error_unscaled"].map(lambda v: f"{v:+.0%}")
+            if "step_error_unscaled" in ok
+            else "—",
+            "straggler": ok["straggler"].map(lambda v: f"{v:.3f}×") if "straggler" in ok else "—",
+            "runtime": ok["runtime"].fillna("—") if "runtime" in ok else "—",
+            "memory": ok["memory_measure"],
+            "measured bytes": ok["measured_peak_bytes"].map(format_bytes),
+            "predicted bytes": ok["predicted_peak_bytes"].map(format_bytes),
+            "memory error": ok["memory_error"].map(lambda v: f"{v:+.1%}"),
+            "compute / bubble / TP / PP / DP / optimizer": ok.apply(_breakdown, axis=1),
+        }
+    )
     ctx.headline["ground_truth_commits"] = sorted({str(c) for c in ok["source_git_sha"]})
     return markdown_table(table, numparse=False)
 
 
 def _breakdown(row: pd.Series) -> str:
-    parts = ("predicted_compute_s", "predicted_bubble_s", "predicted_tp_s", "predicted_pp_s",
-             "predicted_dp_s", "predicted_optimizer_s")  # fmt: skip
+    parts = (
+        "predicted_compute_s",
+        "predicted_bubble_s",
+        "predicted_tp_s",
+        "predicted_pp_s",
+        "predicted_dp_s",
+        "predicted_optimizer_s",
+    )
     return " / ".join(f"{1e3 * float(row[p]):.0f}" for p in parts) + " ms"
 
 
-SLICING_COLUMNS = {"schedule": "schedule", "stages": "P", "microbatches": "M",
-                   "slicing": "slicing", "stage_layers": "blocks per stage",
-                   "predicted_step_s": "Eq. 2 (s)", "replayed_makespan_s": "replayed (s)",
-                   "step_time_s": "wall clock (s)"}  # fmt: skip
+SLICING_COLUMNS = {
+    "schedule": "schedule",
+    "stages": "P",
+    "microbatches": "M",
+    "slicing": "slicing",
+    "stage_layers": "blocks per stage",
+    "predicted_step_s": "Eq. 2 (s)",
+    "replayed_makespan_s": "replayed (s)",
+    "step_time_s": "wall clock (s)",
+}
 
 
 def alpa_slicing(ctx: Context) -> str | None:
@@ -369,8 +432,15 @@ def _check_pairs(path: Path, keys: list[str]) -> None:
 def _per_row(figure: str, column: str, bound: float, **where: str) -> Target:
     """The issue's bound judged on every configuration `where` selects (its worst row
     shown; the verdict's median is that half's median)."""
-    return Target(figure=figure, column=column, op="<=", bound=bound, where=where,
-                  source=ISSUE + ", per row", fmt=format_percent)  # fmt: skip
+    return Target(
+        figure=figure,
+        column=column,
+        op="<=",
+        bound=bound,
+        where=where,
+        source=ISSUE + ", per row",
+        fmt=format_percent,
+    )
 
 
 REPORT = Report(

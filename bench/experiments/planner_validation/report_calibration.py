@@ -34,17 +34,28 @@ CAL_COLUMNS = (
     ("cal_gemm_table", "GEMM table (FLOPs:fraction of peak)", str),
 )
 THREAD_COLUMNS = (
-    ("cal_adamw_s_per_param", "AdamW step per parameter element",
-     lambda v: f"{v * 1e9:.2f} ns"),
-    ("cal_reference_fp32_micro16_one_thread_s", "reference step fp32, b = 16, 1 thread",
-     format_seconds),
-    ("cal_reference_fp32_micro16_at_threads_s", "reference step fp32, b = 16, these threads",
-     format_seconds),
-    ("cal_reference_bf16_micro16_one_thread_s", "reference step bf16, b = 16, 1 thread",
-     format_seconds),
-    ("cal_reference_bf16_micro16_at_threads_s", "reference step bf16, b = 16, these threads",
-     format_seconds),
-)  # fmt: skip
+    ("cal_adamw_s_per_param", "AdamW step per parameter element", lambda v: f"{v * 1e9:.2f} ns"),
+    (
+        "cal_reference_fp32_micro16_one_thread_s",
+        "reference step fp32, b = 16, 1 thread",
+        format_seconds,
+    ),
+    (
+        "cal_reference_fp32_micro16_at_threads_s",
+        "reference step fp32, b = 16, these threads",
+        format_seconds,
+    ),
+    (
+        "cal_reference_bf16_micro16_one_thread_s",
+        "reference step bf16, b = 16, 1 thread",
+        format_seconds,
+    ),
+    (
+        "cal_reference_bf16_micro16_at_threads_s",
+        "reference step bf16, b = 16, these threads",
+        format_seconds,
+    ),
+)
 
 
 def calibration(ctx: Context) -> str | None:
@@ -137,13 +148,20 @@ def calibration(ctx: Context) -> str | None:
     link = None
     if not probed.empty:
         first = probed.iloc[0]
-        link = {"alpha_s": float(first["link_alpha_s"]),
-                "beta_s_per_byte": float(first["link_beta_s_per_byte"]),
-                "source": "this run's probe_pairs on a fresh pool of 2 ranks"}  # fmt: skip
+        link = {
+            "alpha_s": float(first["link_alpha_s"]),
+            "beta_s_per_byte": float(first["link_beta_s_per_byte"]),
+            "source": "this run's probe_pairs on a fresh pool of 2 ranks",
+        }
     ctx.headline["calibration"] = {"host": headline, "link": link}
     table = pd.DataFrame(rows).set_index("dtype").T.rename_axis("measured").reset_index()
-    return (markdown_table(table, numparse=False) + _per_thread(ctx, ok) + _runtimes(ctx, ok)
-            + _links(ctx, ok) + _meetings(ctx, ok))  # fmt: skip
+    return (
+        markdown_table(table, numparse=False)
+        + _per_thread(ctx, ok)
+        + _runtimes(ctx, ok)
+        + _links(ctx, ok)
+        + _meetings(ctx, ok)
+    )
 
 
 def _meetings(ctx: Context, ok: pd.DataFrame) -> str:
@@ -154,24 +172,36 @@ def _meetings(ctx: Context, ok: pd.DataFrame) -> str:
     after = float(first["cal_meeting_after_compute_s"])
     if pd.isna(after):
         return "\n\nMeetings: not probed in this run (the host has fewer than two cores)."
-    probe = {"after_compute_s": after, "call_s": float(first["cal_meeting_call_s"]),
-             "segment_s": float(first["cal_meeting_segment_s"]),
-             "ranks": int(first["cal_meeting_world_size"])}  # fmt: skip
-    text = (f"\n\nMeetings (probe on {probe['ranks']} ranks, one thread each): a segment of "
-            f"matmuls took {format_seconds(probe['segment_s'])}; the one-element ring "
-            f"all-reduce after it added {format_seconds(after)}, the same call back to back "
-            f"took {format_seconds(probe['call_s'])}.")  # fmt: skip
+    probe = {
+        "after_compute_s": after,
+        "call_s": float(first["cal_meeting_call_s"]),
+        "segment_s": float(first["cal_meeting_segment_s"]),
+        "ranks": int(first["cal_meeting_world_size"]),
+    }
+    text = (
+        f"\n\nMeetings (probe on {probe['ranks']} ranks, one thread each): a segment of "
+        f"matmuls took {format_seconds(probe['segment_s'])}; the one-element ring "
+        f"all-reduce after it added {format_seconds(after)}, the same call back to back "
+        f"took {format_seconds(probe['call_s'])}."
+    )
     meets = pd.to_numeric(ok["collective_meeting_s"], errors="coerce") > 0
     paying = ok[meets & (pd.to_numeric(ok["predicted_dp_s"], errors="coerce") > 0)]
     rows, per_link = [], {}
     for source, sub in paying.groupby("link_source", sort=False):
         per_link[str(source)] = meet = float(sub["collective_meeting_s"].iloc[0])
-        rows.append({"link": source, "per meeting, beyond the link's price of the call":
-                     format_seconds(meet), "rows paying it": len(sub)})  # fmt: skip
+        rows.append(
+            {
+                "link": source,
+                "per meeting, beyond the link's price of the call": format_seconds(meet),
+                "rows paying it": len(sub),
+            }
+        )
     ctx.headline["meetings"] = {**probe, "rows": len(paying), "per_link": per_link}
     if not rows:
-        return text + (" No row pays a meeting (none is a wall-clock row of collectives "
-                       "on as many ranks as the probe's).")  # fmt: skip
+        return text + (
+            " No row pays a meeting (none is a wall-clock row of collectives "
+            "on as many ranks as the probe's)."
+        )
     return text + "\n\n" + markdown_table(pd.DataFrame(rows), numparse=False)
 
 
@@ -185,11 +215,17 @@ def _links(ctx: Context, ok: pd.DataFrame) -> str:
         alpha, beta = float(first["link_alpha_s"]), float(first["link_beta_s_per_byte"])
         lsq_alpha = float(first.get("link_lsq_alpha_s", math.nan))
         lsq_beta = float(first.get("link_lsq_beta_s_per_byte", math.nan))
-        rows.append({"link": source, "α (per round)": format_seconds(alpha),
-                     "1/β": _bandwidth(beta),
-                     "least squares (not used): α, 1/β": "—" if math.isnan(lsq_alpha)
-                     else f"{format_seconds(lsq_alpha)}, {_bandwidth(lsq_beta)}",
-                     "rows priced on it": len(sub)})  # fmt: skip
+        rows.append(
+            {
+                "link": source,
+                "α (per round)": format_seconds(alpha),
+                "1/β": _bandwidth(beta),
+                "least squares (not used): α, 1/β": "—"
+                if math.isnan(lsq_alpha)
+                else f"{format_seconds(lsq_alpha)}, {_bandwidth(lsq_beta)}",
+                "rows priced on it": len(sub),
+            }
+        )
         headline[str(source)] = {"alpha_s": alpha, "beta_s_per_byte": beta, "rows": len(sub)}
         if not math.isnan(lsq_alpha):
             headline[str(source)]["least_squares_alpha_s"] = lsq_alpha
@@ -210,15 +246,21 @@ def _runtimes(ctx: Context, ok: pd.DataFrame) -> str:
         first = sub.iloc[0]
         cost = float(first[f"cal_action_overhead_{runtime}_s"])
         shown = format_seconds(cost) if cost > 0 else "0 (median excess ≤ 0: under the noise)"
-        rows.append({"runtime": runtime, "per compute action": shown,
-                     "sources": ", ".join(sorted(sub["source"].unique())),
-                     "rows priced on it": len(sub)})  # fmt: skip
+        rows.append(
+            {
+                "runtime": runtime,
+                "per compute action": shown,
+                "sources": ", ".join(sorted(sub["source"].unique())),
+                "rows priced on it": len(sub),
+            }
+        )
         headline[str(runtime)] = {"per_action_s": cost, "rows": len(sub)}
     ctx.headline["runtimes"] = headline
-    return ("\n\nRuntimes (each source steps its model under one; the median excess of the "
-            "reference under it over the plain reference right after it, at b = 1, per F "
-            "and per B):\n\n"
-            + markdown_table(pd.DataFrame(rows), numparse=False))  # fmt: skip
+    return (
+        "\n\nRuntimes (each source steps its model under one; the median excess of the "
+        "reference under it over the plain reference right after it, at b = 1, per F "
+        "and per B):\n\n" + markdown_table(pd.DataFrame(rows), numparse=False)
+    )
 
 
 def _tp_calls(ok: pd.DataFrame) -> str:
@@ -228,15 +270,18 @@ def _tp_calls(ok: pd.DataFrame) -> str:
     calls = ok[pd.to_numeric(ok["tp_call_cpu_s"], errors="coerce") > 0]
     if calls.empty:
         return ""
-    table = pd.DataFrame({
-        "configuration": calls["config"],
-        "tp": calls["tp"].astype(int),
-        "activation (float32 elements)": calls["tp_call_numel"].astype(int)
-        if "tp_call_numel" in calls else "—",
-        "call work (this run, tp ranks)": calls["tp_call_cpu_s"].map(format_seconds),
-        "α of the link": calls["link_alpha_s"].map(format_seconds),
-        "α per round priced (× host slowdown)": calls["round_alpha_s"].map(format_seconds),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "configuration": calls["config"],
+            "tp": calls["tp"].astype(int),
+            "activation (float32 elements)": calls["tp_call_numel"].astype(int)
+            if "tp_call_numel" in calls
+            else "—",
+            "call work (this run, tp ranks)": calls["tp_call_cpu_s"].map(format_seconds),
+            "α of the link": calls["link_alpha_s"].map(format_seconds),
+            "α per round priced (× host slowdown)": calls["round_alpha_s"].map(format_seconds),
+        }
+    )
     return "\n\nTP call work (replayed rows):\n\n" + markdown_table(table, numparse=False)
 
 
@@ -247,16 +292,22 @@ def _per_thread(ctx: Context, ok: pd.DataFrame) -> str:
     rows, headline = [], {}
     for threads, sub in ok.groupby("threads_per_rank"):
         first = sub.iloc[0]
-        entry = {label: fmt(first[col]) if pd.notna(first[col]) else "—"
-                 for col, label, fmt in THREAD_COLUMNS if col in sub}  # fmt: skip
+        entry = {
+            label: fmt(first[col]) if pd.notna(first[col]) else "—"
+            for col, label, fmt in THREAD_COLUMNS
+            if col in sub
+        }
         for dtype in ("fp32", "bf16"):
             speed = sub.loc[sub["precision"] == dtype, "cal_thread_speedup"]
             entry[f"compute rate {dtype} (thread speedup)"] = (
-                f"{float(speed.iloc[0]):.2f}×" if len(speed) and pd.notna(speed.iloc[0])
-                else "—")  # fmt: skip
+                f"{float(speed.iloc[0]):.2f}×" if len(speed) and pd.notna(speed.iloc[0]) else "—"
+            )
         rows.append({"threads": f"{threads} thread(s) per rank", **entry})
-        headline[str(threads)] = {col: None if pd.isna(first[col]) else float(first[col])
-                                  for col, _, _ in THREAD_COLUMNS if col in sub}  # fmt: skip
+        headline[str(threads)] = {
+            col: None if pd.isna(first[col]) else float(first[col])
+            for col, _, _ in THREAD_COLUMNS
+            if col in sub
+        }
     ctx.headline["calibration_per_thread"] = headline
     if not rows:  # no row says how many threads it ran on
         return ""

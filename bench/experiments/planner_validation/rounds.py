@@ -22,8 +22,15 @@ from bench.kit.host import PROBE_MICRO
 from bench.kit.workloads import REFERENCE_GPT, reference_step
 from impls.pairing import turns
 
-__all__ = ["JITTER", "PROBE", "REFERENCE", "REFERENCE_MICRO", "RUNTIMES", "reference_rounds",
-           "runtime_step"]  # fmt: skip
+__all__ = [
+    "JITTER",
+    "PROBE",
+    "REFERENCE",
+    "REFERENCE_MICRO",
+    "RUNTIMES",
+    "reference_rounds",
+    "runtime_step",
+]
 
 REFERENCE = REFERENCE_GPT
 """The reference GPT timed on one process (none of the ground-truth shapes)."""
@@ -48,8 +55,7 @@ Config = tuple[str, int]
 """(dtype or runtime, micro-batch)."""
 
 
-def reference_rounds(rounds: int, window_s: float) -> tuple[dict[Config, list[float]],
-                                                             list[float]]:  # fmt: skip
+def reference_rounds(rounds: int, window_s: float) -> tuple[dict[Config, list[float]], list[float]]:
     """(samples, jitter). Samples: every step time of the reference per (dtype,
     micro-batch) and of the host probe's step (`PROBE`), and per runtime of `RUNTIMES`
     (key `(runtime, b)`) the excess of its step (per micro-batch) over the plain
@@ -58,12 +64,14 @@ def reference_rounds(rounds: int, window_s: float) -> tuple[dict[Config, list[fl
     order. A runtime costs a few percent of a step, less than the host's drift: paired
     back to back, the drift cancels in each difference. Jitter: each step of `JITTER` ÷
     the median of its window (the step-to-step spread, the phases divided out)."""
-    configs: list[Config] = [(dtype, micro) for dtype in ("fp32", "bf16")
-                             for micro in REFERENCE_MICRO]  # fmt: skip
+    configs: list[Config] = [
+        (dtype, micro) for dtype in ("fp32", "bf16") for micro in REFERENCE_MICRO
+    ]
     configs.append(PROBE)
     steps = {config: reference_step(config[1], config[0]) for config in configs}
-    runtimes = {(name, REFERENCE_MICRO[0]): runtime_step(name, REFERENCE_MICRO[0])
-                for name in RUNTIMES}  # fmt: skip
+    runtimes = {
+        (name, REFERENCE_MICRO[0]): runtime_step(name, REFERENCE_MICRO[0]) for name in RUNTIMES
+    }
     for step in [*steps.values(), *(step for step, _ in runtimes.values())]:
         step()  # warm-up
     sample = {config: partial(_seconds, step) for config, step in steps.items()}
@@ -120,9 +128,15 @@ def runtime_step(runtime: str, micro: int) -> tuple[Callable[[], None], int]:
 
         return step, m
     shape = (micro, REFERENCE["seq_len"], REFERENCE["d_model"])
-    executor = PipelineExecutor(Communicator(), {0: net}, build_plan("gpipe", 1, m),
-                                num_stages=1, microbatches=m, loss_fn=lm_loss,
-                                activation_shape=shape)  # fmt: skip
+    executor = PipelineExecutor(
+        Communicator(),
+        {0: net},
+        build_plan("gpipe", 1, m),
+        num_stages=1,
+        microbatches=m,
+        loss_fn=lm_loss,
+        activation_shape=shape,
+    )
 
     def executor_step() -> None:
         executor.step(inputs, targets, align_clocks=False)

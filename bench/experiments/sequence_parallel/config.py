@@ -43,9 +43,14 @@ class SequenceParallelConfig:
     """Sequence lengths s; P need not divide them (chunks are end-padded: 255 and 1023
     divide by neither 2 nor 4)."""
     model: dict[str, Any] = field(
-        default_factory=lambda: {"d_model": 64, "n_heads": 4, "n_layers": 4, "bias": True,
-                                 "vocab_size": 64}
-    )  # fmt: skip
+        default_factory=lambda: {
+            "d_model": 64,
+            "n_heads": 4,
+            "n_layers": 4,
+            "bias": True,
+            "vocab_size": 64,
+        }
+    )
     """`GPTConfig` keyword arguments of the block (no `seq_len`: that is `seq_lens`).
     Cells measure one block; `n_layers` is the depth the memory-budget figure assumes;
     Ulysses and Megatron-SP need P to divide `n_heads`."""
@@ -92,8 +97,7 @@ class SequenceParallelConfig:
     def _check_degrees(self, cfg: GPTConfig) -> None:
         """P must split whole heads (Ulysses, Megatron-SP) and Megatron-SP's shards."""
         needs = {"ulysses": {"n_heads": cfg.n_heads}}
-        needs["megatron_sp"] = {"n_heads": cfg.n_heads, "d_model": cfg.d_model,
-                                "d_ff": cfg.ff_dim}  # fmt: skip
+        needs["megatron_sp"] = {"n_heads": cfg.n_heads, "d_model": cfg.d_model, "d_ff": cfg.ff_dim}
         for method in self.methods:
             for key, size in needs.get(method, {}).items():
                 bad = [p for p in self.sp_degrees if size % p]

@@ -40,8 +40,14 @@ def cells(cfg: SequenceParallelConfig) -> list[Cell]:
     for sp in sorted(set(cfg.sp_degrees)):
         for method in cfg.methods:
             for seq_len in sorted(set(cfg.seq_lens)):
-                carry = plan(method, sp, seq_len, model=cfg.model, batch=cfg.batch_size,
-                             budget_bytes=cfg.memory_budget_bytes)  # fmt: skip
+                carry = plan(
+                    method,
+                    sp,
+                    seq_len,
+                    model=cfg.model,
+                    batch=cfg.batch_size,
+                    budget_bytes=cfg.memory_budget_bytes,
+                )
                 key = {"method": method, "sp": sp, "seq_len": seq_len}
                 out.append(Cell(world_size=sp, key=key, fn=ranks.run, carry=carry))
     return out

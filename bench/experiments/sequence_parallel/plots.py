@@ -45,15 +45,29 @@ def _panel(ax: Any, panel: pd.DataFrame, lines: dict[str, str], measured: str) -
     for method in methods(panel):
         rows, colour = panel[panel["method"] == method], COLOURS.get(method)
         for (column, label), style in zip(lines.items(), ("-", "--"), strict=False):
-            ax.plot(rows["seq_len"], rows[column], linestyle=style, color=colour,
-                    alpha=0.8, label=f"{name(method)}, {label}")  # fmt: skip
+            ax.plot(
+                rows["seq_len"],
+                rows[column],
+                linestyle=style,
+                color=colour,
+                alpha=0.8,
+                label=f"{name(method)}, {label}",
+            )
         marker, size = MARKERS.get(method, ("^", 30))
-        ax.scatter(rows["seq_len"], rows[measured], color=colour, zorder=5, s=size,
-                   marker=marker, label=f"{name(method)}, measured")  # fmt: skip
+        ax.scatter(
+            rows["seq_len"],
+            rows[measured],
+            color=colour,
+            zorder=5,
+            s=size,
+            marker=marker,
+            label=f"{name(method)}, measured",
+        )
 
 
-def plot_by_degree(ctx: Context, rows: pd.DataFrame, file: str, lines: dict[str, str],
-                   measured: str, title: str) -> str:  # fmt: skip
+def plot_by_degree(
+    ctx: Context, rows: pd.DataFrame, file: str, lines: dict[str, str], measured: str, title: str
+) -> str:
     """One panel per P: each method's formula(s) as lines, its measurements as markers."""
     degrees = sorted(int(p) for p in rows["sp"].unique())
     fig, axes = new_figure(4.2 * len(degrees) + 1, 4.2, 1, len(degrees), sharey=True)
@@ -66,8 +80,9 @@ def plot_by_degree(ctx: Context, rows: pd.DataFrame, file: str, lines: dict[str,
         ax.set(title=f"P = {sp}", xlabel="sequence length s")
     axes[0].set_ylabel(title)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3,
-               fontsize="small")  # fmt: skip
+    fig.legend(
+        handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize="small"
+    )
     return ctx.plot(fig, file, title)
 
 
@@ -79,11 +94,22 @@ def plot_ratio(ctx: Context, ulysses: pd.DataFrame) -> str:
     ax.plot(grid, 1 / grid, color="grey", label="formula 1/P (Jacobs et al. 2023 §3.2)")
     for i, (seq_len, rows) in enumerate(ulysses.groupby("seq_len")):
         # Every s gives the same ratio: hollow markers shrinking with s keep each visible.
-        ax.scatter(rows["sp"], rows["measured"], marker="osD^v<>"[i % 7], s=90 - 12 * (i % 6),
-                   facecolors="none", edgecolors=f"C{i % 10}", linewidths=1.5, zorder=5,
-                   label=f"counted, s = {int(seq_len)}")  # fmt: skip
+        ax.scatter(
+            rows["sp"],
+            rows["measured"],
+            marker="osD^v<>"[i % 7],
+            s=90 - 12 * (i % 6),
+            facecolors="none",
+            edgecolors=f"C{i % 10}",
+            linewidths=1.5,
+            zorder=5,
+            label=f"counted, s = {int(seq_len)}",
+        )
     log2_axis(ax, degrees)
-    ax.set(xlabel="sequence-parallel degree P", ylabel="Ulysses ÷ Megatron-SP bytes per link",
-           title="Per-link volume, Ulysses relative to Megatron-SP")  # fmt: skip
+    ax.set(
+        xlabel="sequence-parallel degree P",
+        ylabel="Ulysses ÷ Megatron-SP bytes per link",
+        title="Per-link volume, Ulysses relative to Megatron-SP",
+    )
     ax.legend(fontsize="small")
     return ctx.plot(fig, "ulysses_vs_megatron", "Ulysses / Megatron-SP")

@@ -109,8 +109,14 @@ def _error(got: torch.Tensor, want: torch.Tensor, floor: float = 0.0) -> float:
     return float((got - want).abs().max()) / scale
 
 
-def _errors(cfg: SequenceParallelConfig, cell: Cell, block: nn.Module, y: torch.Tensor, dx: torch.Tensor,
-            comm: Communicator) -> dict[str, float]:  # fmt: skip
+def _errors(
+    cfg: SequenceParallelConfig,
+    cell: Cell,
+    block: nn.Module,
+    y: torch.Tensor,
+    dx: torch.Tensor,
+    comm: Communicator,
+) -> dict[str, float]:
     """Each checked tensor's normalised error against the single-process block: this
     rank's real (unpadded) positions of y and dx, and every weight gradient (a tensor-
     parallel shard against its block of the full gradient).

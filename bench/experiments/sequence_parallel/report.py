@@ -33,8 +33,10 @@ __all__ = ["REPORT"]
 
 _prose = partial(prose, __package__)  # this experiment's prose.md.j2 macros
 
-COMM_SOURCE = ("Korthikanti et al. 2022 §4.2.2; Jacobs et al. 2023 §3.2; Liu et al. 2023 §3 "
-               "(`analytic.layer_traffic`)")  # fmt: skip
+COMM_SOURCE = (
+    "Korthikanti et al. 2022 §4.2.2; Jacobs et al. 2023 §3.2; Liu et al. 2023 §3 "
+    "(`analytic.layer_traffic`)"
+)
 RATIO_SOURCE = "Jacobs et al. 2023 (arXiv 2309.14509) §3.2: per-link volume 1/P of Megatron-SP's"
 PAPER_MEMORY = "Korthikanti et al. 2022 (arXiv 2205.05198) Table 2"
 MODEL_MEMORY = "this code's saved tensors, Korthikanti et al. §4.1's accounting"
@@ -97,14 +99,21 @@ def _off(cells: str) -> str:
 def _comm_table(rows: pd.DataFrame) -> str:
     pairs = zip(rows["comm_bytes_fwd"], rows["comm_bytes_bwd"], strict=True)
     rounds = zip(rows["comm_rounds"], rows["predicted_comm_rounds"], strict=True)
-    return markdown_table(pd.DataFrame({
-        "method": rows["method"].map(name), "P": rows["sp"], "s": rows["seq_len"],
-        "per link (counted)": rows["comm_bytes_per_link_per_layer"].map(format_bytes),
-        "formula": rows["predicted_comm_bytes_per_link_per_layer"].map(format_bytes),
-        "fwd / bwd (counted)": [f"{format_bytes(f)} / {format_bytes(b)}" for f, b in pairs],
-        "rounds (counted / formula)": [f"{_text(r)} / {_text(p)}" for r, p in rounds],
-        "grad all-reduce per step": rows["grad_sync_bytes_per_step"].map(format_bytes),
-    }), numparse=False)  # fmt: skip
+    return markdown_table(
+        pd.DataFrame(
+            {
+                "method": rows["method"].map(name),
+                "P": rows["sp"],
+                "s": rows["seq_len"],
+                "per link (counted)": rows["comm_bytes_per_link_per_layer"].map(format_bytes),
+                "formula": rows["predicted_comm_bytes_per_link_per_layer"].map(format_bytes),
+                "fwd / bwd (counted)": [f"{format_bytes(f)} / {format_bytes(b)}" for f, b in pairs],
+                "rounds (counted / formula)": [f"{_text(r)} / {_text(p)}" for r, p in rounds],
+                "grad all-reduce per step": rows["grad_sync_bytes_per_step"].map(format_bytes),
+            }
+        ),
+        numparse=False,
+    )
 
 
 # The formulas, as the experiment's `predicted_*` columns carry them (with the exact
@@ -152,9 +161,14 @@ def communication(ctx: Context) -> str | None:
     )
     off = ", ".join(ctx.key(r) for _, r in rows[~exact].iterrows())
     ctx.finding(_prose("comm_finding"), bool(exact.all()), _off(off))
-    plot = plot_by_degree(ctx, rows, "comm_per_link",
-                          {"predicted_comm_bytes_per_link_per_layer": "formula"},
-                          "comm_bytes_per_link_per_layer", "bytes per link per layer")  # fmt: skip
+    plot = plot_by_degree(
+        ctx,
+        rows,
+        "comm_per_link",
+        {"predicted_comm_bytes_per_link_per_layer": "formula"},
+        "comm_bytes_per_link_per_layer",
+        "bytes per link per layer",
+    )
     summary = _prose("comm_summary", exact=matched, rows=len(rows), deviation=f"{deviation:.3g}")
     return f"{plot}\n\n{summary}\n\n{_comm_table(rows)}"
 
@@ -178,12 +192,18 @@ def _ratio_table(ulysses: pd.DataFrame, ring: pd.DataFrame) -> str:
     rows = []
     for (sp, seq_len), group in ulysses.groupby(["sp", "seq_len"]):
         other = ring[(ring["sp"] == sp) & (ring["seq_len"] == seq_len)]
-        rows.append({"P": int(sp), "s": int(seq_len),
-                     "Ulysses ÷ Megatron-SP (counted)": f"{group['measured'].iloc[0]:.4f}",
-                     "formula 1/P": f"{1 / sp:.4f}",
-                     "Ring ÷ Megatron-SP (counted)": f"{other['measured'].iloc[0]:.4f}"
-                     if len(other) else "—",
-                     "formula (3P−2)/(4(P−1))": f"{(3 * sp - 2) / (4 * (sp - 1)):.4f}"})  # fmt: skip
+        rows.append(
+            {
+                "P": int(sp),
+                "s": int(seq_len),
+                "Ulysses ÷ Megatron-SP (counted)": f"{group['measured'].iloc[0]:.4f}",
+                "formula 1/P": f"{1 / sp:.4f}",
+                "Ring ÷ Megatron-SP (counted)": f"{other['measured'].iloc[0]:.4f}"
+                if len(other)
+                else "—",
+                "formula (3P−2)/(4(P−1))": f"{(3 * sp - 2) / (4 * (sp - 1)):.4f}",
+            }
+        )
     return markdown_table(pd.DataFrame(rows), numparse=False)
 
 
@@ -227,16 +247,23 @@ def ulysses_ratio(ctx: Context) -> str | None:
 
 
 def _memory_table(rows: pd.DataFrame, error: pd.Series) -> str:
-    return markdown_table(pd.DataFrame({
-        "method": rows["method"].map(name), "P": rows["sp"], "s": rows["seq_len"],
-        "saved (measured)": rows["activation_bytes_per_rank"].map(format_bytes),
-        "implementation model": rows["model_activation_bytes_per_rank"].map(format_bytes),
-        "error": error.map(_pct),
-        "paper formula": rows["predicted_activation_bytes_per_rank"].map(format_bytes),
-        "measured ÷ paper": rows["activation_vs_predicted"].map(format_ratio),
-        "weights": rows["param_bytes"].map(format_bytes),
-        "peak": rows["peak_bytes"].map(format_bytes),
-    }), numparse=False)  # fmt: skip
+    return markdown_table(
+        pd.DataFrame(
+            {
+                "method": rows["method"].map(name),
+                "P": rows["sp"],
+                "s": rows["seq_len"],
+                "saved (measured)": rows["activation_bytes_per_rank"].map(format_bytes),
+                "implementation model": rows["model_activation_bytes_per_rank"].map(format_bytes),
+                "error": error.map(_pct),
+                "paper formula": rows["predicted_activation_bytes_per_rank"].map(format_bytes),
+                "measured ÷ paper": rows["activation_vs_predicted"].map(format_ratio),
+                "weights": rows["param_bytes"].map(format_bytes),
+                "peak": rows["peak_bytes"].map(format_bytes),
+            }
+        ),
+        numparse=False,
+    )
 
 
 def activation_memory(ctx: Context) -> str | None:
@@ -285,10 +312,17 @@ def activation_memory(ctx: Context) -> str | None:
     )
     exact = (measured == rows["model_activation_bytes_per_rank"]) & (measured > 0)
     ctx.finding(_prose("memory_finding"), bool(exact.all()), f"worst row {_pct(worst)}")
-    plot = plot_by_degree(ctx, rows, "activation_per_rank",
-                          {"model_activation_bytes_per_rank": "implementation model",
-                           "predicted_activation_bytes_per_rank": "paper formula"},
-                          "activation_bytes_per_rank", "activation bytes per rank per layer")  # fmt: skip
+    plot = plot_by_degree(
+        ctx,
+        rows,
+        "activation_per_rank",
+        {
+            "model_activation_bytes_per_rank": "implementation model",
+            "predicted_activation_bytes_per_rank": "paper formula",
+        },
+        "activation_bytes_per_rank",
+        "activation bytes per rank per layer",
+    )
     summary = _prose(
         "memory_summary",
         worst=_pct(worst),
@@ -349,11 +383,14 @@ def longest_sequence(ctx: Context) -> str | None:
             gap=format_ratio(model / paper) if model and paper else "—",
         )
     error = (ctx.headline.get("activation_model_error") or {}).get("max_error")
-    table = pd.DataFrame({
-        "method": rows["method"].map(name), "P": rows["sp"],
-        "longest s (implementation model, validated)": rows["max_seq_len_in_budget"].map(_text),
-        "longest s (paper formula)": rows["paper_max_seq_len_in_budget"].map(_text),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "method": rows["method"].map(name),
+            "P": rows["sp"],
+            "longest s (implementation model, validated)": rows["max_seq_len_in_budget"].map(_text),
+            "longest s (paper formula)": rows["paper_max_seq_len_in_budget"].map(_text),
+        }
+    )
     summary = _prose(
         "longest_summary", budget=format_bytes(budget), layers=_text(layers), error=_pct(error)
     )
@@ -371,10 +408,14 @@ def step_time(ctx: Context) -> str | None:
     if ctx.ok.empty:
         return None
     rows = _sorted(ctx.ok)
-    table = pd.DataFrame({
-        "method": rows["method"].map(name), "P": rows["sp"], "s": rows["seq_len"],
-        "step time (fwd + bwd, slowest rank, median)": rows["step_time_s"].map(format_seconds),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "method": rows["method"].map(name),
+            "P": rows["sp"],
+            "s": rows["seq_len"],
+            "step time (fwd + bwd, slowest rank, median)": rows["step_time_s"].map(format_seconds),
+        }
+    )
     cores = int(ctx.cores) if math.isfinite(ctx.cores) else None
     wall_clock = _prose("wall_clock", cores=cores)
     return f"{wall_clock}\n\n{markdown_table(table, numparse=False)}"
@@ -391,12 +432,16 @@ def errors(ctx: Context) -> str | None:
     rows = _sorted(ctx.ok)
     wrong = pd.to_numeric(rows["wrong"], errors="coerce")
     total = int(wrong.sum()) if wrong.notna().all() else None
-    table = pd.DataFrame({
-        "method": rows["method"].map(name), "P": rows["sp"], "s": rows["seq_len"],
-        "padded positions": rows["padded_positions"].map(_text),
-        "max normalised error": rows["max_error"].map(lambda v: f"{v:.2g}"),
-        "wrong": wrong.map(_text),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "method": rows["method"].map(name),
+            "P": rows["sp"],
+            "s": rows["seq_len"],
+            "padded positions": rows["padded_positions"].map(_text),
+            "max normalised error": rows["max_error"].map(lambda v: f"{v:.2g}"),
+            "wrong": wrong.map(_text),
+        }
+    )
     verdict = _prose(
         "errors", tolerance=f"{rows['tolerance'].max():g}", matched=total == 0, wrong=_text(total)
     )

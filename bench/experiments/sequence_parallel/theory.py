@@ -116,14 +116,20 @@ def plan(
     shape = {"batch": batch, "d_model": block.d_model, "n_heads": block.n_heads}
 
     def modelled(s: int) -> int:
-        return implementation_activation_bytes(method, sp=sp, seq_len=s, d_ff=block.ff_dim,
-                                               **shape)  # fmt: skip
+        return implementation_activation_bytes(method, sp=sp, seq_len=s, d_ff=block.ff_dim, **shape)
 
     def paper(s: int) -> int:
         return activation_bytes_per_rank(method, sp=sp, seq_len=s, **shape)
 
-    traffic = layer_traffic(method, sp=sp, seq_len=seq_len, batch=batch,
-                            d_model=block.d_model, bytes_per_element=FP32)  # fmt: skip
-    return Plan(block=block, layers=layers, traffic=traffic, model_bytes=modelled(seq_len),
-                paper_bytes=paper(seq_len), longest=longest_seq_len(modelled, budget_bytes, layers),
-                paper_longest=longest_seq_len(paper, budget_bytes, layers))  # fmt: skip
+    traffic = layer_traffic(
+        method, sp=sp, seq_len=seq_len, batch=batch, d_model=block.d_model, bytes_per_element=FP32
+    )
+    return Plan(
+        block=block,
+        layers=layers,
+        traffic=traffic,
+        model_bytes=modelled(seq_len),
+        paper_bytes=paper(seq_len),
+        longest=longest_seq_len(modelled, budget_bytes, layers),
+        paper_longest=longest_seq_len(paper, budget_bytes, layers),
+    )

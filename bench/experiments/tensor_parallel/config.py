@@ -39,10 +39,14 @@ class TensorParallelConfig:
     """distbench (Megatron layers) and/or torch_dtensor (`parallelize_module`)."""
     model: dict[str, Any] = field(
         default_factory=lambda: {
-            "bias": False, "d_model": 256, "n_layers": 4, "n_heads": 8, "seq_len": 128,
+            "bias": False,
+            "d_model": 256,
+            "n_layers": 4,
+            "n_heads": 8,
+            "seq_len": 128,
             "vocab_size": 256,
         }
-    )  # fmt: skip
+    )
     """`GPTConfig` keyword arguments of the model every cell splits (in the order of the
     results' columns)."""
     batch_size: int = batch_key(8)

@@ -30,12 +30,16 @@ def methods(df: pd.DataFrame) -> list[str]:
 def _bytes_panel(ax, ours: pd.DataFrame) -> None:
     """distbench's bytes per block vs t: measured bars, the formula's markers."""
     x = np.arange(len(ours))
-    ax.bar(x - 0.2, ours["comm_bytes_per_layer_fwd"], 0.4, label="forward (measured)",
-           color="#4C72B0")  # fmt: skip
-    ax.bar(x + 0.2, ours["comm_bytes_per_layer_bwd"], 0.4, label="backward (measured)",
-           color="#55A868")  # fmt: skip
-    for offset, column in ((-0.2, "predicted_comm_bytes_per_layer_fwd"),
-                           (0.2, "predicted_comm_bytes_per_layer_bwd")):  # fmt: skip
+    ax.bar(
+        x - 0.2, ours["comm_bytes_per_layer_fwd"], 0.4, label="forward (measured)", color="#4C72B0"
+    )
+    ax.bar(
+        x + 0.2, ours["comm_bytes_per_layer_bwd"], 0.4, label="backward (measured)", color="#55A868"
+    )
+    for offset, column in (
+        (-0.2, "predicted_comm_bytes_per_layer_fwd"),
+        (0.2, "predicted_comm_bytes_per_layer_bwd"),
+    ):
         ax.scatter(x + offset, ours[column], marker="D", color="black", zorder=5, s=24)
     ax.scatter([], [], marker="D", color="black", label="Megatron count, ring")
     ax.set_xticks(x, [f"t = {int(t)}" for t in ours["tp"]])
@@ -53,16 +57,24 @@ def plot_comm(ctx: Context, ok: pd.DataFrame) -> str:
     axes[0].set_title("distbench: bytes sent per rank per block")
     ax = axes[1]
     parallel = ok[ok["tp"] > 1].sort_values(["tp", "method"])
-    labels = [f"{METHODS.get(m, m).split(' (')[0]}\nt = {int(t)}"
-              for m, t in zip(parallel["method"], parallel["tp"], strict=True)]  # fmt: skip
+    labels = [
+        f"{METHODS.get(m, m).split(' (')[0]}\nt = {int(t)}"
+        for m, t in zip(parallel["method"], parallel["tp"], strict=True)
+    ]
     x = np.arange(len(parallel))
     colours = [COLOURS.get(m, "grey") for m in parallel["method"]]
     ax.bar(x, parallel["allreduces_per_layer_fwd"], 0.6, color=colours, label="forward")
-    ax.bar(x, parallel["allreduces_per_layer_bwd"], 0.6,
-           bottom=parallel["allreduces_per_layer_fwd"],
-           color=colours, alpha=0.5, hatch="//", label="backward")  # fmt: skip
-    ax.axhline(sum(MEGATRON_ALLREDUCES), color="black", linestyle="--",
-               label="Megatron: 2 + 2")  # fmt: skip
+    ax.bar(
+        x,
+        parallel["allreduces_per_layer_bwd"],
+        0.6,
+        bottom=parallel["allreduces_per_layer_fwd"],
+        color=colours,
+        alpha=0.5,
+        hatch="//",
+        label="backward",
+    )
+    ax.axhline(sum(MEGATRON_ALLREDUCES), color="black", linestyle="--", label="Megatron: 2 + 2")
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("all-reduces per block")
     ax.set_title("collectives per block (solid: forward, hatched: backward)")
@@ -78,11 +90,20 @@ def plot_memory(ctx: Context, ok: pd.DataFrame) -> str:
         label = METHODS.get(method, method)
         # Hollow, larger markers for the first method: where both hold the same bytes,
         # both stay visible.
-        style = {"markersize": 11 - 4 * min(i, 1), "color": colour,
-                 "markerfacecolor": "none" if i == 0 else colour}  # fmt: skip
+        style = {
+            "markersize": 11 - 4 * min(i, 1),
+            "color": colour,
+            "markerfacecolor": "none" if i == 0 else colour,
+        }
         ax.plot(rows["tp"], rows["peak_bytes"], marker="o", label=f"{label}: peak", **style)
-        ax.plot(rows["tp"], rows["param_bytes"], marker="s", linestyle=":",
-                label=f"{label}: parameters", **style)  # fmt: skip
+        ax.plot(
+            rows["tp"],
+            rows["param_bytes"],
+            marker="s",
+            linestyle=":",
+            label=f"{label}: parameters",
+            **style,
+        )
     ax.set_xscale("log", base=2)
     ts = sorted(int(t) for t in ok["tp"].unique())
     ax.set_xticks(ts, [str(t) for t in ts])
@@ -101,8 +122,13 @@ def plot_time(ctx: Context, ok: pd.DataFrame) -> str:
     for i, method in enumerate(shown):
         rows = ok[ok["method"] == method].set_index("tp")
         values = [float(rows["step_time_s"].get(t, math.nan)) * 1e3 for t in ts]
-        ax.bar(np.arange(len(ts)) + (i - (len(shown) - 1) / 2) * width, values, width,
-               color=COLOURS.get(method, "grey"), label=METHODS.get(method, method))  # fmt: skip
+        ax.bar(
+            np.arange(len(ts)) + (i - (len(shown) - 1) / 2) * width,
+            values,
+            width,
+            color=COLOURS.get(method, "grey"),
+            label=METHODS.get(method, method),
+        )
     ax.set_xticks(np.arange(len(ts)), [f"t = {t}" for t in ts])
     ax.set_ylabel("step time (ms), blocks forward + backward")
     ax.set_title("step time per TP degree (same run)")

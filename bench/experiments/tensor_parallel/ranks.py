@@ -108,8 +108,9 @@ def _train_and_compare(
     out["params"] = sum(p.numel() for p in params.values())
     if comm.rank == 0:
         single = gpt(cfg.model, cfg.seed)
-        reference = train_reference(single, idx, targets,
-                                    torch.optim.SGD(single.parameters(), lr=cfg.lr), cfg.steps)  # fmt: skip
+        reference = train_reference(
+            single, idx, targets, torch.optim.SGD(single.parameters(), lr=cfg.lr), cfg.steps
+        )
         pairs = zip(trained.losses, reference.losses, strict=True)
         out["loss_diff"] = max(abs(a - b) for a, b in pairs)
         out["update_error"] = compare(params, reference)["update_error"]

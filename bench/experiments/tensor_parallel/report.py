@@ -172,19 +172,27 @@ def _dtensor_extra(rows: pd.DataFrame) -> str:
 
 def _comm_table(rows: pd.DataFrame) -> str:
     fwd, bwd = MEGATRON_ALLREDUCES
-    return markdown_table(pd.DataFrame({
-        **_cells(rows),
-        "all-reduces fwd": rows["allreduces_per_layer_fwd"].map(_int),
-        "all-reduces bwd": rows["allreduces_per_layer_bwd"].map(_int),
-        "Megatron": rows["tp"].map(lambda t: f"{fwd} + {bwd}" if t > 1 else "0 + 0"),
-        "other collectives": (rows["collectives_per_layer"] - rows["allreduces_per_layer"])
-        .map(_int),
-        "bytes fwd": rows["comm_bytes_per_layer_fwd"].map(format_bytes),
-        "bytes bwd": rows["comm_bytes_per_layer_bwd"].map(format_bytes),
-        "predicted (each way)": rows["predicted_comm_bytes_per_layer_fwd"].map(format_bytes),
-        "rounds fwd + bwd": (rows["comm_rounds_per_layer_fwd"]
-                             + rows["comm_rounds_per_layer_bwd"]).map(_int),
-    }))  # fmt: skip
+    return markdown_table(
+        pd.DataFrame(
+            {
+                **_cells(rows),
+                "all-reduces fwd": rows["allreduces_per_layer_fwd"].map(_int),
+                "all-reduces bwd": rows["allreduces_per_layer_bwd"].map(_int),
+                "Megatron": rows["tp"].map(lambda t: f"{fwd} + {bwd}" if t > 1 else "0 + 0"),
+                "other collectives": (
+                    rows["collectives_per_layer"] - rows["allreduces_per_layer"]
+                ).map(_int),
+                "bytes fwd": rows["comm_bytes_per_layer_fwd"].map(format_bytes),
+                "bytes bwd": rows["comm_bytes_per_layer_bwd"].map(format_bytes),
+                "predicted (each way)": rows["predicted_comm_bytes_per_layer_fwd"].map(
+                    format_bytes
+                ),
+                "rounds fwd + bwd": (
+                    rows["comm_rounds_per_layer_fwd"] + rows["comm_rounds_per_layer_bwd"]
+                ).map(_int),
+            }
+        )
+    )
 
 
 def communication(ctx: Context) -> str | None:
@@ -240,9 +248,14 @@ def memory(ctx: Context) -> str | None:
         shrinks = bool(ours.is_monotonic_decreasing and ours.iloc[-1] < ours.iloc[0])
         trail = " → ".join(format_bytes(v) for v in ours)
         ctx.finding(_prose("params_finding"), shrinks, trail)
-    table = _table(rows, {"parameters": ("param_bytes", format_bytes),
-                          "saved activations (peak)": ("activation_bytes", format_bytes),
-                          "peak": ("peak_bytes", format_bytes)})  # fmt: skip
+    table = _table(
+        rows,
+        {
+            "parameters": ("param_bytes", format_bytes),
+            "saved activations (peak)": ("activation_bytes", format_bytes),
+            "peak": ("peak_bytes", format_bytes),
+        },
+    )
     return f"{table}\n\n{plot_memory(ctx, ctx.ok)}"
 
 
@@ -299,9 +312,14 @@ def step_time(ctx: Context) -> str | None:
         crowded="{" + ", ".join(map(str, crowded)) + "}" if crowded else "",
         cores=int(ctx.cores) if crowded else None,
     )
-    table = _table(rows, {"step time": ("step_time_s", format_seconds),
-                          "other method, same run": ("twin_step_time_s", format_seconds),
-                          "ratio": ("step_time_vs_twin", format_ratio)})  # fmt: skip
+    table = _table(
+        rows,
+        {
+            "step time": ("step_time_s", format_seconds),
+            "other method, same run": ("twin_step_time_s", format_seconds),
+            "ratio": ("step_time_vs_twin", format_ratio),
+        },
+    )
     return f"{verdict}\n\n{table}\n\n{plot_time(ctx, ctx.ok)}"
 
 
@@ -314,9 +332,14 @@ def update_error(ctx: Context) -> str | None:
         return None
     rows = ctx.ok.sort_values(["tp", "method"])
     scientific = "{:.1e}".format
-    return _table(rows, {"update error": ("update_error", scientific),
-                         "largest loss difference": ("loss_diff", scientific),
-                         "wrong": ("wrong", _int)})  # fmt: skip
+    return _table(
+        rows,
+        {
+            "update error": ("update_error", scientific),
+            "largest loss difference": ("loss_diff", scientific),
+            "wrong": ("wrong", _int),
+        },
+    )
 
 
 REPORT = Report(

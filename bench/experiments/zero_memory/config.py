@@ -30,8 +30,14 @@ __all__ = ["ZeroMemoryConfig"]
 
 def _default_model() -> dict[str, Any]:
     # `bias` first: the results' columns keep the order the YAML gave them.
-    return {"bias": False, "d_model": 128, "n_layers": 6, "n_heads": 4, "seq_len": 64,
-            "vocab_size": 256}  # fmt: skip
+    return {
+        "bias": False,
+        "d_model": 128,
+        "n_layers": 6,
+        "n_heads": 4,
+        "seq_len": 64,
+        "vocab_size": 256,
+    }
 
 
 @dataclass(kw_only=True)

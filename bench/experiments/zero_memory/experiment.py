@@ -43,10 +43,13 @@ __all__ = ["EXPERIMENT", "TOLERANCE", "ZeroMemoryConfig", "cells", "to_row"]
 
 def _plan(cfg: ZeroMemoryConfig, method: str, precision: str) -> Plan:
     paired = cfg.paired and precision == "fp32" and method in TWINS
-    return Plan(method=method, precision=precision,
-                loss_scale=cfg.loss_scale if precision == "fp16" else None,
-                twin=TWINS[method] if paired else "",
-                no_overlap=paired and method == "ddp")  # fmt: skip
+    return Plan(
+        method=method,
+        precision=precision,
+        loss_scale=cfg.loss_scale if precision == "fp16" else None,
+        twin=TWINS[method] if paired else "",
+        no_overlap=paired and method == "ddp",
+    )
 
 
 def cells(cfg: ZeroMemoryConfig) -> list[Cell]:
@@ -103,8 +106,9 @@ def _memory_columns(plan: Plan, per_rank: list[dict], n: int) -> dict:
     and the cost model's prediction for the same units, padding included."""
     first = per_rank[0]
     units = first["units"] or [first["params"]]
-    predicted = model_state_bytes(units, plan.stage, n, bytes_per_param_for(plan.precision),
-                                  pad=first["units"] is not None)  # fmt: skip
+    predicted = model_state_bytes(
+        units, plan.stage, n, bytes_per_param_for(plan.precision), pad=first["units"] is not None
+    )
     columns = {
         "predicted_param_bytes": predicted.weights,
         "predicted_grad_bytes": predicted.gradients,

@@ -51,8 +51,9 @@ def memory_figure(rows: pd.DataFrame) -> Figure:
     the cost model's total as a marker. `rows` have every part measured."""
     precisions = list(pd.unique(rows["precision"]))
     ns = sorted(int(n) for n in rows["world_size"].unique())
-    fig, axes = new_figure(3.2 * len(ns) + 1.5, 3.8 * len(precisions), len(precisions),
-                           len(ns), sharey="row")  # fmt: skip
+    fig, axes = new_figure(
+        3.2 * len(ns) + 1.5, 3.8 * len(precisions), len(precisions), len(ns), sharey="row"
+    )
     for i, precision in enumerate(precisions):
         for j, n in enumerate(ns):
             ax = axes[i * len(ns) + j]
@@ -67,13 +68,17 @@ def memory_figure(rows: pd.DataFrame) -> Figure:
                 bottom += values
             predicted = by_method.loc[methods, "predicted_model_state_bytes"].to_numpy(float)
             ax.scatter(x, predicted, marker="D", color="black", zorder=5, s=24)
-            ax.set_xticks(x, [SHORT.get(m, m) for m in methods], rotation=40, ha="right",
-                          fontsize=8)  # fmt: skip
+            ax.set_xticks(
+                x, [SHORT.get(m, m) for m in methods], rotation=40, ha="right", fontsize=8
+            )
             ax.set_title(f"{precision}, N = {n}")
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
     handles = [Patch(color=c, label=PARTS[p]) for p, c in PART_COLOURS.items()]
-    handles.append(Line2D([], [], marker="D", color="black", linestyle="",
-                          label="predicted total (cost model)"))  # fmt: skip
+    handles.append(
+        Line2D(
+            [], [], marker="D", color="black", linestyle="", label="predicted total (cost model)"
+        )
+    )
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4)
     fig.suptitle("Model states per rank, measured (bars) vs cost model (◆), as ZeRO Fig. 1")
     fig.subplots_adjust(hspace=0.55)
@@ -86,14 +91,27 @@ def comm_figure(rows: pd.DataFrame) -> Figure:
     ns = sorted(int(n) for n in rows["world_size"].unique())
     grid = np.linspace(min(ns), max(ns), 100)
     for multiple, style in ((2, "--"), (3, ":")):
-        ax.plot(grid, multiple * (grid - 1) / grid, color="grey", linestyle=style,
-                label=f"theory {multiple}Ψ·(N−1)/N")  # fmt: skip
+        ax.plot(
+            grid,
+            multiple * (grid - 1) / grid,
+            color="grey",
+            linestyle=style,
+            label=f"theory {multiple}Ψ·(N−1)/N",
+        )
     # Stages 0–2 coincide when they meet the theory: shrinking markers keep each visible.
     for i, (method, group) in enumerate(rows.groupby("method", sort=False)):
-        ax.plot(group["world_size"], group["comm_psi_multiple"], marker="osD^v"[i % 5],
-                markersize=9 - 1.5 * (i % 4), label=f"{METHODS.get(method, method)} (counted)")  # fmt: skip
+        ax.plot(
+            group["world_size"],
+            group["comm_psi_multiple"],
+            marker="osD^v"[i % 5],
+            markersize=9 - 1.5 * (i % 4),
+            label=f"{METHODS.get(method, method)} (counted)",
+        )
     log2_axis(ax, ns)
-    ax.set(xlabel="ranks N", ylabel="bytes sent per rank per step / (Ψ · bytes per element)",
-           title="Traffic per rank per step, in units of Ψ")  # fmt: skip
+    ax.set(
+        xlabel="ranks N",
+        ylabel="bytes sent per rank per step / (Ψ · bytes per element)",
+        title="Traffic per rank per step, in units of Ψ",
+    )
     ax.legend(fontsize="small")
     return fig

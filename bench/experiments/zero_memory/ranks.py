@@ -50,40 +50,64 @@ def _zero_trainer(cfg: ZeroMemoryConfig, plan: Plan, model, x, y) -> dict:
     from impls.comm import Communicator
     from impls.zero import ZeroDataParallel
 
-    zdp = ZeroDataParallel(model, Communicator(), stage=ZERO_METHODS[plan.method],
-                           optimizer="adamw", lr=cfg.lr, weight_decay=WEIGHT_DECAY,
-                           precision=plan.precision, loss_scale=plan.loss_scale)  # fmt: skip
+    zdp = ZeroDataParallel(
+        model,
+        Communicator(),
+        stage=ZERO_METHODS[plan.method],
+        optimizer="adamw",
+        lr=cfg.lr,
+        weight_decay=WEIGHT_DECAY,
+        precision=plan.precision,
+        loss_scale=plan.loss_scale,
+    )
 
     def step() -> dict:
         loss = lm_loss(zdp(x).float(), y)
         zdp.backward(loss)
         report = zdp.step()
         zdp.zero_grad()
-        return {"loss": loss.item(), "bytes_sent": report.traffic.bytes_sent,
-                "memory": report.memory}  # fmt: skip
+        return {
+            "loss": loss.item(),
+            "bytes_sent": report.traffic.bytes_sent,
+            "memory": report.memory,
+        }
 
     def state_bytes() -> dict:
         return {k: zdp.ledger.current[k] for k in ("params", "grads", "optim")}
 
-    return {"step": step, "state_bytes": state_bytes, "params": zdp.full_parameters,
-            "units": [u.numel for u in zdp.units]}  # fmt: skip
+    return {
+        "step": step,
+        "state_bytes": state_bytes,
+        "params": zdp.full_parameters,
+        "units": [u.numel for u in zdp.units],
+    }
 
 
 def _ddp_trainer(cfg: ZeroMemoryConfig, plan: Plan, model, x, y) -> dict:
     from impls.comm import Communicator
     from impls.data_parallel import DDP
 
-    ddp = DDP(model, Communicator(), lambda params: _adamw(cfg, params),
-              bucket_cap_bytes=cfg.bucket_cap_bytes, overlap=plan.method == "ddp",
-              precision=plan.precision, loss_scale=plan.loss_scale)  # fmt: skip
+    ddp = DDP(
+        model,
+        Communicator(),
+        lambda params: _adamw(cfg, params),
+        bucket_cap_bytes=cfg.bucket_cap_bytes,
+        overlap=plan.method == "ddp",
+        precision=plan.precision,
+        loss_scale=plan.loss_scale,
+    )
 
     def step() -> dict:
         stats = ddp.train_step(x, y, lm_loss)
         return {"loss": stats.loss, "bytes_sent": stats.traffic.bytes_sent}
 
     # Gradients are dropped after each step: see `run`.
-    return {"step": step, "state_bytes": lambda: None, "params": lambda: parameters(model),
-            "close": ddp.close}  # fmt: skip
+    return {
+        "step": step,
+        "state_bytes": lambda: None,
+        "params": lambda: parameters(model),
+        "close": ddp.close,
+    }
 
 
 def _torch_wrap(
@@ -103,8 +127,12 @@ def _torch_wrap(
     if method == "torch_zero_redundancy":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
-                                            lr=cfg.lr, weight_decay=WEIGHT_DECAY)  # fmt: skip
+        optimizer = ZeroRedundancyOptimizer(
+            model.parameters(),
+            optimizer_class=torch.optim.AdamW,
+            lr=cfg.lr,
+            weight_decay=WEIGHT_DECAY,
+        )
         return DistributedDataParallel(model), optimizer, optimizer.optim
     optimizer = _adamw(cfg, model.parameters())
     return DistributedDataParallel(model), optimizer, optimizer
@@ -120,8 +148,11 @@ def _torch_trainer(cfg: ZeroMemoryConfig, plan: Plan, model, x, y) -> dict:
         optimizer.zero_grad(set_to_none=False)  # the gradients stay allocated, as held
         return {"loss": loss.item(), "bytes_sent": math.nan}
 
-    return {"step": step, "state_bytes": lambda: held_bytes(model.parameters(), holder),
-            "params": lambda: parameters(model)}  # fmt: skip
+    return {
+        "step": step,
+        "state_bytes": lambda: held_bytes(model.parameters(), holder),
+        "params": lambda: parameters(model),
+    }
 
 
 def _trainer(cfg: ZeroMemoryConfig, plan: Plan) -> _Trainer:
@@ -140,8 +171,7 @@ def _trainer(cfg: ZeroMemoryConfig, plan: Plan) -> _Trainer:
 def _reference_check(cfg: ZeroMemoryConfig, params: dict[str, torch.Tensor]) -> dict[str, float]:
     """Single-process fp32 AdamW on the whole batch, `steps` steps, against `params`."""
     model, inputs, targets = seeded_gpt_and_batch(cfg.model, cfg.batch_size, cfg.seed)
-    reference = train_reference(model, inputs, targets, _adamw(cfg, model.parameters()),
-                                cfg.steps)  # fmt: skip
+    reference = train_reference(model, inputs, targets, _adamw(cfg, model.parameters()), cfg.steps)
     return compare(params, reference)
 
 
@@ -153,8 +183,9 @@ def _mean_over_ranks(value: float) -> float:
 
 def _timed(cfg: ZeroMemoryConfig, sides: dict[str, _Trainer]) -> dict[str, Timed]:
     """Each side's steps (slowest rank), the sides alternating; closes the trainers."""
-    timed = alternate({name: side.step for name, side in sides.items()},
-                      warmup=cfg.warmup, repeats=cfg.repeats)  # fmt: skip
+    timed = alternate(
+        {name: side.step for name, side in sides.items()}, warmup=cfg.warmup, repeats=cfg.repeats
+    )
     for side in sides.values():
         side.close()
     return timed

@@ -112,16 +112,20 @@ def memory(ctx: Context) -> str | None:
     shown = ""
     if len(full):
         shown = ctx.plot(memory_figure(full), "memory_per_rank", "model states per rank") + "\n\n"
-    table = pd.DataFrame({
-        **cell_columns(rows),
-        **{title: rows[part].map(format_bytes) for part, title in PARTS.items()},
-        "model states": rows["model_state_bytes"].map(format_bytes),
-        "predicted": rows["predicted_model_state_bytes"].map(format_bytes),
-        "error": (rows["model_state_bytes"] / rows["predicted_model_state_bytes"] - 1).map(_pct),
-        "gathered peak": rows["gathered_peak_bytes"].map(format_bytes),
-        "activations peak": rows["activation_peak_bytes"].map(format_bytes),
-        "peak": rows["peak_bytes"].map(format_bytes),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            **cell_columns(rows),
+            **{title: rows[part].map(format_bytes) for part, title in PARTS.items()},
+            "model states": rows["model_state_bytes"].map(format_bytes),
+            "predicted": rows["predicted_model_state_bytes"].map(format_bytes),
+            "error": (rows["model_state_bytes"] / rows["predicted_model_state_bytes"] - 1).map(
+                _pct
+            ),
+            "gathered peak": rows["gathered_peak_bytes"].map(format_bytes),
+            "activations peak": rows["activation_peak_bytes"].map(format_bytes),
+            "peak": rows["peak_bytes"].map(format_bytes),
+        }
+    )
     ours = _ours(rows)
     by_method = ours["model_state_abs_error"].groupby(ours["method"]).max().dropna()
     worst = float(by_method.max()) if len(by_method) else None
@@ -174,14 +178,18 @@ def traffic(ctx: Context) -> str | None:
     rows = _comm_rows(ctx.ok)
     if rows.empty:
         return "No distbench row was counted."
-    table = pd.DataFrame({
-        **cell_columns(rows),
-        "sent (counted)": rows["comm_bytes_per_step"].map(format_bytes),
-        "predicted": rows["predicted_comm_bytes_per_step"].map(format_bytes),
-        "counted multiple": rows["comm_psi_multiple"].map(_psi),
-        "theory": [f"{COMM_THEORY[int(s)]}Ψ·(N−1)/N = {_psi(t)}"
-                   for s, t in zip(rows["stage"], rows["theory_multiple"], strict=True)],
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            **cell_columns(rows),
+            "sent (counted)": rows["comm_bytes_per_step"].map(format_bytes),
+            "predicted": rows["predicted_comm_bytes_per_step"].map(format_bytes),
+            "counted multiple": rows["comm_psi_multiple"].map(_psi),
+            "theory": [
+                f"{COMM_THEORY[int(s)]}Ψ·(N−1)/N = {_psi(t)}"
+                for s, t in zip(rows["stage"], rows["theory_multiple"], strict=True)
+            ],
+        }
+    )
     ctx.headline["comm_psi_multiple"] = _at_largest(ctx, rows)
     zero = rows[rows["method"].isin(list(ZERO_METHODS))]
     off = zero[zero["comm_bytes_per_step"] != zero["predicted_comm_bytes_per_step"]]
@@ -232,14 +240,18 @@ def update_error(ctx: Context) -> str | None:
         return None
     rows = ok.sort_values(["precision", "world_size", "method"])
     number = lambda v: "—" if not math.isfinite(v) else f"{v:.3g}"  # noqa: E731
-    table = pd.DataFrame({
-        **cell_columns(rows),
-        "loss": numeric(rows, "loss").map(number),
-        "max param diff": numeric(rows, "max_param_diff").map(number),
-        "update error": numeric(rows, "update_error").map(number),
-        "tolerance": rows["precision"].map(lambda p: f"{TOLERANCE.get(p, math.nan):g}"),
-        "wrong": numeric(rows, "wrong").map(lambda v: "—" if not math.isfinite(v) else str(int(v))),
-    })  # fmt: skip
+    table = pd.DataFrame(
+        {
+            **cell_columns(rows),
+            "loss": numeric(rows, "loss").map(number),
+            "max param diff": numeric(rows, "max_param_diff").map(number),
+            "update error": numeric(rows, "update_error").map(number),
+            "tolerance": rows["precision"].map(lambda p: f"{TOLERANCE.get(p, math.nan):g}"),
+            "wrong": numeric(rows, "wrong").map(
+                lambda v: "—" if not math.isfinite(v) else str(int(v))
+            ),
+        }
+    )
     return markdown_table(table, numparse=False)
 
 

@@ -20,19 +20,34 @@ from bench.experiments.zero_memory.plots import METHODS, methods_in
 from bench.report import Context, Target, format_ratio, format_seconds, markdown_table
 from bench.report.targets import canonical, select
 
-__all__ = ["DDP_VS_TORCH", "OVERLAP", "SPEED_TARGETS", "ZERO3_VS_FSDP2", "numeric",
-           "prepare_ratios", "step_time"]  # fmt: skip
+__all__ = [
+    "DDP_VS_TORCH",
+    "OVERLAP",
+    "SPEED_TARGETS",
+    "ZERO3_VS_FSDP2",
+    "numeric",
+    "prepare_ratios",
+    "step_time",
+]
 
 
 def _vs_torch(figure: str, method: str, bound: float) -> Target:
     """`method`'s step time ÷ its torch twin's ≤ `bound`, on every fp32 cell."""
     where = {"method": method, "precision": "fp32"}
-    return Target(figure=figure, column="twin_ratio", op="<=", bound=bound, source="issue #4",
-                  where=where, wall_clock=True)  # fmt: skip
+    return Target(
+        figure=figure,
+        column="twin_ratio",
+        op="<=",
+        bound=bound,
+        source="issue #4",
+        where=where,
+        wall_clock=True,
+    )
 
 
-ZERO3_VS_FSDP2 = _vs_torch("ZeRO-3 step time ÷ torch FSDP2 fully_shard (fp32, every N)", "zero3",
-                           1.25)  # fmt: skip
+ZERO3_VS_FSDP2 = _vs_torch(
+    "ZeRO-3 step time ÷ torch FSDP2 fully_shard (fp32, every N)", "zero3", 1.25
+)
 DDP_VS_TORCH = _vs_torch("overlapped DDP step time ÷ torch DDP (fp32, every N)", "ddp", 1.1)
 OVERLAP = Target(
     figure="overlapped DDP step time ÷ the same DDP without overlap (fp32, every N > 1: "
@@ -92,17 +107,27 @@ def _summary(ctx: Context, rows: pd.DataFrame, column: str, basis: str) -> dict 
     if values.empty:
         return None
     worst = rows.loc[values.idxmax()]
-    return {"ratio": float(values.max()), "median": float(values.median()),
-            "cells": len(values), "world_size": int(worst["world_size"]),
-            "precision": str(worst["precision"]), "basis": str(worst[basis]),
-            "crowded": ctx.crowded(worst["world_size"])}  # fmt: skip
+    return {
+        "ratio": float(values.max()),
+        "median": float(values.median()),
+        "cells": len(values),
+        "world_size": int(worst["world_size"]),
+        "precision": str(worst["precision"]),
+        "basis": str(worst[basis]),
+        "crowded": ctx.crowded(worst["world_size"]),
+    }
 
 
 def _worst_text(ctx: Context, entry: dict[str, Any]) -> str:
-    label = f"; {int(ctx.cores)} cores shared by {entry['world_size']} ranks" if entry[
-        "crowded"] else ""  # fmt: skip
-    return (f"{format_ratio(entry['ratio'])} (N = {entry['world_size']}, {entry['precision']}, "
-            f"{entry['basis']}{label})")  # fmt: skip
+    label = (
+        f"; {int(ctx.cores)} cores shared by {entry['world_size']} ranks"
+        if entry["crowded"]
+        else ""
+    )
+    return (
+        f"{format_ratio(entry['ratio'])} (N = {entry['world_size']}, {entry['precision']}, "
+        f"{entry['basis']}{label})"
+    )
 
 
 def _goal(target: Target) -> str:
@@ -112,26 +137,33 @@ def _goal(target: Target) -> str:
 def _line(ctx: Context, label: str, entry: dict | None, goal: str) -> str:
     if entry is None:
         return f"- {label}: not measured"
-    return (f"- {label}: median {format_ratio(entry['median'])} over {entry['cells']} cells, "
-            f"worst {_worst_text(ctx, entry)}{goal}")  # fmt: skip
+    return (
+        f"- {label}: median {format_ratio(entry['median'])} over {entry['cells']} cells, "
+        f"worst {_worst_text(ctx, entry)}{goal}"
+    )
 
 
 def _table(ctx: Context, ok: pd.DataFrame) -> str:
     rows = ok.sort_values(["precision", "world_size", "method"])
-    crowded = rows["world_size"].map(lambda n: f"{int(n)} (> cores)" if ctx.crowded(n) else
-                                     str(int(n)))  # fmt: skip
-    ratio = [f"{format_ratio(r)} ({b})" if b else "—"
-             for r, b in zip(rows["twin_ratio"], rows["twin_basis"], strict=True)]  # fmt: skip
-    table = pd.DataFrame({
-        "method": rows["method"].map(lambda m: METHODS.get(m, m)),
-        "N": crowded,
-        "precision": rows["precision"],
-        "step time": numeric(rows, "step_time_s").map(format_seconds),
-        "torch twin": rows["method"].map(lambda m: METHODS.get(TWINS.get(m, ""), "—")),
-        "twin step time (paired)": numeric(rows, "torch_step_time_s").map(format_seconds),
-        "ratio (basis)": ratio,
-        "÷ no overlap": rows["overlap_ratio"].map(format_ratio),
-    })  # fmt: skip
+    crowded = rows["world_size"].map(
+        lambda n: f"{int(n)} (> cores)" if ctx.crowded(n) else str(int(n))
+    )
+    ratio = [
+        f"{format_ratio(r)} ({b})" if b else "—"
+        for r, b in zip(rows["twin_ratio"], rows["twin_basis"], strict=True)
+    ]
+    table = pd.DataFrame(
+        {
+            "method": rows["method"].map(lambda m: METHODS.get(m, m)),
+            "N": crowded,
+            "precision": rows["precision"],
+            "step time": numeric(rows, "step_time_s").map(format_seconds),
+            "torch twin": rows["method"].map(lambda m: METHODS.get(TWINS.get(m, ""), "—")),
+            "twin step time (paired)": numeric(rows, "torch_step_time_s").map(format_seconds),
+            "ratio (basis)": ratio,
+            "÷ no overlap": rows["overlap_ratio"].map(format_ratio),
+        }
+    )
     return markdown_table(table, numparse=False)
 
 

@@ -16,22 +16,57 @@ from impls.costmodel.published.schema import PublishedRun, published_plan
 __all__ = ["FSDP_RUNS"]
 
 
-def _fsdp(name: str, *, model: str, hardware: str, gpus: int, mbs: int, gbs: int, seq: int,
-          recompute: str, source: str, origin: str, notes: str, tokens: float,
-          mfu: float | None = None, hfu: float | None = None,
-          assumed: tuple[str, ...] = (), node_network_gbps: float | None = None,
-          ) -> PublishedRun:  # fmt: skip
+def _fsdp(
+    name: str,
+    *,
+    model: str,
+    hardware: str,
+    gpus: int,
+    mbs: int,
+    gbs: int,
+    seq: int,
+    recompute: str,
+    source: str,
+    origin: str,
+    notes: str,
+    tokens: float,
+    mfu: float | None = None,
+    hfu: float | None = None,
+    assumed: tuple[str, ...] = (),
+    node_network_gbps: float | None = None,
+) -> PublishedRun:
     """One FSDP FULL_SHARD row: every GPU a data-parallel rank holding 1/N of the states."""
     return PublishedRun(
-        name=name, model=model, hardware=hardware, gpus_per_node=8,
-        plan=published_plan(gpus=gpus, dp=gpus, tp=1, pp=1, sp="none", zero_stage=3,
-                            microbatch_size=mbs, global_batch=gbs, schedule="1f1b",
-                            virtual_stages=1, recompute=recompute),
-        seq_len=seq, dtype="bf16",
-        flops_convention="model_6n", source=source, origin=origin, notes=notes,
-        tokens_per_s_per_gpu=tokens, mfu=mfu, hfu=hfu, attention="flash", assumed=assumed,
+        name=name,
+        model=model,
+        hardware=hardware,
+        gpus_per_node=8,
+        plan=published_plan(
+            gpus=gpus,
+            dp=gpus,
+            tp=1,
+            pp=1,
+            sp="none",
+            zero_stage=3,
+            microbatch_size=mbs,
+            global_batch=gbs,
+            schedule="1f1b",
+            virtual_stages=1,
+            recompute=recompute,
+        ),
+        seq_len=seq,
+        dtype="bf16",
+        flops_convention="model_6n",
+        source=source,
+        origin=origin,
+        notes=notes,
+        tokens_per_s_per_gpu=tokens,
+        mfu=mfu,
+        hfu=hfu,
+        attention="flash",
+        assumed=assumed,
         node_network_gbps=node_network_gbps,
-    )  # fmt: skip
+    )
 
 
 # --- MosaicML llm-foundry -----------------------------------------------------------------
@@ -56,16 +91,35 @@ _FOUNDRY_NOTES = (
 _FOUNDRY_ASSUMED = ("hardware", "gpus_per_node")
 
 
-def _foundry(size: str, seq: int, gpus: int, mfu: float, hfu: float, mbs: int, accum: int,
-             gbs: int, tokens: float) -> PublishedRun:  # fmt: skip
+def _foundry(
+    size: str,
+    seq: int,
+    gpus: int,
+    mfu: float,
+    hfu: float,
+    mbs: int,
+    accum: int,
+    gbs: int,
+    tokens: float,
+) -> PublishedRun:
     assert gbs == gpus * mbs * accum, "the table's GlobalBatchSize = GPUs · micro · accum"
     return _fsdp(
-        f"llm_foundry_mpt_{size}_s{seq}_{gpus}", model=f"llm_foundry_mpt_{size}",
-        hardware="h100_sxm", gpus=gpus, mbs=mbs, gbs=gbs, seq=seq,
-        recompute="full" if hfu > mfu else "none", source=_FOUNDRY, origin="llm_foundry",
-        notes=_FOUNDRY_NOTES, tokens=tokens, mfu=mfu / 100, hfu=hfu / 100,
+        f"llm_foundry_mpt_{size}_s{seq}_{gpus}",
+        model=f"llm_foundry_mpt_{size}",
+        hardware="h100_sxm",
+        gpus=gpus,
+        mbs=mbs,
+        gbs=gbs,
+        seq=seq,
+        recompute="full" if hfu > mfu else "none",
+        source=_FOUNDRY,
+        origin="llm_foundry",
+        notes=_FOUNDRY_NOTES,
+        tokens=tokens,
+        mfu=mfu / 100,
+        hfu=hfu / 100,
         assumed=_FOUNDRY_ASSUMED,
-    )  # fmt: skip
+    )
 
 
 _FOUNDRY_RUNS = (
@@ -107,13 +161,25 @@ _TITAN_NOTES = (
 )
 
 
-def _titan(name: str, model: str, batch: int, seq: int, recompute: str, wps: float,
-           mfu_pct: float) -> PublishedRun:  # fmt: skip
+def _titan(
+    name: str, model: str, batch: int, seq: int, recompute: str, wps: float, mfu_pct: float
+) -> PublishedRun:
     return _fsdp(
-        f"torchtitan_{name}_64", model=model, hardware="a100_80gb", gpus=64, mbs=batch,
-        gbs=64 * batch, seq=seq, recompute=recompute, source=_TITAN, origin="torchtitan",
-        notes=_TITAN_NOTES, tokens=wps, mfu=mfu_pct / 100, assumed=("gpus_per_node",),
-    )  # fmt: skip
+        f"torchtitan_{name}_64",
+        model=model,
+        hardware="a100_80gb",
+        gpus=64,
+        mbs=batch,
+        gbs=64 * batch,
+        seq=seq,
+        recompute=recompute,
+        source=_TITAN,
+        origin="torchtitan",
+        notes=_TITAN_NOTES,
+        tokens=wps,
+        mfu=mfu_pct / 100,
+        assumed=("gpus_per_node",),
+    )
 
 
 _TITAN_RUNS = (
@@ -151,11 +217,21 @@ def _fms(size: str, hardware: str, gpus: int, tokens: float) -> PublishedRun:
     if gpu == "h100":
         assumed += ("hardware",)
     return _fsdp(
-        f"fms_fsdp_llama2_{size}_{gpu}_{gpus}", model=f"llama2_{size}", hardware=hardware,
-        gpus=gpus, mbs=2, gbs=2 * gpus, seq=4096, recompute="full", source=_FMS,
-        origin="fms_fsdp", notes=_FMS_NOTES, tokens=tokens, assumed=assumed,
+        f"fms_fsdp_llama2_{size}_{gpu}_{gpus}",
+        model=f"llama2_{size}",
+        hardware=hardware,
+        gpus=gpus,
+        mbs=2,
+        gbs=2 * gpus,
+        seq=4096,
+        recompute="full",
+        source=_FMS,
+        origin="fms_fsdp",
+        notes=_FMS_NOTES,
+        tokens=tokens,
+        assumed=assumed,
         node_network_gbps=400 if gpu == "a100" else 800,
-    )  # fmt: skip
+    )
 
 
 _FMS_RUNS = (

@@ -35,26 +35,60 @@ _TSM = (
 )
 
 LECTURE_FIGURES: tuple[LectureFigure, ...] = (
-    LectureFigure(name="gpt3_gpu_hours", value=3.1e6, unit="GPU-hours",
-                  quote="GPT-3 175B | 175,000 (M params) | 3,100,000 (GPU hours)",
-                  gpus=1, assumptions=_GPT3),  # fmt: skip
-    LectureFigure(name="gpt3_single_gpu_years", value=355, unit="years",
-                  quote="a single GPU would take 355 years to finish GPT-3", gpus=1,
-                  assumptions=_GPT3),  # fmt: skip
-    LectureFigure(name="resnet50_gpu_hours", value=31, unit="GPU-hours",
-                  quote="ResNet-50 | 26 (M params) | 31 (GPU hours), measured on A100", gpus=1,
-                  assumptions=("lambdalabs.com/blog/demystifying-gpt-3 as cited",)),  # fmt: skip
-    LectureFigure(name="ten_gpu_days_on_1024", value=14, unit="minutes",
-                  quote="If a training takes 10 GPU days ... 1024 GPUs can finish in 14 "
-                  "minutes (ideally)", gpus=1024,
-                  assumptions=("linear scaling: 10·24·60 / 1024 = 14.06 min",)),  # fmt: skip
-    LectureFigure(name="tsm_summit_1_node", value=49 * 60 + 50, unit="minutes",
-                  quote="1 SUMMIT Nodes (6 GPUs) | 49h 50min | 74.1%", gpus=6,
-                  assumptions=_TSM),  # fmt: skip
-    LectureFigure(name="tsm_summit_128_nodes", value=28, unit="minutes",
-                  quote="128 SUMMIT Nodes (768 GPUs) | 28min | 74.1%", gpus=768,
-                  assumptions=_TSM),  # fmt: skip
-    LectureFigure(name="tsm_summit_256_nodes", value=14, unit="minutes",
-                  quote="256 SUMMIT Nodes (1536 GPUs) | 14min (211x) | 74.0%", gpus=1536,
-                  assumptions=_TSM + ("211x = 2990 min / 14.2 min: the 14 min is rounded",)),
-)  # fmt: skip
+    LectureFigure(
+        name="gpt3_gpu_hours",
+        value=3.1e6,
+        unit="GPU-hours",
+        quote="GPT-3 175B | 175,000 (M params) | 3,100,000 (GPU hours)",
+        gpus=1,
+        assumptions=_GPT3,
+    ),
+    LectureFigure(
+        name="gpt3_single_gpu_years",
+        value=355,
+        unit="years",
+        quote="a single GPU would take 355 years to finish GPT-3",
+        gpus=1,
+        assumptions=_GPT3,
+    ),
+    LectureFigure(
+        name="resnet50_gpu_hours",
+        value=31,
+        unit="GPU-hours",
+        quote="ResNet-50 | 26 (M params) | 31 (GPU hours), measured on A100",
+        gpus=1,
+        assumptions=("lambdalabs.com/blog/demystifying-gpt-3 as cited",),
+    ),
+    LectureFigure(
+        name="ten_gpu_days_on_1024",
+        value=14,
+        unit="minutes",
+        quote="If a training takes 10 GPU days ... 1024 GPUs can finish in 14 minutes (ideally)",
+        gpus=1024,
+        assumptions=("linear scaling: 10·24·60 / 1024 = 14.06 min",),
+    ),
+    LectureFigure(
+        name="tsm_summit_1_node",
+        value=49 * 60 + 50,
+        unit="minutes",
+        quote="1 SUMMIT Nodes (6 GPUs) | 49h 50min | 74.1%",
+        gpus=6,
+        assumptions=_TSM,
+    ),
+    LectureFigure(
+        name="tsm_summit_128_nodes",
+        value=28,
+        unit="minutes",
+        quote="128 SUMMIT Nodes (768 GPUs) | 28min | 74.1%",
+        gpus=768,
+        assumptions=_TSM,
+    ),
+    LectureFigure(
+        name="tsm_summit_256_nodes",
+        value=14,
+        unit="minutes",
+        quote="256 SUMMIT Nodes (1536 GPUs) | 14min (211x) | 74.0%",
+        gpus=1536,
+        assumptions=_TSM + ("211x = 2990 min / 14.2 min: the 14 min is rounded",),
+    ),
+)

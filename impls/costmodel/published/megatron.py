@@ -25,18 +25,38 @@ _SC21_NOTES = (
 _SC21_ASSUMED = ("microbatch_size", "schedule", "virtual_stages", "dtype")
 
 
-def _sc21(size: str, model: str, tp: int, pp: int, gpus: int, batch: int, tflops: float,
-          peak_pct: float) -> PublishedRun:  # fmt: skip
+def _sc21(
+    size: str, model: str, tp: int, pp: int, gpus: int, batch: int, tflops: float, peak_pct: float
+) -> PublishedRun:
     return PublishedRun(
-        name=f"megatron_sc21_{size}", model=model, hardware="a100_80gb", gpus_per_node=8,
-        plan=published_plan(gpus=gpus, dp=gpus // (tp * pp), tp=tp, pp=pp, sp="none",
-                            zero_stage=0, microbatch_size=1, global_batch=batch,
-                            schedule="1f1b", virtual_stages=1, recompute="full"),
-        seq_len=2048, dtype="fp16",
-        flops_convention="hardware_full_recompute", source=_SC21, origin="megatron_sc21",
-        notes=_SC21_NOTES, tflops_per_gpu=tflops, hfu=peak_pct / 100,
-        layout="megatron" if pp > 1 else "equal", assumed=_SC21_ASSUMED,
-    )  # fmt: skip
+        name=f"megatron_sc21_{size}",
+        model=model,
+        hardware="a100_80gb",
+        gpus_per_node=8,
+        plan=published_plan(
+            gpus=gpus,
+            dp=gpus // (tp * pp),
+            tp=tp,
+            pp=pp,
+            sp="none",
+            zero_stage=0,
+            microbatch_size=1,
+            global_batch=batch,
+            schedule="1f1b",
+            virtual_stages=1,
+            recompute="full",
+        ),
+        seq_len=2048,
+        dtype="fp16",
+        flops_convention="hardware_full_recompute",
+        source=_SC21,
+        origin="megatron_sc21",
+        notes=_SC21_NOTES,
+        tflops_per_gpu=tflops,
+        hfu=peak_pct / 100,
+        layout="megatron" if pp > 1 else "equal",
+        assumed=_SC21_ASSUMED,
+    )
 
 
 _README_MFU = (
@@ -50,21 +70,52 @@ _README_NOTES = (
     "are recalled from Korthikanti et al. 2022, Table 3, not re-read for this table; "
     "sequence parallelism with selective recomputation is the paper's headline setting."
 )
-_README_ASSUMED = ("gpus", "tp", "pp", "microbatch_size", "global_batch", "schedule",
-                   "virtual_stages", "dtype", "sp", "recompute")  # fmt: skip
+_README_ASSUMED = (
+    "gpus",
+    "tp",
+    "pp",
+    "microbatch_size",
+    "global_batch",
+    "schedule",
+    "virtual_stages",
+    "dtype",
+    "sp",
+    "recompute",
+)
 
 
-def _korthikanti(size: str, model: str, pp: int, batch: int, mfu: float,
-                 hfu: float) -> PublishedRun:  # fmt: skip
+def _korthikanti(
+    size: str, model: str, pp: int, batch: int, mfu: float, hfu: float
+) -> PublishedRun:
     return PublishedRun(
-        name=f"megatron_readme_{size}", model=model, hardware="a100_80gb", gpus_per_node=8,
-        plan=published_plan(gpus=8 * pp, dp=1, tp=8, pp=pp, sp="megatron_sp", zero_stage=0,
-                            microbatch_size=1, global_batch=batch, schedule="1f1b",
-                            virtual_stages=1, recompute="selective"),
-        seq_len=2048, dtype="bf16", flops_convention="model",
-        source=_README_MFU, origin="megatron_readme", notes=_README_NOTES, mfu=mfu, hfu=hfu,
-        layout="megatron" if pp > 1 else "equal", assumed=_README_ASSUMED,
-    )  # fmt: skip
+        name=f"megatron_readme_{size}",
+        model=model,
+        hardware="a100_80gb",
+        gpus_per_node=8,
+        plan=published_plan(
+            gpus=8 * pp,
+            dp=1,
+            tp=8,
+            pp=pp,
+            sp="megatron_sp",
+            zero_stage=0,
+            microbatch_size=1,
+            global_batch=batch,
+            schedule="1f1b",
+            virtual_stages=1,
+            recompute="selective",
+        ),
+        seq_len=2048,
+        dtype="bf16",
+        flops_convention="model",
+        source=_README_MFU,
+        origin="megatron_readme",
+        notes=_README_NOTES,
+        mfu=mfu,
+        hfu=hfu,
+        layout="megatron" if pp > 1 else "equal",
+        assumed=_README_ASSUMED,
+    )
 
 
 _NEMO = (
@@ -112,22 +163,55 @@ _NEMO_24_07_NOTES = (
 )
 
 
-def _nemo(name: str, model: str, gpus: int, gbs: int, mbs: int, seq: int, tp: int, pp: int,
-          vp: int, tokens: float, tflops: float, *, cp: int = 1, source: str = _NEMO,
-          notes: str = _NEMO_NOTES,
-          assumed: tuple[str, ...] = _NEMO_ASSUMED) -> PublishedRun:  # fmt: skip
+def _nemo(
+    name: str,
+    model: str,
+    gpus: int,
+    gbs: int,
+    mbs: int,
+    seq: int,
+    tp: int,
+    pp: int,
+    vp: int,
+    tokens: float,
+    tflops: float,
+    *,
+    cp: int = 1,
+    source: str = _NEMO,
+    notes: str = _NEMO_NOTES,
+    assumed: tuple[str, ...] = _NEMO_ASSUMED,
+) -> PublishedRun:
     return PublishedRun(
-        name=name, model=model, hardware="h100_sxm", gpus_per_node=8,
-        plan=published_plan(gpus=gpus, dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
-                            sp="megatron_sp" if tp > 1 else "none", zero_stage=1,
-                            microbatch_size=mbs, global_batch=gbs,
-                            schedule="interleaved_1f1b" if vp > 1 else "1f1b",
-                            virtual_stages=vp, recompute="none"),
-        seq_len=seq, dtype="fp8", flops_convention="model",
-        source=source, origin="nemo", notes=notes + _NEMO_ATTENTION, tflops_per_gpu=tflops,
-        tokens_per_s_per_gpu=tokens, attention="flash", layout="megatron" if pp > 1 else "equal",
+        name=name,
+        model=model,
+        hardware="h100_sxm",
+        gpus_per_node=8,
+        plan=published_plan(
+            gpus=gpus,
+            dp=gpus // (tp * pp * cp),
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            sp="megatron_sp" if tp > 1 else "none",
+            zero_stage=1,
+            microbatch_size=mbs,
+            global_batch=gbs,
+            schedule="interleaved_1f1b" if vp > 1 else "1f1b",
+            virtual_stages=vp,
+            recompute="none",
+        ),
+        seq_len=seq,
+        dtype="fp8",
+        flops_convention="model",
+        source=source,
+        origin="nemo",
+        notes=notes + _NEMO_ATTENTION,
+        tflops_per_gpu=tflops,
+        tokens_per_s_per_gpu=tokens,
+        attention="flash",
+        layout="megatron" if pp > 1 else "equal",
         assumed=assumed,
-    )  # fmt: skip
+    )
 
 
 MEGATRON_RUNS: tuple[PublishedRun, ...] = (
@@ -185,7 +269,7 @@ MEGATRON_RUNS: tuple[PublishedRun, ...] = (
         tflops_per_gpu=150.0,
         layout="equal",
         assumed=("schedule",),
-    ),  # fmt: skip
+    ),
     # NeMo 24.12 H100 FP8 pre-training benchmarks (CP = 1 rows with a preset model).
     _nemo("nemo_24_12_gpt3_175b_128", "gpt3_175b", 128, 256, 1, 2048, 4, 8, 6, 716, 771),
     _nemo("nemo_24_12_gpt3_175b_512", "gpt3_175b", 512, 2048, 2, 2048, 4, 8, 6, 825, 888),

@@ -40,8 +40,9 @@ def _allowed(key: str, value: object, allowed: tuple) -> None:
         raise ValueError(f"PublishedRun.{key}={value!r}: allowed values: {', '.join(allowed)}")
 
 
-def published_plan(*, global_batch: int, dp: int, microbatch_size: int = 1,
-                   gpus: int | None = None, **plan: object) -> ParallelPlan:  # fmt: skip
+def published_plan(
+    *, global_batch: int, dp: int, microbatch_size: int = 1, gpus: int | None = None, **plan: object
+) -> ParallelPlan:
     """A run's `ParallelPlan` from the figures sources state: the global batch (sequences
     per optimizer step) rather than micro-batches per replica, and, if given, the GPU count
     the degrees must multiply to. The plan's own checks name any other bad field."""
@@ -50,11 +51,16 @@ def published_plan(*, global_batch: int, dp: int, microbatch_size: int = 1,
         if dp * cp * tp * pp != gpus:  # type: ignore[operator]
             raise ValueError(f"dp·cp·tp·pp = {dp}·{cp}·{tp}·{pp} != gpus={gpus}")
     if global_batch % (dp * microbatch_size):
-        raise ValueError(f"global_batch={global_batch} is not a multiple of "
-                         f"dp·microbatch_size={dp * microbatch_size}")  # fmt: skip
-    return ParallelPlan(dp=dp, microbatch_size=microbatch_size,
-                        num_microbatches=global_batch // (dp * microbatch_size),
-                        **plan)  # type: ignore[arg-type]  # fmt: skip
+        raise ValueError(
+            f"global_batch={global_batch} is not a multiple of "
+            f"dp·microbatch_size={dp * microbatch_size}"
+        )
+    return ParallelPlan(
+        dp=dp,
+        microbatch_size=microbatch_size,
+        num_microbatches=global_batch // (dp * microbatch_size),
+        **plan,
+    )  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,11 +116,15 @@ class PublishedRun:
         _allowed("attention", self.attention, ATTENTION_KINDS)
         _allowed("layout", self.layout, LAYOUTS)
         if self.seq_len % self.plan.cp:
-            raise ValueError(f"{self.name}: cp={self.plan.cp} does not divide "
-                             f"seq_len={self.seq_len}")  # fmt: skip
+            raise ValueError(
+                f"{self.name}: cp={self.plan.cp} does not divide seq_len={self.seq_len}"
+            )
         gbps = self.node_network_gbps
-        if gbps is not None and (isinstance(gbps, bool) or not isinstance(gbps, int | float)
-                                 or not 0 < gbps < float("inf")):  # fmt: skip
+        if gbps is not None and (
+            isinstance(gbps, bool)
+            or not isinstance(gbps, int | float)
+            or not 0 < gbps < float("inf")
+        ):
             raise ValueError(f"{self.name}: node_network_gbps={gbps!r} must be > 0 or None")
         if not self.origin:
             raise ValueError(f"{self.name}: origin must name the source family")
@@ -122,8 +132,10 @@ class PublishedRun:
         unknown = [key for key in self.assumed if key not in names | set(DERIVED)]
         if unknown:
             raise ValueError(f"{self.name}: assumed names unknown fields {unknown}")
-        if not any(v is not None for v in (self.tflops_per_gpu, self.tokens_per_s_per_gpu,
-                                             self.mfu, self.hfu)):  # fmt: skip
+        if not any(
+            v is not None
+            for v in (self.tflops_per_gpu, self.tokens_per_s_per_gpu, self.mfu, self.hfu)
+        ):
             raise ValueError(f"{self.name}: no published metric")
 
     @property
@@ -141,9 +153,12 @@ class PublishedRun:
         position table grows with it): the N of the `model_6n` convention, which equals
         llm-foundry's NumParams column at every SeqLen."""
         card = CARDS[self.model]
-        return param_count(replace(card.spec, seq_len=self.seq_len),
-                           tied_embeddings=card.tied_embeddings, biases=card.biases,
-                           learned_positions=card.learned_positions)  # fmt: skip
+        return param_count(
+            replace(card.spec, seq_len=self.seq_len),
+            tied_embeddings=card.tied_embeddings,
+            biases=card.biases,
+            learned_positions=card.learned_positions,
+        )
 
     @property
     def model_6n_flops_per_token(self) -> float:

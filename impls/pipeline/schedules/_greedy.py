@@ -32,8 +32,10 @@ class _State:
     def __init__(self, placement: Sequence[int], ranks: int, microbatches: int) -> None:
         self.num_stages = len(placement)
         self.microbatches = microbatches
-        self.mine = {r: sorted((s for s in range(self.num_stages) if placement[s] == r),
-                               reverse=True) for r in range(ranks)}  # fmt: skip
+        self.mine = {
+            r: sorted((s for s in range(self.num_stages) if placement[s] == r), reverse=True)
+            for r in range(ranks)
+        }
         self.ready: dict[tuple[str, int, int], float] = {}  # ("F"|"I", stage, mb) -> time
         self.next_f = dict.fromkeys(range(self.num_stages), 0)
         self.pending_w: dict[int, list[tuple[int, int]]] = {r: [] for r in range(ranks)}
@@ -42,8 +44,11 @@ class _State:
 
     def grad(self, stages: Sequence[int], t: float) -> Action | None:
         """The ready `I` among `stages` whose gradient arrived first (later stage on ties)."""
-        grads = [(at, key) for key, at in self.ready.items()
-                 if key[0] == "I" and key[1] in stages and at <= t]  # fmt: skip
+        grads = [
+            (at, key)
+            for key, at in self.ready.items()
+            if key[0] == "I" and key[1] in stages and at <= t
+        ]
         if not grads:
             return None
         _, key = min(grads, key=lambda g: (g[0], -g[1][1], g[1][2]))
@@ -173,8 +178,13 @@ def v_plan(ranks: int, microbatches: int, limit: int, costs: StageCosts | None =
         first, second = r, 2 * ranks - 1 - r
         if state.held[r] >= limit:
             return state.oldest_w(r) or state.grad([first], t) or state.grad([second], t)
-        return (state.grad([first], t) or state.forward(second, t) or state.forward(first, t)
-                or state.grad([second], t) or state.oldest_w(r))  # fmt: skip
+        return (
+            state.grad([first], t)
+            or state.forward(second, t)
+            or state.forward(first, t)
+            or state.grad([second], t)
+            or state.oldest_w(r)
+        )
 
     return _simulate(placement, ranks, microbatches, choose, costs)
 
@@ -198,8 +208,9 @@ def fastest(
     placed = tuple(placement)
 
     def makespan(plan: Plan) -> float:
-        timeline = replay(plan, lambda a: table[a.stage][a.kind], num_stages=len(placed),
-                          stage_ranks=placed)  # fmt: skip
+        timeline = replay(
+            plan, lambda a: table[a.stage][a.kind], num_stages=len(placed), stage_ranks=placed
+        )
         return timeline.makespan
 
     tuned = build(costs)

@@ -94,7 +94,8 @@ class ScheduleSpec:
 
 
 @lru_cache(maxsize=256)
-def _counted(spec: ScheduleSpec, stages: int, microbatches: int,
-             virtual_stages: int) -> tuple[int, ...]:  # fmt: skip
+def _counted(
+    spec: ScheduleSpec, stages: int, microbatches: int, virtual_stages: int
+) -> tuple[int, ...]:
     counts = max_inflight_microbatches(spec.plan(stages, microbatches, virtual_stages))
     return tuple(counts[r] for r in range(stages))
