@@ -21,7 +21,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 REPORT_NAME = re.compile(r"^(report\w*|\w+_report|plots|sections|tables)\.py$")
 # Report code may be at most this many times the rank and kit code. Ratchet: lower it as
 # report code shrinks; the goal is 1.0.
-MAX_RATIO = 1.89
+MAX_RATIO = 1.87
 
 
 def code_lines(path: Path) -> int:
