@@ -64,6 +64,11 @@ def test_config_refuses_naming_the_key(values, key):
         PlannerValidationConfig(**values)
 
 
+# The unit tests' config: the rows priced at their source run's host speed, so that the
+# scaling's every path is exercised (the experiment's default is off: `host_scaling`).
+CFG = SimpleNamespace(host_scaling=True)
+
+
 def test_missing_source_report_is_refused_naming_reports_root(tmp_path):
     _sources(tmp_path)
     (tmp_path / "zero_memory" / "results.csv").unlink()
@@ -544,7 +549,7 @@ def test_run_records_the_calibration_it_used(monkeypatch):
     monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: RUN_CAL)
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
     truth = _truth(8, label="wall clock, 8 ranks on 2 cores (modelled core sharing)")
-    row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
+    row = ranks.run(CFG, SimpleNamespace(carry=truth))
     assert (row["compute_rate"], row["overhead_stretch"], row["fit_scale"]) == (0.25, 4.0, 1.5)
     assert row["link_alpha_s"] == LINK[0] and row["predicted_step_time_s"] > 0
     assert row["cal_adamw_s_per_param"] == 3e-9 and row["cal_thread_speedup"] == 1.0
@@ -564,10 +569,8 @@ def test_pipeline_sends_block_on_the_wall_clock_and_not_in_a_replay(monkeypatch)
         "optimizer": False,
         "link": (1e-3, 1e-9),
     }
-    wall = ranks.run(SimpleNamespace(), SimpleNamespace(carry=pipe))
-    replayed = ranks.run(
-        SimpleNamespace(), SimpleNamespace(carry={**pipe, "ground_truth": "replayed"})
-    )
+    wall = ranks.run(CFG, SimpleNamespace(carry=pipe))
+    replayed = ranks.run(CFG, SimpleNamespace(carry={**pipe, "ground_truth": "replayed"}))
     assert (wall["p2p_blocking"], replayed["p2p_blocking"]) == (True, False)
     assert wall["predicted_compute_s"] == replayed["predicted_compute_s"]
     assert wall["predicted_pp_s"] > replayed["predicted_pp_s"] > 0
@@ -579,7 +582,7 @@ def test_each_row_is_predicted_on_the_fit_to_its_own_statistic(monkeypatch):
     monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: RUN_CAL)
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
     rows = {
-        stat: ranks.run(SimpleNamespace(), SimpleNamespace(carry={**_truth(2), "statistic": stat}))
+        stat: ranks.run(CFG, SimpleNamespace(carry={**_truth(2), "statistic": stat}))
         for stat in ("median", "fastest")
     }
     assert (rows["median"]["fit_scale"], rows["fastest"]["fit_scale"]) == (1.5, 1.2)
@@ -595,11 +598,11 @@ def test_optimizer_is_the_measured_adamw_cost_per_parameter(monkeypatch):
     params = sum(p.numel() for p in GPT(GPTConfig(**MODEL)).parameters())
     for truth, share in ((_truth(2), 1.0), (_truth(2, zero_stage=1), 0.5)):
         assert ranks.optimizer_params(truth) == pytest.approx(params * share)
-        row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
+        row = ranks.run(CFG, SimpleNamespace(carry=truth))
         assert row["predicted_optimizer_s"] == pytest.approx(1e-8 * params * share)
     # 8 ranks on 2 cores: each rank's optimizer runs on a quarter of a core
     crowded = _truth(8, label="wall clock, 8 ranks on 2 cores (modelled core sharing)")
-    row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=crowded))
+    row = ranks.run(CFG, SimpleNamespace(carry=crowded))
     assert row["predicted_optimizer_s"] == pytest.approx(4 * 1e-8 * params)
     # the simulator's memory-bandwidth price is far below it
     hw = calibration.host_hardware(RUN_CAL, LINK)
@@ -609,7 +612,7 @@ def test_optimizer_is_the_measured_adamw_cost_per_parameter(monkeypatch):
 def test_threads_run_at_the_measured_speedup_bounded(monkeypatch):
     monkeypatch.setattr(calibration, "calibrate", lambda cfg, threads: RUN_CAL)
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
-    row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=_truth(1)))
+    row = ranks.run(CFG, SimpleNamespace(carry=_truth(1)))
     assert row["threads_per_rank"] == 2
     assert row["compute_rate"] == pytest.approx(0.08 / 0.05) == row["cal_thread_speedup"]
     assert calibration.thread_speedup(_local(2, one=0.08, at=0.5), "fp32") == 1.0  # disturbed
@@ -662,11 +665,11 @@ def test_a_replayed_tp_row_pays_the_call_work_this_run_measured(monkeypatch):
     nbytes = 1 << 16
     replay_price = call + 2 * (tp - 1) * LINK[0] + 2 * (tp - 1) / tp * nbytes * LINK[1]
     assert collective_seconds("all_reduce", nbytes, tp, hw) == pytest.approx(replay_price)
-    with_work = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
+    with_work = ranks.run(CFG, SimpleNamespace(carry=truth))
     assert measured == [(tp, numel)]  # measured by this run at the row's size
     assert (with_work["tp_call_cpu_s"], with_work["round_alpha_s"]) == (call, alpha)
     monkeypatch.setattr(calibration, "tp_call_work", lambda cfg, tp, numel: 0.0)
-    without = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
+    without = ranks.run(CFG, SimpleNamespace(carry=truth))
     assert with_work["predicted_tp_s"] > without["predicted_tp_s"] > 0
     assert without["round_alpha_s"] == LINK[0] and without["tp_call_cpu_s"] == 0
     for other in ({**truth, "ground_truth": "wall clock"}, {**truth, "tp": 1}):
@@ -693,11 +696,11 @@ def test_this_runs_own_link_and_call_work_are_priced_at_the_source_hosts_speed(m
         "link": None,
         "host_probe_s": 0.03,
     }
-    row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=replayed))
+    row = ranks.run(CFG, SimpleNamespace(carry=replayed))
     assert row["link_scale"] == pytest.approx(1.5)
     assert row["round_alpha_s"] == pytest.approx(1.5 * (LINK[0] + 4e-4 / (2 * (tp - 1))))
     assert (row["link_alpha_s"], row["tp_call_cpu_s"]) == (LINK[0], 4e-4)  # as measured
-    ring = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**_truth(2), "host_probe_s": 0.03}))
+    ring = ranks.run(CFG, SimpleNamespace(carry={**_truth(2), "host_probe_s": 0.03}))
     assert ring["link_scale"] == 1.0 and ring["round_alpha_s"] == LINK[0]
 
 
@@ -713,16 +716,17 @@ def test_a_source_probe_leaves_out_the_probes_next_to_the_rows_cell():
 
 def test_a_row_is_predicted_at_the_host_speed_of_its_source_run(monkeypatch):
     """The source's runner timed the host probe between its cells; the calibration timed
-    it too. A host 1.5× slower during the source's run gets 1.5× the compute and optimizer
-    time (its link, read from a report, kept); without a probe on either side nothing is
-    scaled."""
+    it too. With `host_scaling`, a host 1.5× slower during the source's run gets 1.5× the
+    compute and optimizer time (its link, read from a report, kept); without a probe on
+    either side nothing is scaled. Without it (the default) the row is priced at the
+    calibration's speed and the scaled prediction is kept beside."""
     monkeypatch.setattr(
         calibration, "calibrate", lambda cfg, threads: {**RUN_CAL, "host_probe_s": 0.02}
     )
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
     truth = {**_truth(2), "zero_stage": 3}
-    slow = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**truth, "host_probe_s": 0.03}))
-    plain = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))  # no source probe
+    slow = ranks.run(CFG, SimpleNamespace(carry={**truth, "host_probe_s": 0.03}))
+    plain = ranks.run(CFG, SimpleNamespace(carry=truth))  # no source probe
     assert slow["host_slowdown"] == pytest.approx(1.5) and plain["host_slowdown"] == 1.0
     assert (slow["host_probe_s"], slow["cal_host_probe_s"]) == (0.03, 0.02)
     for part in ("predicted_compute_s", "predicted_optimizer_s"):
@@ -730,6 +734,13 @@ def test_a_row_is_predicted_at_the_host_speed_of_its_source_run(monkeypatch):
     assert slow["predicted_dp_s"] == pytest.approx(plain["predicted_dp_s"])  # the link's
     assert slow["predicted_unscaled_step_time_s"] == pytest.approx(plain["predicted_step_time_s"])
     assert plain["predicted_unscaled_step_time_s"] == plain["predicted_step_time_s"]
+    assert slow["predicted_host_scaled_step_time_s"] == slow["predicted_step_time_s"]
+    off = ranks.run(
+        SimpleNamespace(host_scaling=False), SimpleNamespace(carry={**truth, "host_probe_s": 0.03})
+    )
+    assert off["predicted_step_time_s"] == pytest.approx(plain["predicted_step_time_s"])
+    assert off["predicted_host_scaled_step_time_s"] == pytest.approx(slow["predicted_step_time_s"])
+    assert (off["host_scaling"], slow["host_scaling"], off["host_slowdown"]) == (False, True, 1.5)
     for source, cal in ((math.nan, 0.02), (0.03, math.nan), (0.0, 0.02)):
         assert ranks.host_slowdown(source, cal) == 1.0
 
@@ -764,8 +775,8 @@ def test_a_row_pays_its_runtime_once_per_compute_action(monkeypatch):
         (_truth(2), 1.0),
         (_truth(8, label="wall clock, 8 ranks on 2 cores (modelled core sharing)"), 4.0),
     ):
-        plain = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
-        ledger = ranks.run(SimpleNamespace(), SimpleNamespace(carry={**truth, "runtime": "ledger"}))
+        plain = ranks.run(CFG, SimpleNamespace(carry=truth))
+        ledger = ranks.run(CFG, SimpleNamespace(carry={**truth, "runtime": "ledger"}))
         assert (plain["action_overhead_s"], ledger["action_overhead_s"]) == (0.0, extra)
         assert ledger["runtime"] == "ledger" and plain["runtime"] is None
         assert ledger["predicted_step_time_s"] - plain["predicted_step_time_s"] == pytest.approx(
@@ -793,11 +804,9 @@ def test_wall_clock_rows_of_several_ranks_pay_the_straggler_and_replays_do_not(m
         calibration, "calibrate", lambda cfg, threads: {**RUN_CAL, "step_jitter": jitter}
     )
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
-    wall = ranks.run(SimpleNamespace(), SimpleNamespace(carry=_truth(2)))
-    replayed = ranks.run(
-        SimpleNamespace(), SimpleNamespace(carry={**_truth(2), "ground_truth": "replayed"})
-    )
-    single = ranks.run(SimpleNamespace(), SimpleNamespace(carry=_truth(1)))
+    wall = ranks.run(CFG, SimpleNamespace(carry=_truth(2)))
+    replayed = ranks.run(CFG, SimpleNamespace(carry={**_truth(2), "ground_truth": "replayed"}))
+    single = ranks.run(CFG, SimpleNamespace(carry=_truth(1)))
     factor = calibration.straggler({"step_jitter": jitter}, 2)
     assert wall["straggler"] == pytest.approx(factor) and factor > 1
     assert replayed["straggler"] == 1.0 and single["straggler"] == 1.0
@@ -853,12 +862,12 @@ def test_a_wall_clock_zero_row_on_two_ranks_pays_each_meeting(monkeypatch):
     monkeypatch.setattr(calibration, "rank_calibration", lambda cfg, threads: _local(threads))
     units = MODEL["n_layers"] + 1
     truth = {**_truth(2, zero_stage=3), "dp_collectives": units}
-    row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
+    row = ranks.run(CFG, SimpleNamespace(carry=truth))
     meet = calibration.collective_meeting(cal, 2, LINK)
     assert row["collective_meeting_s"] == pytest.approx(meet) and meet > 0
     assert row["cal_meeting_after_compute_s"] == 5e-3 and row["cal_meeting_world_size"] == 2
     monkeypatch.setattr(calibration, "collective_meeting", lambda *args: 0.0)
-    without = ranks.run(SimpleNamespace(), SimpleNamespace(carry=truth))
+    without = ranks.run(CFG, SimpleNamespace(carry=truth))
     assert row["predicted_dp_s"] - without["predicted_dp_s"] == pytest.approx(2 * units * meet)
     monkeypatch.setattr(calibration, "collective_meeting", lambda *args: 1.0)
     crowded = "wall clock, 4 ranks on 2 cores (modelled core sharing)"
@@ -866,7 +875,7 @@ def test_a_wall_clock_zero_row_on_two_ranks_pays_each_meeting(monkeypatch):
         {**truth, "ground_truth": "replayed"},
         {**truth, "ranks": 4, "dp": 4, "ground_truth": crowded},
     ):
-        row = ranks.run(SimpleNamespace(), SimpleNamespace(carry=other))
+        row = ranks.run(CFG, SimpleNamespace(carry=other))
         assert row["collective_meeting_s"] == 0.0
 
 

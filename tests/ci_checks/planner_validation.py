@@ -105,9 +105,10 @@ def calibration_is_positive_and_recorded(df: pd.DataFrame, headline: dict) -> No
         if row["optimizer_params"] > 0 and row["predicted_optimizer_s"] > 0:  # AdamW priced
             # at the host speed of its source's run (its slowdown; × the straggler factor
             # on a wall clock of several ranks), ÷ a core share when crowded
+            host = row["host_slowdown"] if _scaled(row) else 1.0
             assert row["predicted_optimizer_s"] >= row["cal_adamw_s_per_param"] * row[
                 "optimizer_params"
-            ] * row["host_slowdown"] * (1 - 1e-9), row.to_dict()
+            ] * host * (1 - 1e-9), row.to_dict()
         # a row is predicted on the fit to its own statistic: the fastest only for
         # pipeline_utilization's replay (its actions priced at their fastest)
         fastest = row["source"] == "pipeline_utilization" and row["ground_truth"] == "replayed"
@@ -139,10 +140,16 @@ def index_shows_errors_as_gaps(df: pd.DataFrame, headline: dict) -> None:
     assert 0 < overall["median_abs_step_error"] < math.inf, overall
 
 
+def _scaled(row: pd.Series) -> bool:
+    """Whether the row was priced at its source run's host speed (`host_scaling`)."""
+    return str(row["host_scaling"]) == "True"
+
+
 def no_row_is_priced_on_its_own_cell(df: pd.DataFrame, headline: dict) -> None:
-    """A row is priced at the host speed of its source's run (its source probe ÷ the
-    calibration's; a source without probes at 1, both predictions equal), its unscaled
-    error the ratio of its own columns. A replayed TP row's α per round carries the call
+    """A row's host slowdown is its source probe ÷ the calibration's (a source without
+    probes at 1, both predictions equal); it is priced at the calibration's host speed, or
+    at that slowdown where `host_scaling` is on (off by default), and carries the other
+    prediction beside, each error the ratio of its own columns. A replayed TP row's α per round carries the call
     work this run measured on its tp ranks at its activation size (one value per size),
     over the ring's 2(t − 1) rounds; every other row is priced at its link's α and
     measures none; this run's own link and call work are scaled to the source's host
@@ -152,19 +159,28 @@ def no_row_is_priced_on_its_own_cell(df: pd.DataFrame, headline: dict) -> None:
     done = ran(df)
     calls: dict[tuple[int, int], float] = {}
     for _, row in done.iterrows():
-        _positive(row, "cal_host_probe_s", "host_slowdown", "predicted_unscaled_step_time_s")
+        _positive(
+            row,
+            "cal_host_probe_s",
+            "host_slowdown",
+            "predicted_unscaled_step_time_s",
+            "predicted_host_scaled_step_time_s",
+        )
+        unscaled, scaled = (row[f"predicted_{k}_step_time_s"] for k in ("unscaled", "host_scaled"))
         if math.isnan(float(row["host_probe_s"])):
-            assert row["host_slowdown"] == 1.0, row["config"]
-            assert row["predicted_step_time_s"] == row["predicted_unscaled_step_time_s"]
+            assert row["host_slowdown"] == 1.0 and unscaled == scaled, row["config"]
         else:
             ratio = row["host_probe_s"] / row["cal_host_probe_s"]
             assert math.isclose(row["host_slowdown"], ratio, rel_tol=1e-9), row["config"]
-        plain = row["predicted_unscaled_step_time_s"] / row["measured_step_time_s"] - 1
-        assert math.isclose(plain, row["step_error_unscaled"], rel_tol=1e-9), row["config"]
+        on = _scaled(row)
+        assert row["predicted_step_time_s"] == (scaled if on else unscaled), row["config"]
+        for kind, predicted in (("unscaled", unscaled), ("host_scaled", scaled)):
+            error = predicted / row["measured_step_time_s"] - 1
+            assert math.isclose(error, row[f"step_error_{kind}"], rel_tol=1e-9), row["config"]
         tp, call, numel = int(row["tp"]), float(row["tp_call_cpu_s"]), int(row["tp_call_numel"])
         alpha, scale = row["link_alpha_s"], float(row["link_scale"])
-        own = row["link_source"] == PROBE_LINK  # this run's link: at the source's host speed
-        assert scale == (row["host_slowdown"] if own else 1.0), row["config"]
+        own = row["link_source"] == PROBE_LINK  # this run's link: at the host speed priced
+        assert scale == (row["host_slowdown"] if own and on else 1.0), row["config"]
         if row["ground_truth"] == "replayed" and tp > 1:
             assert call > 0 and numel > 0, row["config"]
             assert calls.setdefault((tp, numel), call) == call, row["config"]
@@ -179,6 +195,8 @@ def no_row_is_priced_on_its_own_cell(df: pd.DataFrame, headline: dict) -> None:
         pd.to_numeric(done["host_probe_s"], errors="coerce").notna().sum()
     ), speed
     assert 0 < speed["median_abs_step_error_unscaled"] < math.inf, speed
+    assert 0 < speed["median_abs_step_error_host_scaled"] < math.inf, speed
+    assert speed["host_scaling"] == headline["settings"].get("host_scaling", False), speed
 
 
 HELD_OUT_BOUND = 0.15  # issue 33: median |step error| ≤ 15% on the held-out half

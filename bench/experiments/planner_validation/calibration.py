@@ -165,9 +165,10 @@ def calibrate(cfg: Any, threads: int) -> dict[str, Any]:
       `PROBE_MICRO`), a fifth configuration of the same rounds; its median over every round is
       where this run's host stood while it calibrated (one probe window alone is too noisy
       to say). The sources' runner timed the same probe around each
-      ground-truth row, and a row is predicted on rates scaled by the ratio
-      (`ranks.host_slowdown`): a shared host drifts between fast and slow phases, and the
-      calibration and the ground truth are measured minutes to hours apart.
+      ground-truth row; their ratio (`ranks.host_slowdown`) scales a row's rates where
+      `host_scaling` is on (off by default: `config.PlannerValidationConfig` says why): a
+      shared host drifts between fast and slow phases, and the calibration and the ground
+      truth are measured minutes to hours apart.
     - each runtime a source steps under (`RUNTIMES`: the pipeline executor, the ZeRO wrapper's
       ledger), the reference at micro-batch 1 under it, each sample paired with a plain step
       right after it, among the same rounds: its median excess ÷ 2 is the runtime's cost per

@@ -95,6 +95,15 @@ class PlannerValidationConfig:
     meeting_rounds: int = iterations_key(12)
     """Rounds of the meeting probe (each: its three loops of 20 iterations in turn; six
     rounds make one whole balanced design of the three, `impls.pairing.balanced_orders`)."""
+    host_scaling: bool = False
+    """Price each row at its source run's host speed (`host_slowdown`: the source's host
+    probes ÷ this run's). Off: every row at the calibration's speed, the scaled prediction
+    kept beside (`step_error_host_scaled`). Off by default because scaling made the
+    predictions worse and more optimistic: on the full report at e70c8c8 it took the
+    median |step error| from 12.2% to 14.0% (development) and from 7.6% to 11.9%
+    (held-out); on 8 CI-profile runs here the development half came out more optimistic
+    with it in all 8, its median |error| larger in 5 and within 0.2 points in 3; the
+    further the calibration's probe was from the sources' (0.82×, 0.84×), the more."""
     timeout_s: float = cell_timeout(300.0)
     """A cell not finished by then is recorded as failed."""
 

@@ -141,11 +141,12 @@ def source_host_probe(probes: Sequence[float], position: int) -> float:
     where no other probe is finite.
 
     How fast the host ran while the source measured (`host_probe_s`, `source_host_probe`):
-    the source's runner timed `bench.kit.host.host_probe` between its cells, and the row is
-    priced at the median of those probes over the source's other cells — the probes timed
+    the source's runner timed `bench.kit.host.host_probe` between its cells, and the row
+    takes the median of those probes over the source's other cells — the probes timed
     next to the row's own cell (its two, which its neighbours in the file share) left out.
-    It is the host's speed during the source's run, not during the row: a calibration made
-    at another time, or on another machine, is scaled to it (`ranks.host_slowdown`).
+    It is the host's speed during the source's run, not during the row: with
+    `host_scaling`, a calibration made at another time, or on another machine, is scaled to
+    it (`ranks.host_slowdown`).
     """
     others = [p for i, p in enumerate(probes) if abs(i - position) > 1 and math.isfinite(p)]
     return statistics.median(others) if others else math.nan
@@ -434,6 +435,7 @@ def to_row(cfg: PlannerValidationConfig, cell: Cell, per_rank: list[dict]) -> di
         "predicted_step_time_s": p["predicted_step_time_s"],
         "step_error": _error(p["predicted_step_time_s"], measured_step),
         "step_error_unscaled": _error(p["predicted_unscaled_step_time_s"], measured_step),
+        "step_error_host_scaled": _error(p["predicted_host_scaled_step_time_s"], measured_step),
         "step_error_without_straggler": _error(
             p["predicted_without_straggler_step_time_s"], measured_step
         ),

@@ -223,8 +223,9 @@ def run(cfg: PlannerValidationConfig, cell: Cell) -> dict[str, Any]:
     replayed TP row adds to α its collectives' own work per round, measured by this run on a
     pool of its tp ranks at its activation's size (`calibration.tp_call_work`, `round_alpha`).
     No number the source measured in the row's own cell enters the prediction. What this run
-    measured on the host is priced at the host speed of the source's run (`host_slowdown`):
-    compute, overheads, AdamW, the TP call work and its own link alike.
+    measured on the host — compute, overheads, AdamW, the TP call work and its own link — is
+    priced at the calibration's host speed, or with `cfg.host_scaling` at the source run's
+    (`host_slowdown`); the other of the two is kept beside it.
 
     Prediction (`predict`): the simulator (`impls.simulator.simulate`) on the calibrated
     `Hardware`, the plan laid out as this repo's implementations lay it out (blocks split
@@ -294,12 +295,16 @@ def run(cfg: PlannerValidationConfig, cell: Cell) -> dict[str, Any]:
 
     # a wall-clock step ends with the slowest of its ranks; a replay prices each action alone
     straggle = calibration.straggler(cal, truth["ranks"]) if wall_clock else 1.0
-    row = predicted(slowdown, straggle)
-    plain = row if slowdown == 1.0 else predicted(1.0, straggle)
-    alone = row if straggle == 1.0 else predicted(slowdown, 1.0)
+    host = slowdown if cfg.host_scaling else 1.0
+    row = predicted(host, straggle)
+    plain = row if host == 1.0 else predicted(1.0, straggle)
+    scaled = row if host == slowdown else predicted(slowdown, straggle)
+    alone = row if straggle == 1.0 else predicted(host, 1.0)
     row.update(
         {
             "predicted_unscaled_step_time_s": plain["predicted_step_time_s"],
+            "predicted_host_scaled_step_time_s": scaled["predicted_step_time_s"],
+            "host_scaling": bool(cfg.host_scaling),
             "predicted_without_straggler_step_time_s": alone["predicted_step_time_s"],
             "straggler": straggle,
             "host_probe_s": probe,

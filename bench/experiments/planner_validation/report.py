@@ -138,15 +138,16 @@ def accuracy(ctx: Context) -> str | None:
     its verdict, never tuned to.
 
     No number measured in a ground-truth cell prices that cell: the links, the TP call
-    work and the calibration are this run's own measurements (Calibration). Each row is
-    predicted at the speed the host ran at during its source's run: that source's runner
-    timed a small reference step (`bench.kit.host.host_probe`) between its cells, this run
-    timed the same probe where it calibrated, and the row's compute rates are divided by
-    the ratio (`host_slowdown`; 1 for a source without probes), the source's probe being
-    the median over its other cells, the probes timed next to the row's own cell left out
-    (`experiment.source_host_probe`). The same predictions without it
-    (`step_error_unscaled`) are shown beside: the difference is how far the host's speed
-    moved between the source's run and this one.
+    work and the calibration are this run's own measurements (Calibration). How fast the
+    host ran is measured on both sides: the source's runner timed a small reference step
+    (`bench.kit.host.host_probe`) between its cells, this run timed the same probe where it
+    calibrated; their ratio is the row's `host_slowdown` (1 for a source without probes),
+    the source's probe being the median over its other cells, the probes timed next to
+    the row's own cell left out (`experiment.source_host_probe`). Rows are priced at the
+    calibration's host speed unless `host_scaling` is on (the row's compute rates then
+    divided by the ratio); the other prediction is shown beside (`step_error_unscaled`,
+    `step_error_host_scaled`). Scaling is off by default: it made every half more
+    optimistic on the runs it was tried on (the config says which).
 
     A wall-clock step of N ranks ends with the slowest of them (they meet at every
     collective); the simulator prices one deterministic rank. Each such row is priced at
@@ -233,18 +234,24 @@ def _index(ctx: Context, summaries: dict[str, dict[str, float]]) -> None:
 
 
 def _host_speed(ctx: Context, ok: pd.DataFrame) -> str:
-    """The host-speed ratios rows were predicted at, and the error without them."""
+    """The host-speed ratios of the rows' source runs, and the error priced at them and
+    not (rows written before `host_scaling` were all priced at them)."""
     if "host_slowdown" not in ok.columns or "step_error_unscaled" not in ok.columns:
         return ""
     slowdown = pd.to_numeric(ok["host_slowdown"], errors="coerce")
     probed = pd.to_numeric(ok["host_probe_s"], errors="coerce").notna()
     plain = pd.to_numeric(ok["step_error_unscaled"], errors="coerce").abs()
+    on = bool(ok["host_scaling"].astype(str).eq("True").all()) if "host_scaling" in ok else True
+    scaled_column = "step_error_host_scaled" if "step_error_host_scaled" in ok else "step_error"
+    scaled = pd.to_numeric(ok[scaled_column], errors="coerce").abs()
     ctx.headline["host_speed"] = {
+        "host_scaling": on,
         "rows_probed": int(probed.sum()),
         "median_slowdown": float(slowdown[probed].median()) if probed.any() else math.nan,
         "min_slowdown": float(slowdown[probed].min()) if probed.any() else math.nan,
         "max_slowdown": float(slowdown[probed].max()) if probed.any() else math.nan,
         "median_abs_step_error_unscaled": float(plain.median()),
+        "median_abs_step_error_host_scaled": float(scaled.median()),
     }
     if not probed.any():
         return "\n\n" + _prose("no_probes", error=format_percent(plain.median()))
@@ -261,6 +268,8 @@ def _host_speed(ctx: Context, ok: pd.DataFrame) -> str:
         low=f"{slowdown[probed].min():.3f}",
         high=f"{slowdown[probed].max():.3f}",
         error=format_percent(plain.median()),
+        scaled=format_percent(scaled.median()),
+        on=on,
         by_source=by_source,
     )
 
@@ -327,8 +336,9 @@ def every_row(ctx: Context) -> str | None:
     measured time is of its samples, and which reference fit predicts it (Calibration).
     `commit` is the commit that measured the ground truth; `half` the row's split.
     `host slowdown` is how much slower the host ran during the row's source run than where
-    this run calibrated (its source's probes between its other cells; the row's compute
-    is priced that much slower), `error unscaled` the error without it;
+    this run calibrated (its source's probes between its other cells), `error unscaled`
+    the error priced at the calibration's speed and `error host-scaled` at the source
+    run's (`host_scaling` says which of the two is the row's step error);
     `straggler` the slowest-of-N factor a wall-clock row of N ≥ 2 ranks is priced at
     (modelled, Accuracy) and `runtime` the runtime its source steps under (Calibration)."""
     ok = ctx.ok
@@ -352,6 +362,9 @@ def every_row(ctx: Context) -> str | None:
             else "—",
             "error unscaled": ok["step_error_unscaled"].map(lambda v: f"{v:+.0%}")
             if "step_error_unscaled" in ok
+            else "—",
+            "error host-scaled": ok["step_error_host_scaled"].map(lambda v: f"{v:+.0%}")
+            if "step_error_host_scaled" in ok
             else "—",
             "straggler": ok["straggler"].map(lambda v: f"{v:.3f}×") if "straggler" in ok else "—",
             "runtime": ok["runtime"].fillna("—") if "runtime" in ok else "—",
