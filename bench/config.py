@@ -285,9 +285,15 @@ def range_text(metadata: Mapping[str, Any]) -> str:
     """A field's declared range as `--help` and the refusals word it ('' if none), with
     where its upper bound comes from."""
     ge, le = metadata.get("ge"), metadata.get("le")
+    if isinstance(ge, int) and isinstance(le, int) and 0 < le - ge <= SMALL_RANGE:
+        return "one of " + ", ".join(map(str, range(ge, le + 1)))  # an enumeration
     parts = [f"≥ {ge:,}" if ge is not None else "", f"≤ {le:,}" if le is not None else ""]
     why = f" ({metadata['why']})" if metadata.get("why") and le is not None else ""
     return ", ".join(p for p in parts if p) + why
+
+
+SMALL_RANGE = 7
+"""An integer range this narrow is worded as its values (`range_text`): `one of 0, 1, 2, 3`."""
 
 
 def check_range(key: str, value: Any, metadata: Mapping[str, Any]) -> None:

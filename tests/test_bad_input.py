@@ -405,7 +405,7 @@ BUILD_CASES = {
         (["tp_degrees=[3]"], ["tp_degrees", "n_heads"]),
     ],
     "zero_memory": [
-        (["stages=[1,5]"], ["stages=[1, 5]", "≤ 3"]),
+        (["stages=[1,5]"], ["stages=[1, 5]", "one of 0, 1, 2, 3"]),
         (["world_sizes=[3]"], ["world_sizes=[3]", "batch_size=32"]),
         (["precision=[fp8]"], ["precision", "fp8", "bf16"]),
         (["precision=[fp16]", "loss_scale=-1"], ["loss_scale=-1"]),

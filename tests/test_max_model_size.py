@@ -81,11 +81,11 @@ def test_model_parallel_degree_and_custom_bytes() -> None:
 @pytest.mark.parametrize(
     "overrides, needles",
     [
-        ({"gpu_memory_gb": [80, -80]}, ["gpu_memory_gb", "-80", "> 0"]),
+        ({"gpu_memory_gb": [80, -80]}, ["gpu_memory_gb", "-80", "≥ 0"]),
         ({"gpu_memory_gb": "80GB"}, ["gpu_memory_gb", "80GB"]),
-        ({"dp": [64, 0]}, ["dp=[64, 0]", "integer ≥ 1"]),
+        ({"dp": [64, 0]}, ["dp=[64, 0]", "≥ 1"]),
         ({"dp": 2.5}, ["dp=[2.5]", "integer ≥ 1"]),
-        ({"mp": 0}, ["mp=[0]", "integer ≥ 1"]),
+        ({"mp": 0}, ["mp=0", "≥ 1"]),
         ({"params": 0}, ["params=0", "> 0"]),
         ({"bytes_per_param": {"optimizer": 0}}, ["bytes_per_param.optimizer=0", "> 0"]),
         ({"bytes_per_param": {"master": 4}}, ["bytes_per_param", "master", "weights, gradients"]),

@@ -125,7 +125,7 @@ REFUSALS = [
     ),
     ({"schedules": ["torch_1f1b"], "stages": [4], "microbatches": [2]}, ["torch", "microbatches"]),
     ({"microbatches": [1, 3]}, ["microbatches=[3]", "batch_size=32"]),
-    ({"microbatches": [0, 2]}, ["microbatches=[0, 2]", "integer ≥ 1"]),
+    ({"microbatches": [0, 2]}, ["microbatches=[0, 2]", "≥ 1"]),
     ({"stages": [0]}, ["stages=[0]"]),
     ({"virtual_stages": 1}, ["virtual_stages=1", "≥ 2", "interleaved"]),
     ({"n_heads": 3}, ["n_heads=3", "d_model=128"]),

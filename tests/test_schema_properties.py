@@ -24,7 +24,7 @@ from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from bench.app import CONFIG_DIR, build
-from bench.config import RunConfig
+from bench.config import RunConfig, range_text
 from bench.experiments import experiments
 
 # Keys whose value is a path or a nested group: their own tests cover them.
@@ -157,6 +157,13 @@ def test_every_numeric_key_declares_its_range():
         if f.metadata.get("ge") is None or f.metadata.get("le") is None
     ]
     assert not missing, f"numeric keys without a declared range: {missing}"
+    # a narrow integer range reads as its values (`one of 0, 1, 2, 3`); a number's never
+    listed = [
+        f"{name}:{key}"
+        for name, key, kind, f in NUMERIC
+        if kind is float and range_text(f.metadata).startswith("one of")
+    ]
+    assert not listed, f"number keys worded as a list of integers: {listed}"
 
 
 @pytest.mark.parametrize("side", ["above", "below"])

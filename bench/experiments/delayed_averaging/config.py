@@ -42,7 +42,7 @@ class DelayedAveragingConfig:
     step on the local gradient now, correct it with the average D steps later)."""
     bandwidth_mbps: float | None = bounded(None, ge=0, le=1e7, why="10 Tb/s")
     """Link bandwidth; null: unlimited (latency only)."""
-    target_accuracy: float = bounded(0.95, ge=0, le=1)
+    target_accuracy: float = bounded(0.95, ge=0.0, le=1.0)
     """Held-out accuracy whose first crossing is the time-to-accuracy."""
     task: str = "digits"
     """digits (sklearn's 8×8 digits, MLP) or chargpt (character GPT on Python's docs)."""

@@ -56,7 +56,7 @@ class GradientCompressionConfig:
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     """Any of: dp, topk, topk_noef, randomk, dgc, onebit, terngrad, qsgd, powersgd, fp16,
     bf16, torch_powersgd, torch_fp16."""
-    ratios: list[float] = bounded([0.01, 0.1], ge=0, le=1)
+    ratios: list[float] = bounded([0.01, 0.1], ge=0.0, le=1.0)
     """Densities kept by topk, topk_noef, randomk and dgc, each in (0, 1]."""
     ranks: list[int] = bounded([1, 4], ge=1, le=1024, why="a low-rank approximation's rank")
     """PowerSGD ranks (distbench's and torch's hook), each ≥ 1."""
