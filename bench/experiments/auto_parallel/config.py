@@ -17,20 +17,11 @@ from bench.config import (
     check_types,
 )
 from impls.pipeline.schedules import PLANNER_SCHEDULES
+from impls.planner.space import FIXED_KEYS
 
 __all__ = ["AXES", "MODEL_FIELDS", "AutoParallelConfig"]
 
-AXES = (
-    "dp",
-    "tp",
-    "pp",
-    "sp",
-    "zero_stage",
-    "microbatch_size",
-    "schedule",
-    "virtual_stages",
-    "recompute",
-)
+AXES = FIXED_KEYS  # the plan axes a run may fix: the planner's own list
 
 
 def _spec_fields() -> tuple[str, ...]:
