@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 def require_positive_ints(owner: str, **values: object) -> None:
     """Raise ValueError unless every value is a positive int (bools are refused too)."""
@@ -17,5 +19,7 @@ def require_probability(owner: str, key: str, value: float) -> None:
 
 
 def divisors(n: int) -> list[int]:
-    """The positive divisors of n, ascending (used to list the allowed values in messages)."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The positive divisors of n, ascending: pairs (d, n // d) for d up to √n, so a
+    mistyped 15-digit width is answered at once (a walk to n took minutes)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]

@@ -105,9 +105,10 @@ class GPTConfig:
             require_positive_ints("GPTConfig", d_ff=self.d_ff)
         require_probability("GPTConfig", "dropout", self.dropout)
         if self.d_model % self.n_heads != 0:
+            allowed = divisors(self.d_model) if self.d_model <= 1 << 20 else None
             raise ValueError(
-                f"GPTConfig.n_heads={self.n_heads} must divide d_model={self.d_model}; "
-                f"allowed n_heads: {divisors(self.d_model)}"
+                f"GPTConfig.n_heads={self.n_heads} must divide d_model={self.d_model}"
+                + (f"; allowed n_heads: {allowed}" if allowed else "")
             )
 
     @property

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from impls.costmodel.compute import RECOMPUTE, TransformerSpec
 from impls.costmodel.hardware import Hardware
+from impls.models._checks import divisors
 from impls.pipeline.schedules import INTERLEAVED
 from impls.simulator import PLANNER_SCHEDULES, SEQUENCE_PARALLEL, ParallelPlan
 
@@ -31,10 +32,6 @@ _CHOICES = {
     "recompute": RECOMPUTE,
     "zero_stage": (0, 1, 2, 3),
 }
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _check_fixed(fixed: dict) -> None:
@@ -97,7 +94,7 @@ def _check_request(
 
 
 def _tp_degrees(spec: TransformerSpec, hw: Hardware, gpus: int, allow_cross_node_tp: bool):
-    for tp in _divisors(gpus):
+    for tp in divisors(gpus):
         if spec.n_heads % tp or (spec.kv_heads is not None and spec.kv_heads % tp):
             continue
         if tp > hw.devices_per_node and not allow_cross_node_tp:
@@ -138,7 +135,7 @@ def _enumerate_cp(
     local = spec.seq_len // cp
     for tp in pinned("tp", list(_tp_degrees(spec, hw, gpus // cp, allow_cross_node_tp))):
         sps = ["none"] + (["megatron_sp", "ulysses"] if tp > 1 and local % tp == 0 else [])
-        for pp in pinned("pp", [p for p in _divisors(gpus // (cp * tp)) if p <= spec.n_layers]):
+        for pp in pinned("pp", [p for p in divisors(gpus // (cp * tp)) if p <= spec.n_layers]):
             dp = gpus // (cp * tp * pp)
             if "dp" in fixed and fixed["dp"] != dp or global_batch % dp:
                 continue

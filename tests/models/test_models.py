@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from impls.models import GPT, MLP, CausalSelfAttention, GPTConfig, MLPConfig
+from impls.models._checks import divisors
 
 EXACT = {"rtol": 0, "atol": 0}
 SMALL_GPT = {"vocab_size": 50, "seq_len": 12, "d_model": 16, "n_heads": 4, "n_layers": 3}
@@ -44,6 +45,19 @@ def test_gpt_config_refuses_bad_values_naming_the_key(overrides: dict, key: str)
 def test_gpt_config_lists_allowed_head_counts() -> None:
     with pytest.raises(ValueError, match=r"allowed n_heads: \[1, 2, 3, 4, 6, 8, 12, 16, 24, 48\]"):
         GPTConfig(d_model=48, n_heads=5)
+
+
+def test_divisors_pairs_up_to_the_square_root_and_equal_the_walk() -> None:
+    """The walk to n took minutes on a 15-digit width (a generated bad value in
+    test_schema_properties ran 285 s); the pairs must list the same divisors."""
+    for n in range(1, 2000):
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0], n
+    assert divisors(2**40) == [2**k for k in range(41)]
+
+
+def test_gpt_config_names_no_divisor_list_for_a_huge_width() -> None:
+    with pytest.raises(ValueError, match=r"must divide d_model=999999999999999$"):
+        GPTConfig(d_model=999_999_999_999_999, n_heads=4)
 
 
 def test_gpt_config_defaults() -> None:

@@ -103,7 +103,8 @@ class PlannerValidationConfig:
     median |step error| from 12.2% to 14.0% (development) and from 7.6% to 11.9%
     (held-out); on 8 CI-profile runs here the development half came out more optimistic
     with it in all 8, its median |error| larger in 5 and within 0.2 points in 3; the
-    further the calibration's probe was from the sources' (0.82×, 0.84×), the more."""
+    held-out half more optimistic in 5 of the 8; the further the calibration's probe was
+    from the sources' (0.82×, 0.84×), the more."""
     timeout_s: float = cell_timeout(300.0)
     """A cell not finished by then is recorded as failed."""
 

@@ -146,8 +146,9 @@ def accuracy(ctx: Context) -> str | None:
     the row's own cell left out (`experiment.source_host_probe`). Rows are priced at the
     calibration's host speed unless `host_scaling` is on (the row's compute rates then
     divided by the ratio); the other prediction is shown beside (`step_error_unscaled`,
-    `step_error_host_scaled`). Scaling is off by default: it made every half more
-    optimistic on the runs it was tried on (the config says which).
+    `step_error_host_scaled`). Scaling is off by default: on the runs it was tried on
+    it made the development half more optimistic every time, the held-out half on most
+    (the config's `host_scaling` says which runs and by how much).
 
     A wall-clock step of N ranks ends with the slowest of them (they meet at every
     collective); the simulator prices one deterministic rank. Each such row is priced at
