@@ -181,9 +181,11 @@ def zero_bubble_beats_1f1b(df: pd.DataFrame, headline: dict) -> None:
         # The schedule itself, free of host noise: ZB-H1 and 1F1B replayed on this cell's
         # own measured costs (1F1B's B = I + W), the first reproducing the row's makespan.
         own = {(int(st), kind): t for st, cost in costs.items() for kind, t in cost.items()}
-        fused_own = {(st, "B" if kind in "IW" else kind): 0.0 for st, kind in own}
-        for (st, kind), t in own.items():
-            fused_own[(st, "B" if kind in "IW" else kind)] += t
+        fused_own = {
+            (int(st), kind): t
+            for st, c in costs.items()
+            for kind, t in (("F", c["F"]), ("B", c["I"] + c["W"]))
+        }
         zb_own = _replayed("zero_bubble_h1", m, own, zb["transfer_s"])
         assert zb_own == pytest.approx(zb["replayed_makespan_s"], rel=1e-9), (m, zb_own)
         f1b_own = _replayed("1f1b", m, fused_own, zb["transfer_s"])
