@@ -18,6 +18,7 @@ import math
 import torch.distributed as dist
 
 from impls.comm import Communicator
+from impls.models._checks import divisors
 
 __all__ = ["AXES", "Mesh"]
 
@@ -137,7 +138,7 @@ class Mesh:
         tp, pp = self.degrees["tp"], self.degrees["pp"]
         for key, value in {"n_heads": n_heads, "d_model": d_model, "vocab": vocab}.items():
             if value % tp:
-                allowed = [d for d in range(1, value + 1) if value % d == 0]
+                allowed = divisors(value)
                 raise ValueError(
                     f"Mesh: tp={tp} must divide {key}={value}; allowed tp for it: {allowed}"
                 )

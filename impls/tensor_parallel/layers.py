@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from impls.comm import Communicator
+from impls.models._checks import divisors
 from impls.tensor_parallel.ops import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "check_divisible", "shard"]
@@ -31,7 +32,7 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "check_divisible", "shar
 def check_divisible(key: str, value: int, tp: int) -> None:
     """Refuse a size that t ranks cannot split evenly, naming the key and the allowed t."""
     if value % tp:
-        allowed = [d for d in range(1, value + 1) if value % d == 0]
+        allowed = divisors(value)
         raise ValueError(f"{key}={value} is not divisible by tp={tp}; allowed tp: {allowed}")
 
 

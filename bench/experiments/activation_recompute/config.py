@@ -24,6 +24,7 @@ from bench.config import (
     seed_key,
 )
 from impls.models import GPTConfig
+from impls.models._checks import divisors
 from impls.models.gpt import ATTENTION_MODES, RECOMPUTE_MODES
 
 __all__ = ["DTYPES", "ActivationRecomputeConfig"]
@@ -86,7 +87,7 @@ class ActivationRecomputeConfig:
         for t in self.tp:
             for key, size in (("n_heads", cfg.n_heads), ("d_ff", cfg.ff_dim)):
                 if size % t:
-                    allowed = [d for d in range(1, size + 1) if size % d == 0]
+                    allowed = divisors(size)
                     raise ValueError(
                         f"tp={t} does not divide model.{key}={size}; allowed tp: {allowed}"
                     )
